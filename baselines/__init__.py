@@ -1,0 +1,11 @@
+"""Baselines that ptsolve's kernels are measured against (DESIGN.md §6-7).
+
+- ``configs``: the paper's benchmark suite as plain data, with the FLOP count of each config.
+- ``timing``: CUDA-event timing with an L2 flush between runs.
+- ``attention``: PyTorch SDPA, FLASH (FlashAttention-2) and cuDNN backends.
+- ``gemm``: cuBLAS through ``torch.matmul``.
+- ``mamba2``: the official Mamba2 Triton kernels (``mamba-ssm``) for ChunkScan and ChunkState.
+- ``run_gpu``: the whole suite in one command on the GPU machine.
+
+Only ``configs`` is importable without torch; the other modules import torch inside their functions.
+"""

@@ -1,0 +1,104 @@
+"""The cost model: how long each sTask holds which resources, and when its result can be used.
+
+A task holds its *issuing stream* (the producer warp or one consumer warpgroup: one in-order
+instruction stream) and, when it runs elsewhere, a shared *execution unit* of the SM: ``tma`` (bulk copy
+engine), ``tc`` (tensor cores, shared by all warpgroups) or ``sfu`` (MUFU, shared). Occupancy (how long a
+resource is busy) and latency (how long until a consumer may start) are modelled separately: a wgmma
+holds its warpgroup for a few issue cycles, the tensor cores for its throughput time, and its result
+is usable only after the pipeline drains.
+
+All durations are integer cycles of the SM clock (``hw.clock_ghz``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hw import Hardware
+from .ir import STask, STaskGraph
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Resources a task holds, as (resource, offset from start, length) in cycles, and its latency."""
+
+    stream: str
+    uses: tuple[tuple[str, int, int], ...]
+    latency: int
+
+    def busy(self, resource: str) -> int:
+        return sum(n for r, _, n in self.uses if r == resource)
+
+
+def stream_of(t: STask) -> str:
+    """The instruction stream that issues ``t``: ``producer`` or ``wg<k>``."""
+    return "producer" if t.group < 0 else f"wg{t.group}"
+
+
+def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
+    """Copy-engine occupancy of one global->shared tile load, cycles.
+
+    occ = max(DRAM bytes / DRAM share, bytes / L2 share), where DRAM bytes = bytes / reuse (the other
+    ``reuse - 1`` readers of the tile hit in L2), DRAM share = hbm_bytes_per_s / clock / SMs [B/clk/SM]
+    and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share.
+    """
+    dram = nbytes / max(reuse, 1.0)
+    return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / hw.l2_bytes_per_clk)))
+
+
+def task_timing(t: STask, hw: Hardware) -> Timing:
+    """Occupancy and latency of one task on ``hw``.
+
+    load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
+            tma busy load_cycles(), latency = load_cycles + hw.mem_latency.
+    store:  like a load, with all bytes to DRAM (no reuse).
+    mma:    tc busy flops / (tc_flops_per_clk · tc_efficiency); latency = that + hw.tc_latency;
+            wgmma holds its warpgroup hw.issue_cycles, mma.sync (no wgmma) holds it the whole time.
+    vector: stream busy flops / (fp32 lanes · vector_efficiency), lanes = fp32_flops_per_clk / 2;
+            exp2 also holds the shared sfu for sfu / sfu_per_clk cycles and the stream at least as long.
+    barrier: stream busy hw.barrier_cycles.
+    """
+    s = stream_of(t)
+    if t.kind in ("load", "store"):
+        occ = load_cycles(t.bytes, t.reuse if t.kind == "load" else 1.0, hw)
+        issue = hw.issue_cycles + (0 if hw.has_tma else math.ceil(t.bytes / 2048))
+        return Timing(s, ((s, 0, issue), ("tma", 0, occ)), occ + hw.mem_latency)
+    if t.kind == "mma":
+        occ = max(1, math.ceil(t.flops / (hw.tc_flops_per_clk * hw.tc_efficiency)))
+        issue = hw.issue_cycles if hw.has_wgmma else occ
+        return Timing(s, ((s, 0, issue), ("tc", 0, occ)), occ + hw.tc_latency)
+    if t.kind == "vector":
+        lanes = hw.fp32_flops_per_clk / 2 * hw.vector_efficiency
+        vec = math.ceil(t.flops / lanes)
+        if t.sfu:
+            sfu = math.ceil(t.sfu / hw.sfu_per_clk)
+            d = max(vec, sfu, 1)
+            return Timing(s, ((s, 0, d), ("sfu", 0, sfu)), d)
+        d = max(vec, 1)
+        return Timing(s, ((s, 0, d),), d)
+    return Timing(s, ((s, 0, hw.barrier_cycles),), hw.barrier_cycles)
+
+
+def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
+    """Timing of every task of ``g`` on ``hw``."""
+    return {t.name: task_timing(t, hw) for t in g.tasks}
+
+
+def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:
+    """Cycles from ``src``'s start until ``dst`` may start: ``src``'s latency, plus hw.barrier_cycles when
+    the two are issued by different streams (an mbarrier arrive/wait pair carries the dependence)."""
+    return tm[src].latency + (0 if tm[src].stream == tm[dst].stream else hw.barrier_cycles)
+
+
+def resources(tm: dict[str, Timing]) -> list[str]:
+    """All resources any task holds, sorted."""
+    return sorted({r for t in tm.values() for r, _, _ in t.uses})
+
+
+def lower_bound_ii(tm: dict[str, Timing], loop: list[str]) -> int:
+    """Resource bound on the initiation interval: the busiest resource's total per iteration, cycles."""
+    busy: dict[str, int] = {}
+    for n in loop:
+        for r, _, d in tm[n].uses:
+            busy[r] = busy.get(r, 0) + d
+    return max(busy.values(), default=1)

@@ -1,0 +1,114 @@
+"""Hardware tables: data files (one per target, every number with its source) and their loader.
+
+``load("h100")`` reads ``h100.json`` beside this file; ``load(path)`` reads a user's own table.
+A file ``<name>.calibrated.json`` in ``PTSOLVE_CALIBRATION_DIR`` (or beside the table) overlays
+measured values on the datasheet ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import HardwareError
+
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One EU (SM / CU) and the device around it. Rates are per EU per clock unless named otherwise."""
+
+    name: str
+    vendor: str
+    arch: str
+    sms: int                      # EUs on the device
+    clock_ghz: float              # sustained clock under load, GHz
+    tc_flops_per_clk: float       # dense fp16/bf16 tensor-core FLOP/clk/SM
+    fp32_flops_per_clk: float     # fp32 FLOP/clk/SM on the CUDA cores (FMA = 2)
+    sfu_per_clk: float            # exp2 (MUFU) results/clk/SM
+    hbm_bytes_per_s: float        # device memory bandwidth, B/s
+    l2_bytes: int                 # L2 capacity, bytes
+    l2_bytes_per_clk: float       # L2 -> one SM bandwidth, B/clk/SM
+    smem_per_sm: int              # shared memory per SM, bytes
+    smem_per_block: int           # largest dynamic shared memory of one block, bytes
+    regs_per_sm: int              # 32-bit registers per SM
+    regs_per_thread: int          # most 32-bit registers one thread may hold
+    max_threads: int              # threads per block
+    has_tma: bool                 # bulk tensor copy engine (Hopper)
+    has_wgmma: bool               # warpgroup-wide asynchronous MMA (Hopper)
+    mem_latency: int              # global load latency, cycles
+    tc_latency: int               # MMA pipeline latency beyond its throughput time, cycles
+    barrier_cycles: int           # cost of crossing an mbarrier / named barrier between roles, cycles
+    issue_cycles: int             # cycles an async instruction (TMA, wgmma) holds the issuing stream
+    tc_efficiency: float          # achieved / peak tensor-core rate of the best library GEMM (measured)
+    vector_efficiency: float      # fraction of the SM's fp32 rate one warpgroup reaches on its own
+    launch_us: float              # kernel launch + tail overhead, µs
+    sources: dict[str, str]
+
+    @property
+    def hbm_bytes_per_clk(self) -> float:
+        """Device memory bandwidth share of one SM, B/clk/SM."""
+        return self.hbm_bytes_per_s / (self.clock_ghz * 1e9) / self.sms
+
+    def cycles_to_us(self, cycles: float) -> float:
+        return cycles / (self.clock_ghz * 1e3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def known() -> list[str]:
+    """Names of the built-in tables."""
+    return sorted(p.stem for p in HERE.glob("*.json") if "." not in p.stem)
+
+
+def load(name_or_path: str | os.PathLike[str] | Hardware) -> Hardware:
+    """Load a hardware table by name (``h100``, ``h200``, ``a100``, ``mi300x``) or by file path."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
+    p = Path(name_or_path)
+    if p.suffix != ".json":
+        if str(name_or_path).lower() not in known():
+            raise HardwareError(f"unknown hardware {str(name_or_path)!r}; known: {', '.join(known())}, "
+                                "or pass the path of a .json table")
+        p = HERE / f"{str(name_or_path).lower()}.json"
+    if not p.exists():
+        raise HardwareError(f"hardware table {str(p)!r} does not exist; known names: {', '.join(known())}")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise HardwareError(f"hardware table {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from e
+    overlay = _calibration(p)
+    return _from_raw(raw | overlay, str(p))
+
+
+def _calibration(p: Path) -> dict[str, Any]:
+    d = Path(os.environ.get("PTSOLVE_CALIBRATION_DIR", p.parent))
+    c = d / f"{p.stem}.calibrated.json"
+    return json.loads(c.read_text()) if c.exists() else {}
+
+
+def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
+    vals: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for f in fields(Hardware):
+        if f.name == "sources":
+            continue
+        if f.name not in raw:
+            raise HardwareError(f"hardware table {where}: missing field {f.name!r}")
+        v = raw[f.name]
+        if isinstance(v, dict):
+            if "value" not in v or "source" not in v:
+                raise HardwareError(f"hardware table {where}: field {f.name!r} needs 'value' and 'source'")
+            sources[f.name] = v["source"]
+            v = v["value"]
+        vals[f.name] = v
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            raise HardwareError(f"hardware table {where}: field {f.name!r} is negative ({v})")
+    for k in ("sms", "clock_ghz", "tc_flops_per_clk", "hbm_bytes_per_s", "smem_per_block", "regs_per_sm"):
+        if not vals[k] > 0:
+            raise HardwareError(f"hardware table {where}: field {k!r} must be > 0, got {vals[k]}")
+    return Hardware(**vals, sources=sources)

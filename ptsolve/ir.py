@@ -1,0 +1,258 @@
+"""The sTask-graph IR: sTasks, buffers, loop-carried edges, and their JSON form.
+
+A graph describes the work of one CTA (one output tile). Tasks are in one of three phases:
+``pre`` (once before the reduction loop), ``loop`` (once per iteration, ``trip_count`` times) and
+``post`` (once after it). Edges carry an iteration distance: 0 within an iteration, 1 for a
+loop-carried dependence (running max, O accumulator). Tasks that belong to one consumer warpgroup
+carry its index in ``group``; tasks shared by the CTA (TMA loads) have ``group = -1``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .errors import GraphError, SchemaError
+
+SCHEMA_VERSION = 1
+KINDS = ("load", "store", "mma", "vector", "barrier")
+PHASES = ("pre", "loop", "post")
+SPACES = ("smem", "reg")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An on-chip buffer. ``bytes`` is per CTA for ``smem`` and per warpgroup (128 threads) for ``reg``."""
+
+    name: str
+    space: str
+    bytes: int
+
+    @property
+    def regs_per_thread(self) -> int:
+        """32-bit registers each of the 128 threads of a warpgroup holds for this buffer."""
+        return -(-self.bytes // (4 * 128)) if self.space == "reg" else 0
+
+
+@dataclass(frozen=True)
+class STask:
+    """One tile-level operation.
+
+    flops: floating-point operations (mma: 2·M·N·K; vector: element operations on the CUDA cores).
+    bytes: bytes moved between global memory and the SM (load/store).
+    sfu: special-function operations (exp2) on the MUFU units.
+    reuse: how many CTAs read the same global tile (L2 reuse; 1 = no reuse).
+    group: consumer warpgroup that issues the task, or -1 for the producer / shared work.
+    allocs / reads / frees: buffer names; a buffer is allocated by exactly one task.
+    """
+
+    name: str
+    kind: str
+    phase: str = "loop"
+    tile: tuple[int, ...] = ()
+    dtype: str = "fp16"
+    flops: int = 0
+    bytes: int = 0
+    sfu: int = 0
+    reuse: float = 1.0
+    is_async: bool = False
+    group: int = -1
+    allocs: tuple[Buffer, ...] = ()
+    reads: tuple[str, ...] = ()
+    frees: tuple[str, ...] = ()
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """sEU kinds that can execute this task (the issuing stream is always used too)."""
+        return {"load": ("tma",), "store": ("tma",), "mma": ("tc",), "barrier": ()}.get(
+            self.kind, ("sfu", "cuda") if self.sfu else ("cuda",))
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``dst`` of iteration i+dist needs ``src`` of iteration i."""
+
+    src: str
+    dst: str
+    dist: int = 0
+
+
+@dataclass(frozen=True)
+class STaskGraph:
+    """The sTask-graph of one CTA plus what the kernel needs around it.
+
+    row: trip counts of the CTAs of one row of the grid, in launch order (causal attention and Mamba2
+    chunks have unequal tiles); the grid is ``rows`` such rows. useful_flops: FLOPs the operator needs
+    (causal: the kept pairs only), for TFLOP/s.
+    tiling: the tile parameters this graph was built with (block sizes, ring depth, warpgroups).
+    """
+
+    name: str
+    op: str
+    params: dict[str, Any]
+    tiling: dict[str, int]
+    tasks: tuple[STask, ...]
+    edges: tuple[Edge, ...]
+    row: tuple[int, ...]
+    rows: int
+    useful_flops: int
+    schema: int = field(default=SCHEMA_VERSION)
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def task(self) -> dict[str, STask]:
+        return {t.name: t for t in self.tasks}
+
+    @property
+    def trip_count(self) -> int:
+        """The largest trip count of any CTA."""
+        return max(self.row)
+
+    @property
+    def n_ctas(self) -> int:
+        return len(self.row) * self.rows
+
+    @property
+    def work(self) -> dict[int, int]:
+        """{trip_count: number of CTAs}."""
+        h: dict[int, int] = {}
+        for n in self.row:
+            h[n] = h.get(n, 0) + self.rows
+        return dict(sorted(h.items()))
+
+    @property
+    def groups(self) -> int:
+        """Number of consumer warpgroups."""
+        return 1 + max((t.group for t in self.tasks), default=0)
+
+    def phase(self, p: str) -> list[STask]:
+        return [t for t in self.tasks if t.phase == p]
+
+    def buffers(self) -> dict[str, Buffer]:
+        return {b.name: b for t in self.tasks for b in t.allocs}
+
+    def preds(self, name: str) -> list[Edge]:
+        return [e for e in self.edges if e.dst == name]
+
+    def succs(self, name: str) -> list[Edge]:
+        return [e for e in self.edges if e.src == name]
+
+    # -- checks ------------------------------------------------------------------------------
+    def verify(self) -> None:
+        """Raise GraphError if the graph is malformed."""
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise GraphError(f"graph {self.name!r}: duplicate task names {dup}; every sTask needs a unique name")
+        known = set(names)
+        for t in self.tasks:
+            if t.kind not in KINDS:
+                raise GraphError(f"task {t.name!r}: kind {t.kind!r} is not one of {KINDS}")
+            if t.phase not in PHASES:
+                raise GraphError(f"task {t.name!r}: phase {t.phase!r} is not one of {PHASES}")
+            for b in t.allocs:
+                if b.space not in SPACES or b.bytes <= 0:
+                    raise GraphError(f"task {t.name!r}: buffer {b.name!r} needs space in {SPACES} and bytes > 0")
+        allocated = [b.name for t in self.tasks for b in t.allocs]
+        if len(set(allocated)) != len(allocated):
+            raise GraphError(f"graph {self.name!r}: a buffer is allocated by two tasks: {sorted(allocated)}")
+        for t in self.tasks:
+            for b in (*t.reads, *t.frees):
+                if b not in allocated:
+                    raise GraphError(f"task {t.name!r} uses buffer {b!r} that no task allocates")
+        ph = {t.name: PHASES.index(t.phase) for t in self.tasks}
+        for e in self.edges:
+            if e.src not in known or e.dst not in known:
+                raise GraphError(f"edge {e.src}->{e.dst}: unknown task (known: {sorted(known)})")
+            if e.dist < 0:
+                raise GraphError(f"edge {e.src}->{e.dst}: negative iteration distance {e.dist}")
+            if e.dist and not (ph[e.src] == ph[e.dst] == 1):
+                raise GraphError(f"edge {e.src}->{e.dst}: only loop tasks may have loop-carried edges")
+            if ph[e.src] > ph[e.dst]:
+                raise GraphError(f"edge {e.src}->{e.dst}: goes backwards from phase "
+                                 f"{PHASES[ph[e.src]]} to {PHASES[ph[e.dst]]}")
+        if not self.row or any(n < 1 for n in self.row) or self.rows < 1:
+            raise GraphError(f"graph {self.name!r}: needs at least one CTA, each with trip count >= 1")
+        self.topo_order()
+
+    def topo_order(self) -> list[str]:
+        """Tasks ordered by the zero-distance edges; raises GraphError on a zero-distance cycle."""
+        indeg = {t.name: 0 for t in self.tasks}
+        out: dict[str, list[str]] = {t.name: [] for t in self.tasks}
+        for e in self.edges:
+            if e.dist == 0:
+                indeg[e.dst] += 1
+                out[e.src].append(e.dst)
+        ready = sorted(n for n, d in indeg.items() if d == 0)
+        order: list[str] = []
+        while ready:
+            n = ready.pop(0)
+            order.append(n)
+            for m in out[n]:
+                indeg[m] -= 1
+                if indeg[m] == 0:
+                    ready.append(m)
+            ready.sort()
+        if len(order) != len(indeg):
+            cyc = sorted(n for n in indeg if n not in order)
+            raise GraphError(f"graph {self.name!r}: zero-distance cycle among {cyc}; a cycle needs at least one "
+                             "loop-carried edge (dist >= 1)")
+        return order
+
+    # -- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> STaskGraph:
+        check_schema(d, "STaskGraph")
+        try:
+            tasks = tuple(_build(STask, {**t, "tile": tuple(t.get("tile", ())),
+                                         "allocs": tuple(_build(Buffer, b) for b in t.get("allocs", ())),
+                                         "reads": tuple(t.get("reads", ())), "frees": tuple(t.get("frees", ()))})
+                          for t in d["tasks"])
+            edges = tuple(_build(Edge, e) for e in d["edges"])
+            return cls(name=d["name"], op=d["op"], params=dict(d["params"]), tiling=dict(d["tiling"]),
+                       tasks=tasks, edges=edges, row=tuple(int(n) for n in d["row"]), rows=int(d["rows"]),
+                       useful_flops=int(d["useful_flops"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, GraphError):
+                raise
+            raise SchemaError(f"STaskGraph JSON is malformed: {e!r}; write it with STaskGraph.to_json()") from e
+
+    @classmethod
+    def from_json(cls, s: str) -> STaskGraph:
+        return cls.from_dict(loads(s, "STaskGraph"))
+
+
+def loads(s: str, what: str) -> dict[str, Any]:
+    """Parse JSON text into a dict, or raise SchemaError naming ``what``."""
+    try:
+        d = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{what}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    if not isinstance(d, dict):
+        raise SchemaError(f"{what}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def check_schema(d: dict[str, Any], what: str) -> None:
+    v = d.get("schema")
+    if v != SCHEMA_VERSION:
+        raise SchemaError(f"{what}: schema version {v!r}, this ptsolve reads version {SCHEMA_VERSION}; "
+                          "re-create the file with this version of ptsolve")
+
+
+def _build(cls: type, d: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    extra = set(d) - names
+    if extra:
+        raise SchemaError(f"{cls.__name__}: unknown fields {sorted(extra)}")
+    return cls(**d)

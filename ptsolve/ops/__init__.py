@@ -1,0 +1,39 @@
+"""Operator builders. Each returns an Operator: ``.tilings()``, ``.graph(tiling)``, ``.propagate(out_tile)``."""
+from __future__ import annotations
+
+from . import attention, mamba2  # noqa: F401  (registration)
+from . import gemm as _gemm  # noqa: F401  (registration)
+from .base import REGISTRY, Operator, make
+
+
+def gemm(M: int, N: int, K: int, dtype: str = "fp16") -> Operator:
+    """C[M,N] = A[M,K]·B[K,N] with fp32 accumulation."""
+    return make("gemm", M=M, N=N, K=K, dtype=dtype)
+
+
+def flash_attention(batch: int, heads: int, kv_heads: int | None = None, seq_q: int | None = None,
+                    seq_kv: int | None = None, head_dim: int = 128, causal: bool = False, dtype: str = "fp16",
+                    seq: int | None = None) -> Operator:
+    """FlashAttention forward; ``seq`` sets both sequence lengths; kv_heads < heads is GQA."""
+    p = {"batch": batch, "heads": heads, "head_dim": head_dim, "causal": causal, "dtype": dtype}
+    for k, v in (("kv_heads", kv_heads), ("seq_q", seq_q), ("seq_kv", seq_kv), ("seq", seq)):
+        if v is not None:
+            p[k] = v
+    return make("flash_attention", **p)
+
+
+def mamba2_chunk_scan(batch: int, seq: int, heads: int, head_dim: int, d_state: int, chunk: int,
+                      groups: int = 1) -> Operator:
+    """Mamba2 SSD ChunkScan (the output of each chunk from CB, x and the chunk states)."""
+    return make("mamba2_chunk_scan", batch=batch, seq=seq, heads=heads, head_dim=head_dim, d_state=d_state,
+                chunk=chunk, groups=groups)
+
+
+def mamba2_chunk_state(batch: int, seq: int, heads: int, head_dim: int, d_state: int, chunk: int,
+                       groups: int = 1) -> Operator:
+    """Mamba2 SSD ChunkState (the state each chunk contributes)."""
+    return make("mamba2_chunk_state", batch=batch, seq=seq, heads=heads, head_dim=head_dim, d_state=d_state,
+                chunk=chunk, groups=groups)
+
+
+__all__ = ["REGISTRY", "Operator", "flash_attention", "gemm", "mamba2_chunk_scan", "mamba2_chunk_state", "make"]

@@ -1,0 +1,136 @@
+"""FlashAttention forward (GQA, causal, ragged sequence lengths).
+
+One CTA owns BM query rows of one (batch, head); its consumer warpgroups split those rows. The loop
+runs over BN-key blocks: load_k, load_v (producer, TMA, shared by the warpgroups), then per warpgroup
+mma_qk → rowmax → exp2 → rowsum, rescale of O, mma_pv. Causal masking keeps key j ≤ query i
+(bottom-right aligned when seq_q < seq_kv), so CTAs have unequal trip counts.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ShapeError
+from ..ir import DTYPE_BYTES, Edge, STaskGraph
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, dtype_ok, positive, reg, smem, task
+
+KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
+
+
+def _validate(p: dict[str, Any]) -> dict[str, Any]:
+    if "seq" in p:
+        s = p.pop("seq")
+        p.setdefault("seq_q", s)
+        p.setdefault("seq_kv", s)
+    p.setdefault("kv_heads", p.get("heads"))
+    p.setdefault("causal", False)
+    p.setdefault("dtype", "fp16")
+    if set(p) != set(KEYS):
+        raise ShapeError(f"flash_attention takes {', '.join(KEYS)} (or seq for both); got {sorted(p)}")
+    positive(**{k: p[k] for k in KEYS[:6]})
+    dtype_ok(p["dtype"])
+    if p["heads"] % p["kv_heads"]:
+        raise ShapeError(f"flash_attention: heads={p['heads']} is not divisible by kv_heads={p['kv_heads']}; "
+                         "each kv head must serve a whole group of query heads")
+    d = p["head_dim"]
+    if d % 16 or d > 256:
+        raise ShapeError(f"flash_attention: head_dim={d} cannot be served by the tensor cores; use a multiple of "
+                         "16 up to 256 (64 and 128 are the common ones)")
+    if p["causal"] and p["seq_q"] > p["seq_kv"]:
+        raise ShapeError(f"flash_attention: causal with seq_q={p['seq_q']} > seq_kv={p['seq_kv']} leaves query rows "
+                         "with no key; use seq_q <= seq_kv")
+    p["causal"] = bool(p["causal"])
+    return p
+
+
+def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
+    for groups in (1, 2, 3):
+        for rows in (64, 128):
+            for bn in (64, 128, 176, 192, 256):
+                for depth in (2, 3):
+                    yield {"BM": rows * groups, "BN": bn, "depth": depth, "groups": groups}
+
+
+def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
+    """Key blocks each query block visits, for one (batch, head)."""
+    sq, skv = p["seq_q"], p["seq_kv"]
+    full = cdiv(skv, BN)
+    if not p["causal"]:
+        return [full] * cdiv(sq, BM)
+    off = skv - sq  # query i sees keys 0 .. i + off
+    return [min(full, cdiv(min(skv, (i + 1) * BM + off), BN)) for i in range(cdiv(sq, BM))]
+
+
+def kept_pairs(p: dict[str, Any]) -> int:
+    """(query, key) pairs attention computes for one (batch, head)."""
+    sq, skv = p["seq_q"], p["seq_kv"]
+    if not p["causal"]:
+        return sq * skv
+    off = skv - sq
+    return sum(min(skv, i + off + 1) for i in range(sq))
+
+
+def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+    B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
+    BM, BN, depth, W = t["BM"], t["BN"], t["depth"], t["groups"]
+    positive(BM=BM, BN=BN, depth=depth, groups=W)
+    rows = BM // W
+    if BM % W or rows % WG_ROWS:
+        raise ShapeError(f"flash_attention tiling: BM={BM} over {W} warpgroups must give a multiple of {WG_ROWS} rows")
+    if BN % 16 or BN > 256:
+        raise ShapeError(f"flash_attention tiling: BN={BN} must be a multiple of 16 up to 256")
+    e = DTYPE_BYTES[dt]
+    trips = trip_counts(p, BM, BN)
+    group = H // Hkv
+    reuse = min(len(trips) * group, 132)  # Q blocks of a head and heads of a GQA group reread each K/V tile
+    tasks = [
+        task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=BM * D * e, is_async=True,
+             allocs=(smem("q", BM * D * e),)),
+        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
+             allocs=(smem("k", BN * D * e),)),
+        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
+             allocs=(smem("v", BN * D * e),)),
+    ]
+    edges = []
+    for g in range(W):
+        s = f"@{g}"
+        r = rows
+        tasks += [
+            task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
+                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
+            task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+                 reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
+            task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
+            task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
+                 reads=("s" + s,), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
+            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("p" + s, "ml" + s)),
+            task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
+                 reads=("o" + s, "ml" + s)),
+            task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+                 reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
+            task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
+                 reads=("o" + s, "ml" + s), allocs=(smem("out" + s, r * D * e),)),
+            task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True, group=g,
+                 reads=("out" + s,)),
+        ]
+        edges += [
+            Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
+            Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
+            Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
+            Edge("exp2" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
+            Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
+            Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
+            Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),
+            Edge("normalize" + s, "store" + s),
+        ]
+    flops = 4 * B * H * D * kept_pairs(p)
+    name = f"fa_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}_{dt}"
+    return STaskGraph(name=name, op="flash_attention", params=dict(p), tiling=dict(t), tasks=tuple(tasks),
+                      edges=tuple(edges), row=tuple(trips), rows=B * H, useful_flops=flops)
+
+
+REGISTRY["flash_attention"] = OpSpec(
+    _validate, _tilings, _build,
+    out_tile=lambda t: (t["BM"], 0),
+    from_out_tile=lambda p, o: {"BM": o[0]},
+)

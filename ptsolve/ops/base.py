@@ -1,0 +1,120 @@
+"""Operators: a named shape, its candidate tilings, and the sTask-graph of one tiling."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SchemaError, ShapeError
+from ..hw import Hardware
+from ..ir import SCHEMA_VERSION, Buffer, STask, STaskGraph, check_schema, loads
+
+# rows of one wgmma instruction and its K step (fp16/bf16): warpgroup tiles come in these units
+WG_ROWS = 64
+MMA_K = 16
+PRODUCER_REGS = 24  # registers a producer warpgroup keeps after setmaxnreg.dec
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def positive(**dims: int) -> None:
+    """Raise ShapeError naming the first dimension that is not a positive integer."""
+    for k, v in dims.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ShapeError(f"{k} must be a positive integer, got {v!r}")
+
+
+def dtype_ok(dtype: str) -> None:
+    if dtype not in ("fp16", "bf16"):
+        raise ShapeError(f"dtype {dtype!r} is not supported; use 'fp16' or 'bf16'")
+
+
+def consumer_reg_budget(groups: int, hw: Hardware) -> int:
+    """Registers per consumer thread after setmaxnreg: the SM's file minus a 24-register producer
+    warpgroup, split over ``groups`` consumer warpgroups, rounded down to 8, at most hw.regs_per_thread."""
+    per = (hw.regs_per_sm - 128 * PRODUCER_REGS) // (128 * groups)
+    return min(hw.regs_per_thread, per // 8 * 8)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How one operator kind validates its parameters, enumerates tilings and builds graphs."""
+
+    validate: Callable[[dict[str, Any]], dict[str, Any]]
+    tilings: Callable[[dict[str, Any]], Iterator[dict[str, int]]]
+    build: Callable[[dict[str, Any], dict[str, int]], STaskGraph]
+    out_tile: Callable[[dict[str, int]], tuple[int, ...]]
+    from_out_tile: Callable[[dict[str, Any], tuple[int, ...]], dict[str, int]]
+
+
+REGISTRY: dict[str, OpSpec] = {}
+
+
+@dataclass(frozen=True)
+class Operator:
+    """An operator instance: kind (``gemm``, ``flash_attention``, ...) and validated parameters."""
+
+    op: str
+    params: dict[str, Any] = field(hash=False)
+
+    @property
+    def spec(self) -> OpSpec:
+        return REGISTRY[self.op]
+
+    def tilings(self) -> list[dict[str, int]]:
+        """Every candidate tiling (block sizes, ring depth, consumer warpgroups), sorted."""
+        return sorted(self.spec.tilings(self.params), key=lambda t: sorted(t.items()))
+
+    def graph(self, tiling: dict[str, int]) -> STaskGraph:
+        """The sTask-graph of one CTA under ``tiling``."""
+        missing = set(self.tilings()[0]) - set(tiling)
+        if missing:
+            raise ShapeError(f"{self.op}: tiling {tiling} lacks {sorted(missing)}")
+        return self.spec.build(self.params, dict(tiling))
+
+    def propagate(self, out_tile: tuple[int, ...], **rest: int) -> dict[str, tuple[int, ...]]:
+        """Tile shape of every sTask, inferred from the output tile (paper Fig. 8).
+        ``rest`` fills the tiling parameters the output tile does not fix (ring depth, groups, K block)."""
+        t = self.spec.from_out_tile(self.params, tuple(out_tile))
+        base = self.tilings()[0]
+        g = self.graph({**base, **t, **rest})
+        return {x.name: x.tile for x in g.tasks}
+
+    @property
+    def useful_flops(self) -> int:
+        return self.graph(self.tilings()[0]).useful_flops
+
+    def describe(self) -> str:
+        return self.op + "(" + ", ".join(f"{k}={v}" for k, v in sorted(self.params.items())) + ")"
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA_VERSION, "op": self.op, "params": self.params}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> Operator:
+        d = loads(s, "Operator")
+        check_schema(d, "Operator")
+        if d.get("op") not in REGISTRY:
+            raise SchemaError(f"Operator: unknown op {d.get('op')!r}; known: {sorted(REGISTRY)}")
+        return make(d["op"], **d["params"])
+
+
+def make(op: str, **params: Any) -> Operator:
+    if op not in REGISTRY:
+        raise ShapeError(f"unknown operator {op!r}; known: {sorted(REGISTRY)}")
+    return Operator(op, REGISTRY[op].validate(dict(params)))
+
+
+def smem(name: str, nbytes: int) -> Buffer:
+    return Buffer(name, "smem", int(nbytes))
+
+
+def reg(name: str, nbytes: int) -> Buffer:
+    return Buffer(name, "reg", int(nbytes))
+
+
+def task(name: str, kind: str, **kw: Any) -> STask:
+    return STask(name=name, kind=kind, **kw)

@@ -1,0 +1,79 @@
+"""GEMM C[M,N] = A[M,K] · B[K,N]: fp16/bf16 in, fp32 accumulate, fp16/bf16 out.
+
+One CTA computes a BM×BN tile of C; its consumer warpgroups split the BM rows (cooperative). The
+reduction over K is the loop: load_a, load_b (TMA, producer) and one mma per warpgroup per BK step.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ShapeError
+from ..ir import DTYPE_BYTES, Edge, STaskGraph
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, dtype_ok, positive, reg, smem, task
+
+
+def _validate(p: dict[str, Any]) -> dict[str, Any]:
+    p.setdefault("dtype", "fp16")
+    if set(p) != {"M", "N", "K", "dtype"}:
+        raise ShapeError(f"gemm takes M, N, K, dtype; got {sorted(p)}")
+    positive(M=p["M"], N=p["N"], K=p["K"])
+    dtype_ok(p["dtype"])
+    if p["K"] % 8 or p["N"] % 8:
+        raise ShapeError(f"gemm: K={p['K']} and N={p['N']} must be multiples of 8 (16-byte TMA rows of fp16)")
+    return p
+
+
+def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
+    for groups in (1, 2):
+        for rows in (64, 128):
+            for bn in (64, 128, 192, 256):
+                for bk in (64,):
+                    for depth in (2, 3, 4, 5):
+                        yield {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
+
+
+def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+    M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
+    BM, BN, BK, D, W = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"]
+    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W)
+    rows = BM // W
+    if BM % W or rows % WG_ROWS:
+        raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
+    if BK % MMA_K or BN % 8 or BN > 256:
+        raise ShapeError(f"gemm tiling: BK={BK} must be a multiple of {MMA_K}, BN={BN} a multiple of 8 up to 256")
+    e = DTYPE_BYTES[dt]
+    tm, tn = cdiv(M, BM), cdiv(N, BN)
+    side = math.isqrt(132)  # concurrent CTAs form about a square of the grid: each A/B tile is reread that often
+    tasks = [
+        task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
+             allocs=(smem("a", BM * BK * e),)),
+        task("load_b", "load", tile=(BK, BN), dtype=dt, bytes=BK * BN * e, reuse=min(tm, side), is_async=True,
+             allocs=(smem("b", BK * BN * e),)),
+    ]
+    edges = []
+    for g in range(W):
+        s = f"@{g}"
+        tasks += [
+            task("zero" + s, "vector", phase="pre", tile=(rows, BN), dtype="fp32", flops=rows * BN, group=g,
+                 allocs=(reg("acc" + s, rows * BN * 4),)),
+            task("mma" + s, "mma", tile=(rows, BN, BK), dtype=dt, flops=2 * rows * BN * BK, is_async=True, group=g,
+                 reads=("a", "b", "acc" + s), frees=("a", "b")),
+            task("epilogue" + s, "vector", phase="post", tile=(rows, BN), dtype=dt, flops=2 * rows * BN, group=g,
+                 reads=("acc" + s,), allocs=(smem("c" + s, rows * BN * e),)),
+            task("store" + s, "store", phase="post", tile=(rows, BN), dtype=dt, bytes=rows * BN * e, is_async=True,
+                 group=g, reads=("c" + s,)),
+        ]
+        edges += [Edge("zero" + s, "mma" + s), Edge("load_a", "mma" + s), Edge("load_b", "mma" + s),
+                  Edge("mma" + s, "mma" + s, 1), Edge("mma" + s, "epilogue" + s), Edge("epilogue" + s, "store" + s)]
+    trip = cdiv(K, BK)
+    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}", op="gemm", params=dict(p), tiling=dict(t),
+                      tasks=tuple(tasks), edges=tuple(edges), row=(trip,), rows=tm * tn, useful_flops=2 * M * N * K)
+
+
+REGISTRY["gemm"] = OpSpec(
+    _validate, _tilings, _build,
+    out_tile=lambda t: (t["BM"], t["BN"]),
+    from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
+)

@@ -1,0 +1,67 @@
+"""Inter-EU placement: which SM runs which CTA, and the kernel's latency that follows.
+
+CTAs run one at a time per SM (warp-specialized kernels hold a whole SM's registers), so an SM's time
+is the sum of its CTAs' latencies and the kernel's is the busiest SM's (wave quantization included).
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .errors import PtsolveError
+
+POLICIES = ("even", "lpt")
+
+
+def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -> np.ndarray:
+    """Cycles each SM is busy. ``row_cycles``: CTA latencies of one grid row, in launch order.
+
+    even: the paper's split — CTA k of T (launch order) goes to SM k // ceil(T / sms).
+    lpt:  longest first, each CTA to the least-loaded SM (a persistent kernel with a sorted tile list).
+    """
+    if policy not in POLICIES:
+        raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
+    costs = np.tile(np.asarray(row_cycles, dtype=np.int64), rows)
+    if policy == "even":
+        k = -(-len(costs) // sms)
+        pad = np.zeros(sms * k, dtype=np.int64)
+        pad[: len(costs)] = costs
+        return pad.reshape(sms, k).sum(axis=1)
+    vals, counts = np.unique(costs, return_counts=True)
+    heap = [(0, s) for s in range(sms)]
+    loads = np.zeros(sms, dtype=np.int64)
+    for c, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):
+        for _ in range(m):
+            load, s = heapq.heappop(heap)
+            loads[s] = load + c
+            heapq.heappush(heap, (load + c, s))
+    return loads
+
+
+def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
+    """No placement finishes sooner than the average SM load or the longest CTA, cycles."""
+    total = sum(row_cycles) * rows
+    return max(-(-total // sms), max(row_cycles))
+
+
+def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",
+                 ratio: float = 0.25) -> list[tuple[int, int]]:
+    """(Σ (trip-1), number of CTAs) of every SM: its cycles are a·ii + b·span for any schedule.
+    ``lpt`` orders and balances CTAs by (trip-1) + ratio, i.e. for span = ii / ratio."""
+    if policy not in POLICIES:
+        raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
+    trips = np.tile(np.asarray(row, dtype=np.int64), rows) - 1
+    if policy == "even":
+        k = -(-len(trips) // sms)
+        return [(int(c.sum()), len(c)) for c in (trips[i:i + k] for i in range(0, len(trips), k))]
+    vals, counts = np.unique(trips, return_counts=True)
+    heap = [(0.0, s) for s in range(sms)]
+    acc = [[0, 0] for _ in range(sms)]
+    for v, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):
+        for _ in range(m):
+            load, s = heapq.heappop(heap)
+            acc[s][0] += v
+            acc[s][1] += 1
+            heapq.heappush(heap, (load + v + ratio, s))
+    return [(a, b) for a, b in acc if b]

@@ -1,0 +1,155 @@
+"""The PipeThreader greedy policy (OSDI 2025, Fig. 9), on ptsolve's problem.
+
+Inter-EU: the even split. Intra-EU: time-stepped list scheduling. At each time step the ready sTasks
+(all zero-distance predecessors placed, inputs ready by now) are tried in priority order —
+asynchronous tasks first, then those with fewer unscheduled predecessors, then those with more
+dependants — and a task is appended only if the program stays valid (its resources are free, modulo
+the initiation interval for loop tasks, and no ring slot or register copy is over-committed);
+otherwise it waits (time advances to the next moment something can be placed). The loop is scheduled
+once per candidate initiation interval, from the resource/recurrence bound upward; the first interval
+at which every task can be placed is kept. No look-ahead, no backtracking: that is the policy.
+"""
+from __future__ import annotations
+
+import time
+
+from ..errors import InfeasibleError
+from ..program import SProgram, make_program
+from .model import Problem
+
+
+def _deps(P: Problem) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, list[tuple[str, int, int]]]]:
+    ins: dict[str, list[tuple[str, int, int]]] = {t: [] for t in P.tasks}
+    outs: dict[str, list[tuple[str, int, int]]] = {t: [] for t in P.tasks}
+    for u, v, d, lat in P.prec:
+        ins[v].append((u, d, lat))
+        outs[u].append((v, d, lat))
+    return ins, outs
+
+
+def _dependants(P: Problem) -> dict[str, int]:
+    """Number of tasks reachable through zero-distance edges (the paper's 'many dependants')."""
+    succ: dict[str, set[str]] = {t: set() for t in P.tasks}
+    for u, v, d, _ in P.prec:
+        if d == 0:
+            succ[u].add(v)
+    memo: dict[str, set[str]] = {}
+
+    def reach(t: str) -> set[str]:
+        if t not in memo:
+            memo[t] = set()
+            memo[t] = set().union(*(reach(v) | {v} for v in succ[t])) if succ[t] else set()
+        return memo[t]
+
+    return {t: len(reach(t)) for t in P.tasks}
+
+
+def _conflict(x: int, n: int, a: int, m: int, ii: int | None) -> int | None:
+    """If [x, x+n) overlaps [a, a+m) (modulo ii), the earliest x' > x past that reservation, else None."""
+    if ii is None:
+        return a + m if x < a + m and a < x + n else None
+    for k in (-1, 0, 1):
+        base = a + ((x - a) // ii + k) * ii
+        if x < base + m and base < x + n:
+            return base + m
+    return None
+
+
+class _Table:
+    """Reservations placed so far, per resource and phase."""
+
+    def __init__(self, P: Problem, ii: int) -> None:
+        self.P, self.ii = P, ii
+        self.r: dict[str, list[tuple[int, int, str]]] = {}
+
+    def earliest(self, t: str, x: int) -> int | None:
+        """Earliest start >= x at which t's reservations fit; None if none within one ii (loop)."""
+        P, ph = self.P, self.P.phase[t]
+        x0 = x
+        while True:
+            moved = False
+            for r, o, n in P.tm[t].uses:
+                for a, m, q in self.r.get(r, []):
+                    pq = P.phase[q]
+                    if ph == pq:
+                        nx = _conflict(x + o, n, a, m, self.ii if ph == "loop" else None)
+                    elif ph == "loop" and pq == "pre":
+                        nx = a + m if x + o < a + m else None
+                    elif ph == "post" and pq in ("loop", "pre"):
+                        nx = a + m if x + o < a + m else None
+                    elif ph == "pre" and pq in ("loop", "post"):
+                        if x + o + n > a:
+                            return None  # a prologue task cannot slide under the loop's first use
+                        nx = None
+                    else:  # loop task placed after an epilogue reservation on r
+                        if x + o + n > a:
+                            return None
+                        nx = None
+                    if nx is not None:
+                        x, moved = nx - o, True
+            if not moved:
+                return x
+            if ph == "loop" and x - x0 >= self.ii:
+                return None
+
+    def place(self, t: str, x: int) -> None:
+        for r, o, n in self.P.tm[t].uses:
+            self.r.setdefault(r, []).append((x + o, n, t))
+
+
+def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
+    """Greedy list schedule at initiation interval ``ii``; None if some task cannot be placed."""
+    ins, outs = _deps(P)
+    dep = _dependants(P)
+    asyn = {t.name: t.is_async for t in P.graph.tasks}
+    S: dict[str, int] = {}
+    tab = _Table(P, ii)
+    now = 0
+    order = {"pre": 0, "loop": 1, "post": 2}
+    while len(S) < len(P.tasks):
+        ready = [t for t in P.tasks if t not in S and all(u in S for u, d, _ in ins[t] if d == 0)]
+        # a later phase waits until the earlier phases are placed (the program is prologue, loop, epilogue)
+        low = min(order[P.phase[t]] for t in P.tasks if t not in S)
+        ready = [t for t in ready if order[P.phase[t]] == low] or ready
+        ready.sort(key=lambda t: (not asyn[t], sum(u not in S for u, _, _ in ins[t]), -dep[t], t))
+        nxt = None
+        placed = False
+        for t in ready:
+            lo = max([now] + [S[u] + lat - d * ii for u, d, lat in ins[t] if u in S])
+            hi = min([S[v] + d * ii - lat for v, d, lat in outs[t] if v in S], default=None)
+            x = tab.earliest(t, lo)
+            if x is None or (hi is not None and x > hi):
+                if hi is not None and lo > hi:
+                    return None  # a loop-carried deadline already passed: this ii is too small
+                if x is None or x > hi:
+                    return None
+            if x == now:
+                S[t] = x
+                tab.place(t, x)
+                placed = True
+                break
+            nxt = x if nxt is None else min(nxt, x)
+        if not placed:
+            if nxt is None:
+                return None
+            now = nxt
+    return S
+
+
+def solve(P: Problem, time_limit: float | None = None, step: int | None = None) -> tuple[SProgram, dict]:
+    """The greedy program of ``P`` and solver statistics (status FEASIBLE: greedy proves nothing)."""
+    t0 = time.perf_counter()
+    step = step or max(1, P.ii_lb // 256)
+    ii = P.ii_lb
+    tries = 0
+    while ii <= P.ii_ub + step:
+        tries += 1
+        S = schedule_at(P, ii)
+        if S is not None:
+            prog = make_program(P.graph, P.hw, ii, S, P.copies, policy="greedy")
+            return prog, {"status": "FEASIBLE", "ii_tries": tries, "solve_s": time.perf_counter() - t0}
+        ii += step
+        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+            break
+    raise InfeasibleError(f"greedy found no schedule of {P.graph.name} for ii in [{P.ii_lb}, {ii}]")
+

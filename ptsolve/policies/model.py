@@ -1,0 +1,152 @@
+"""The scheduling problem every policy solves, as plain data (one model, several back-ends).
+
+For one sTask-graph on one EU: choose the initiation interval ``ii`` and a start cycle for every task
+(see ptsolve.program) so that
+  1. precedence: start[v] + dist·ii >= start[u] + delay(u, v)  (latency, + a barrier across streams);
+  2. capacity:   start[alloc] + depth·ii >= start[free] + delay   (ring slots, register copies);
+  3. resources:  reservations on one resource never overlap, loop tasks modulo ii; prologue tasks end
+                 before the loop's first use of the resource, epilogue tasks start after its last;
+  4. in-order issue: each stream is a resource (an async task holds it only for its issue cycles);
+  5. memory:     shared memory and registers fit (fixed by the tiling and ``copies``; checked up front);
+minimising the kernel latency: max over SMs of Σ_CTA ((trip-1)·ii + span), where span covers the
+prologue, one iteration and the epilogue. This module builds that data and its bounds; greedy, cpsat,
+milp and exhaustive read it, and check_valid / simulate verify what they return.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cost import Timing, lower_bound_ii, timings
+from ..errors import InfeasibleError
+from ..hw import Hardware
+from ..ir import STaskGraph
+from ..ops.base import consumer_reg_budget
+from ..placement import per_sm_pairs
+from ..program import capacity_edges, delays, ring_users
+from ..validate import regs_per_thread, smem_peak
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Scheduling data of one graph on one EU. Times in cycles."""
+
+    graph: STaskGraph
+    hw: Hardware
+    tm: dict[str, Timing]
+    phase: dict[str, str]
+    prec: tuple[tuple[str, str, int, int], ...]       # (u, v, dist, delay), capacity edges included
+    res: dict[str, tuple[tuple[str, int, int], ...]]  # resource -> (task, offset, length)
+    copies: dict[str, int]
+    rings: dict[str, int]
+    weights: tuple[tuple[int, int], ...]              # objective: max over (a, b) of a·ii + b·span
+    ii_lb: int
+    ii_ub: int
+    horizon: int
+
+    @property
+    def tasks(self) -> list[str]:
+        return [t.name for t in self.graph.tasks]
+
+    def objective(self, ii: int, span_cycles: int) -> int:
+        """Busiest SM's cycles for a schedule with this ii and span (pre end <= span assumed)."""
+        return max(a * ii + b * span_cycles for a, b in self.weights)
+
+    def end(self, t: str) -> int:
+        """Cycles from the start of ``t`` until it is done (result usable, resources released)."""
+        return max(self.tm[t].latency, max(o + n for _, o, n in self.tm[t].uses))
+
+
+def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
+    """Register copies of each loop-allocated register buffer: ``cap`` where the budget allows all of a
+    warpgroup's buffers doubled, else 1 (the extra S tile of FA3's intra-warpgroup overlap)."""
+    loop = {n for n, (a, _) in ring_users(g).items() if g.buffers()[n].space == "reg"}
+    budget = consumer_reg_budget(g.groups, hw)
+    out = dict.fromkeys(sorted(loop), 1)
+    for c in range(cap, 1, -1):
+        trial = dict.fromkeys(sorted(loop), c)
+        if all(regs_per_thread(g, trial, grp)[0] <= budget for grp in range(g.groups)):
+            return trial
+    return out
+
+
+def fits(g: STaskGraph, hw: Hardware) -> str | None:
+    """None if the tiling fits the EU with one copy of every register buffer, else why not."""
+    rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
+             if b.space == "smem" and n in ring_users(g)}
+    sm, names = smem_peak(g, rings)
+    if sm > hw.smem_per_block:
+        return f"shared memory {sm} B > {hw.smem_per_block} B ({', '.join(names)})"
+    budget = consumer_reg_budget(g.groups, hw)
+    for grp in range(g.groups):
+        need, names = regs_per_thread(g, {}, grp)
+        if need > budget:
+            return f"registers {need}/thread > {budget} ({', '.join(names)})"
+    if g.groups * 128 + 128 > hw.max_threads:
+        return f"{g.groups} consumer warpgroups + producer exceed {hw.max_threads} threads"
+    return None
+
+
+def objective_weights(g: STaskGraph, hw: Hardware, placement: str, ratio: float = 0.25) -> tuple[tuple[int, int], ...]:
+    """(a, b) pairs such that the kernel's busiest SM takes max(a·ii + b·span) cycles.
+
+    A CTA with trip count n takes (n-1)·ii + span, so an SM running CTAs C takes Σ(n_c-1)·ii + |C|·span.
+    The even split does not depend on ii or span, so its pairs are exact. LPT's assignment does: it is
+    fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values.
+    """
+    pairs = set(per_sm_pairs(g.row, g.rows, hw.sms, placement, ratio))
+    keep = [p for p in pairs if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in pairs)]
+    return tuple(sorted(keep))
+
+
+def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
+    """The scheduling problem of ``g`` on ``hw``; raises InfeasibleError when the tiling cannot fit."""
+    why = fits(g, hw)
+    if why:
+        raise InfeasibleError(f"{g.name} tiling {g.tiling} does not fit {hw.name}: {why}")
+    tm = timings(g, hw)
+    cp = copies if copies is not None else max_copies(g, hw)
+    rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
+             if b.space == "smem" and n in ring_users(g)}
+    prec = list(delays(g, tm, hw))
+    for f, a, depth in capacity_edges(g, rings, cp):
+        prec.append((f, a, depth, tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)))
+    res: dict[str, list[tuple[str, int, int]]] = {}
+    for t in g.tasks:
+        for r, o, n in tm[t.name].uses:
+            res.setdefault(r, []).append((t.name, o, n))
+    loop = [t.name for t in g.phase("loop")]
+    phase = {t.name: t.phase for t in g.tasks}
+    ii_lb = max(lower_bound_ii(tm, loop), _recurrence_bound(prec, phase))
+    total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
+    ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
+    return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
+                   objective_weights(g, hw, placement), ii_lb, ii_ub, total + ii_ub)
+
+
+def _recurrence_bound(prec: list[tuple[str, str, int, int]], phase: dict[str, str]) -> int:
+    """Smallest ii for which no loop-carried cycle needs more than dist·ii cycles (max cycle ratio),
+    found by bisection with Bellman-Ford on weights delay - dist·ii."""
+    arcs = [(u, v, d, lat) for u, v, d, lat in prec if phase[u] == phase[v] == "loop"]
+    nodes = sorted({x for a in arcs for x in a[:2]})
+
+    def positive_cycle(ii: int) -> bool:
+        dist = dict.fromkeys(nodes, 0)
+        for _ in range(len(nodes) + 1):
+            changed = False
+            for u, v, d, lat in arcs:
+                w = lat - d * ii
+                if dist[u] + w > dist[v]:
+                    dist[v] = dist[u] + w
+                    changed = True
+            if not changed:
+                return False
+        return True
+
+    lo, hi = 1, max((lat for *_, lat in arcs), default=1) * max(len(nodes), 1) + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if positive_cycle(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

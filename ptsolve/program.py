@@ -1,0 +1,178 @@
+"""SProgram: a schedule of one CTA's sTask-graph, in the steady-state loop form.
+
+A program fixes, for every task, its start time in cycles:
+- ``pre`` tasks: from the CTA's start;
+- ``loop`` tasks: iteration 0's start; iteration i starts ``i·ii`` later (a modulo schedule; the
+  task's *stage* is ``start // ii``);
+- ``post`` tasks: from ``(N-1)·ii``, N being the CTA's trip count.
+So every CTA takes ``(N-1)·ii + span`` cycles. From the starts follow the per-stream issue orders (what
+the code generator emits), the barrier-sTasks (mbarriers between streams, and the "empty" barriers of
+each shared-memory ring), and the prologue / steady state / epilogue split.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .cost import Timing, edge_delay, timings
+from .errors import SchemaError
+from .hw import Hardware
+from .ir import SCHEMA_VERSION, STaskGraph, check_schema, loads
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """``dst`` of iteration i+dist waits until ``src`` of iteration i is done (an mbarrier).
+    ``kind`` is ``data`` (a dependence between streams) or ``empty`` (a ring slot is free again)."""
+
+    src: str
+    dst: str
+    dist: int = 0
+    kind: str = "data"
+
+
+@dataclass(frozen=True)
+class SProgram:
+    """A schedule of ``graph`` on ``hw``.
+
+    ii: initiation interval, cycles. start: task -> start cycle (see module doc).
+    rings: shared-memory buffer allocated in the loop -> slots (pipeline depth).
+    copies: register buffer allocated in the loop -> copies held at once (2 = FA3's extra S tile).
+    barriers: every cross-stream dependence and ring back-pressure, as mbarriers.
+    placement: how CTAs go to SMs: ``even`` (the paper's even split), ``lpt`` (longest first), ``exact``.
+    """
+
+    graph: STaskGraph
+    hw: str
+    ii: int
+    start: dict[str, int]
+    rings: dict[str, int]
+    copies: dict[str, int]
+    barriers: tuple[Barrier, ...]
+    placement: str = "even"
+    policy: str = ""
+    schema: int = field(default=SCHEMA_VERSION)
+
+    # -- derived views --------------------------------------------------------------------------
+    def stage(self, task: str) -> int:
+        return self.start[task] // self.ii if self.graph.task[task].phase == "loop" else 0
+
+    def ends(self, hw: Hardware) -> tuple[int, int]:
+        """(latest end of a pre task, latest end of a loop/post task in the frame of the last iteration),
+        cycles; a task ends when its result is usable and it holds no resource."""
+        tm = timings(self.graph, hw)
+        e = {t.name: self.start[t.name] + max(tm[t.name].latency, max(o + n for _, o, n in tm[t.name].uses))
+             for t in self.graph.tasks}
+        pre = max((e[t.name] for t in self.graph.phase("pre")), default=0)
+        return pre, max(e[t.name] for t in self.graph.tasks if t.phase != "pre")
+
+    def cta_cycles(self, trip: int, hw: Hardware) -> int:
+        """Predicted cycles of one CTA whose loop runs ``trip`` times: max(pre end, (trip-1)·ii + loop end)."""
+        pre, last = self.ends(hw)
+        return max(pre, (trip - 1) * self.ii + last)
+
+    def span(self, hw: Hardware) -> int:
+        """Cycles of a CTA whose loop runs once."""
+        return self.cta_cycles(1, hw)
+
+    def streams(self, hw: Hardware) -> dict[str, dict[str, list[tuple[str, int]]]]:
+        """phase -> stream -> [(task, stage)] in issue order (what each warp role executes)."""
+        tm = timings(self.graph, hw)
+        out: dict[str, dict[str, list[tuple[str, int]]]] = {"pre": {}, "loop": {}, "post": {}}
+        for t in sorted(self.graph.tasks, key=lambda t: (self._slot(t.name), t.name)):
+            out[t.phase].setdefault(tm[t.name].stream, []).append((t.name, self.stage(t.name)))
+        return {ph: dict(sorted(d.items())) for ph, d in out.items()}
+
+    def _slot(self, task: str) -> int:
+        s = self.start[task]
+        return s % self.ii if self.graph.task[task].phase == "loop" else s
+
+    def summary(self, hw: Hardware) -> str:
+        """The schedule per stream, one line each, for people."""
+        lines = [f"{self.graph.name} tiling {self.graph.tiling} ii={self.ii} cycles, "
+                 f"span={self.span(hw)} cycles, rings={self.rings}, copies={self.copies}, policy={self.policy}"]
+        for ph, ss in self.streams(hw).items():
+            for s, ops in ss.items():
+                body = "  ".join(f"{t}" + (f"[s{st}]" if st else "") + f"@{self.start[t]}" for t, st in ops)
+                lines.append(f"  {ph:4} {s:8} {body}")
+        return "\n".join(lines)
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["graph"] = self.graph.to_dict()
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SProgram:
+        check_schema(d, "SProgram")
+        try:
+            g = STaskGraph.from_dict(d["graph"])
+            return cls(graph=g, hw=str(d["hw"]), ii=int(d["ii"]), start={k: int(v) for k, v in d["start"].items()},
+                       rings={k: int(v) for k, v in d["rings"].items()},
+                       copies={k: int(v) for k, v in d["copies"].items()},
+                       barriers=tuple(Barrier(**b) for b in d["barriers"]), placement=str(d["placement"]),
+                       policy=str(d["policy"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, SchemaError):
+                raise
+            raise SchemaError(f"SProgram JSON is malformed: {e!r}; write it with SProgram.to_json()") from e
+
+    @classmethod
+    def from_json(cls, s: str) -> SProgram:
+        return cls.from_dict(loads(s, "SProgram"))
+
+
+def ring_users(g: STaskGraph) -> dict[str, tuple[str, list[str]]]:
+    """Loop-allocated buffer -> (allocating task, tasks that free it)."""
+    out = {}
+    for t in g.phase("loop"):
+        for b in t.allocs:
+            out[b.name] = (t.name, sorted(u.name for u in g.tasks if b.name in u.frees) or
+                           sorted(u.name for u in g.tasks if b.name in u.reads))
+    return out
+
+
+def required_barriers(g: STaskGraph, tm: dict[str, Timing], rings: dict[str, int],
+                      copies: dict[str, int]) -> list[Barrier]:
+    """The mbarriers a program of ``g`` needs: one per cross-stream edge, one per (ring, freeing task)."""
+    out = {Barrier(e.src, e.dst, e.dist) for e in g.edges if tm[e.src].stream != tm[e.dst].stream}
+    bufs = g.buffers()
+    for b, (a, frees) in ring_users(g).items():
+        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
+        for f in frees:
+            if depth is not None:
+                out.add(Barrier(f, a, depth, "empty"))
+    return sorted(out, key=lambda b: (b.kind, b.src, b.dst, b.dist))
+
+
+def capacity_edges(g: STaskGraph, rings: dict[str, int], copies: dict[str, int]) -> list[tuple[str, str, int]]:
+    """(free task, alloc task, distance): a slot of a ring of depth D is reused D iterations later,
+    so the allocating task of iteration i+D must start after the freeing task of iteration i is done."""
+    bufs = g.buffers()
+    out = []
+    for b, (a, frees) in ring_users(g).items():
+        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
+        out += [(f, a, depth) for f in frees if depth is not None]
+    return out
+
+
+def make_program(g: STaskGraph, hw: Hardware, ii: int, start: dict[str, int], copies: dict[str, int] | None = None,
+                 placement: str = "even", policy: str = "") -> SProgram:
+    """An SProgram from a modulo schedule; rings take the tiling's ``depth``, barriers are derived."""
+    tm = timings(g, hw)
+    bufs = g.buffers()
+    loop_bufs = ring_users(g)
+    rings = {b: int(g.tiling.get("depth", 2)) for b in loop_bufs if bufs[b].space == "smem"}
+    cp = {b: 1 for b in loop_bufs if bufs[b].space == "reg"} | (copies or {})
+    return SProgram(graph=g, hw=hw.name, ii=int(ii), start=dict(sorted(start.items())), rings=rings, copies=cp,
+                    barriers=tuple(required_barriers(g, tm, rings, cp)), placement=placement, policy=policy)
+
+
+def delays(g: STaskGraph, tm: dict[str, Timing], hw: Hardware) -> list[tuple[str, str, int, int]]:
+    """Every precedence the schedule must honour: (src, dst, dist, cycles from src's start to dst's)."""
+    return [(e.src, e.dst, e.dist, edge_delay(tm, e.src, e.dst, hw)) for e in g.edges]

@@ -1,0 +1,137 @@
+"""simulate: replay an SProgram under the cost model, one CTA per distinct trip count, then the kernel.
+
+The replay walks every task instance (pre once, loop ``trip`` times, post once) in the program's
+order and starts each at the earliest cycle at which (1) its inputs are ready (latency, plus a
+barrier across streams), (2) every resource it holds is free — its issuing stream (in-order issue:
+a synchronous task blocks its warpgroup, an async one only for its issue cycles), the copy engine,
+the tensor cores, the MUFU — (3) the ring slot or register copy it fills has been freed, and, in
+``timed`` mode, (4) its planned start. A valid program replays with no instance late, so the replay
+reproduces the policy's claimed latency exactly; ``asap`` mode drops (4) and shows what the
+dynamically-scheduled hardware would do with the same orders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cost import Timing, timings
+from .errors import InfeasibleError
+from .hw import Hardware, load
+from .placement import sm_loads
+from .program import SProgram, capacity_edges, delays
+
+
+@dataclass(frozen=True)
+class Event:
+    task: str
+    stream: str
+    iteration: int
+    start: int      # cycles from the CTA's start
+    end: int        # cycles: when the result is usable and no resource is held
+    planned: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The replay of one CTA (the longest trip count) plus per-trip CTA cycles and the kernel latency."""
+
+    events: tuple[Event, ...]
+    cta_cycles: dict[int, int]
+    kernel_cycles: int
+    kernel_us: float
+    tflops: float
+    late: int                 # instances that started after their planned cycle (0 for a valid program)
+    trip: int                 # trip count of ``events``
+    placement: str = "even"
+    sm_busy: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def cta(self) -> int:
+        return self.cta_cycles[self.trip]
+
+
+def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
+           tm: dict[str, Timing] | None = None) -> tuple[list[Event], int]:
+    """Replay one CTA of ``trip`` iterations; returns its events and how many started late."""
+    if mode not in ("timed", "asap"):
+        raise ValueError(f"mode must be 'timed' or 'asap', got {mode!r}")
+    g = p.graph
+    tm = tm or timings(g, hw)
+    phase = {t.name: t.phase for t in g.tasks}
+    S, ii = p.start, p.ii
+
+    def planned(t: str, i: int) -> int:
+        return S[t] + (i * ii if phase[t] == "loop" else (trip - 1) * ii if phase[t] == "post" else 0)
+
+    inst = [(t.name, i) for t in g.tasks for i in (range(trip) if t.phase == "loop" else
+                                                      [trip - 1 if t.phase == "post" else 0])]
+    inst.sort(key=lambda x: (planned(*x), x[0], x[1]))
+    preds: dict[str, list[tuple[str, int, int]]] = {t.name: [] for t in g.tasks}
+    for u, w, d, lat in delays(g, tm, hw):
+        preds[w].append((u, d, lat))
+    for f, a, depth in capacity_edges(g, p.rings, p.copies):
+        preds[a].append((f, depth, tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)))
+
+    def src_iter(u: str, w: str, i: int, d: int) -> int | None:
+        if phase[u] == "pre":
+            return 0
+        if phase[u] == "post":
+            return trip - 1
+        j = (trip - 1 if phase[w] == "post" else i) - d
+        return j if j >= 0 else None
+
+    done: dict[tuple[str, int], int] = {}
+    free: dict[str, int] = {}
+    events, late = [], 0
+    for t, i in inst:
+        at = planned(t, i) if mode == "timed" else 0
+        for u, d, lat in preds[t]:
+            j = src_iter(u, t, i, d)
+            if j is None:
+                continue
+            if (u, j) not in done:
+                raise InfeasibleError(f"{t}@{i} waits for {u}@{j}, which the program issues later on its stream: "
+                                      "the orders deadlock; run check_valid for details")
+            at = max(at, done[(u, j)] + lat)
+        for r, o, _ in tm[t].uses:
+            at = max(at, free.get(r, 0) - o)
+        for r, o, n in tm[t].uses:
+            free[r] = at + o + n
+        done[(t, i)] = at
+        end = at + max(tm[t].latency, max(o + n for _, o, n in tm[t].uses))
+        late += at > planned(t, i)
+        events.append(Event(t, tm[t].stream, i, at, end, planned(t, i)))
+    return events, late
+
+
+def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
+             placement: str | None = None) -> Timeline:
+    """Replay ``p`` for every distinct trip count of its grid and place the CTAs on the SMs.
+
+    Returns the timeline of the longest CTA, the cycles of each CTA kind, and the kernel latency:
+    busiest SM's cycles (placement ``p.placement`` unless given) + hw.launch_us.
+    """
+    hw = load(hw or p.hw)
+    tm = timings(p.graph, hw)
+    g = p.graph
+    cta: dict[int, int] = {}
+    late = 0
+    events: list[Event] = []
+    for n in sorted(set(g.row)):
+        ev, lt = replay(p, hw, n, mode, tm)
+        cta[n] = max(e.end for e in ev)
+        late += lt
+        if n == g.trip_count:
+            events = ev
+    pl = placement or p.placement
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms, pl)
+    kc = int(busy.max())
+    us = hw.cycles_to_us(kc) + hw.launch_us
+    return Timeline(tuple(events), cta, kc, us, g.useful_flops / (us * 1e-6) / 1e12, late, g.trip_count, pl,
+                    tuple(int(x) for x in busy))
+
+
+def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:
+    """Kernel latency the program's formula claims, µs: CTA cycles (trip-1)·ii + span per CTA, placed."""
+    g = p.graph
+    busy = sm_loads([p.cta_cycles(n, hw) for n in g.row], g.rows, hw.sms, placement or p.placement)
+    return hw.cycles_to_us(int(busy.max())) + hw.launch_us

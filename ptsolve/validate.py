@@ -1,0 +1,202 @@
+"""check_valid: is an SProgram legal on the hardware, and if not, what exactly is wrong.
+
+Checked: every task scheduled; every dependence met with its latency (modulo ii across iterations)
+and, across streams, carried by a barrier; every ring slot reused only after it was freed; no resource
+(stream, copy engine, tensor cores, MUFU) holding two tasks at once, modulo ii; no cycle of barrier
+waits and in-order issue that can never be satisfied (deadlock); shared memory and registers within
+the EU's limits at the peak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import Timing, timings
+from .hw import Hardware
+from .ir import STaskGraph
+from .ops.base import consumer_reg_budget
+from .program import SProgram, capacity_edges, delays, required_barriers
+
+REG_OVERHEAD = 24  # registers per consumer thread for addresses, loop counters and barrier phases
+
+
+@dataclass(frozen=True)
+class Validity:
+    """Truthy when the program is valid; ``violations`` says what to fix otherwise."""
+
+    violations: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return not self.violations
+
+    def __str__(self) -> str:
+        return "valid" if not self.violations else "invalid:\n  " + "\n  ".join(self.violations)
+
+
+def smem_peak(g: STaskGraph, rings: dict[str, int]) -> tuple[int, list[str]]:
+    """Peak shared memory of a CTA, bytes, and the buffers at that peak: the prologue's buffers stay
+    for the whole CTA; the loop's rings and the epilogue's buffers are never live together."""
+    bufs = g.buffers()
+    owner = {b.name: t.phase for t in g.tasks for b in t.allocs}
+    sm = {n: b for n, b in bufs.items() if b.space == "smem"}
+    pre = [n for n in sm if owner[n] == "pre"]
+    loop = [n for n in sm if owner[n] == "loop"]
+    post = [n for n in sm if owner[n] == "post"]
+    lb = sum(sm[n].bytes * rings.get(n, 1) for n in loop)
+    pb = sum(sm[n].bytes for n in post)
+    names = pre + ([f"{n}x{rings.get(n, 1)}" for n in loop] if lb >= pb else post)
+    return sum(sm[n].bytes for n in pre) + max(lb, pb), names
+
+
+def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int) -> tuple[int, list[str]]:
+    """32-bit registers each thread of consumer warpgroup ``group`` needs, and the buffers behind them."""
+    owner = {b.name: t for t in g.tasks for b in t.allocs}
+    total, names = REG_OVERHEAD, []
+    for n, b in sorted(g.buffers().items()):
+        t = owner[n]
+        if b.space != "reg" or t.group != group:
+            continue
+        c = copies.get(n, 1) if t.phase == "loop" else 1
+        total += c * b.regs_per_thread
+        names.append(f"{n}={b.regs_per_thread}" + (f"x{c}" if c > 1 else ""))
+    return total, names
+
+
+def _overlap(a0: int, a1: int, b0: int, b1: int, ii: int | None) -> bool:
+    if ii is None:
+        return a0 < b1 and b0 < a1
+    return any(a0 < b1 + k * ii and b0 + k * ii < a1 for k in (-1, 0, 1))
+
+
+def _deadlock(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
+    """A cycle of waits whose iteration distances add up to <= 0 can never be released.
+
+    Nodes are loop tasks; a barrier src->dst (dist d) says dst@i+d waits for src@i; in-order issue
+    says consecutive tasks of one stream's body, (t1, stage s1) then (t2, stage s2), give
+    t2@j-s2 after t1@j-s1, i.e. distance s1-s2, and the body wraps with distance 1 + s_last - s_first.
+    Bellman-Ford with weight dist·K - 1 finds a cycle of total distance <= 0 as a negative cycle.
+    """
+    g = p.graph
+    loop = {t.name for t in g.phase("loop")}
+    arcs: list[tuple[str, str, int, str]] = []
+    for b in p.barriers:
+        if b.src in loop and b.dst in loop:
+            arcs.append((b.src, b.dst, b.dist, f"barrier {b.src}->{b.dst} (dist {b.dist})"))
+    for s, ops in p.streams(hw)["loop"].items():
+        for (t1, s1), (t2, s2) in zip(ops, ops[1:]):
+            arcs.append((t1, t2, s1 - s2, f"{s} issues {t1} before {t2}"))
+        if len(ops) > 1:
+            (tl, sl), (tf, sf) = ops[-1], ops[0]
+            arcs.append((tl, tf, 1 + sl - sf, f"{s} wraps from {tl} to {tf}"))
+    nodes = sorted(loop)
+    K = len(nodes) + 1
+    dist = dict.fromkeys(nodes, 0)
+    pred: dict[str, tuple[str, str]] = {}
+    last = None
+    for _ in range(len(nodes)):
+        last = None
+        for u, v, d, why in arcs:
+            w = d * K - 1
+            if dist[u] + w < dist[v]:
+                dist[v] = dist[u] + w
+                pred[v] = (u, why)
+                last = v
+        if last is None:
+            return []
+    x = last
+    for _ in range(len(nodes)):
+        x = pred[x][0]
+    cyc, y = [], x
+    while True:
+        u, why = pred[y]
+        cyc.append(why)
+        y = u
+        if y == x:
+            break
+    return ["deadlock: a cycle of waits that can never be released: " + "; ".join(reversed(cyc))]
+
+
+def check_valid(p: SProgram, hw: Hardware) -> Validity:
+    """Check ``p`` on ``hw``; the result is truthy iff valid and lists each violation otherwise."""
+    g, v = p.graph, []
+    tm = timings(g, hw)
+    missing = sorted(set(g.task) - set(p.start))
+    if missing:
+        return Validity((f"tasks not scheduled: {missing}; give every task a start time",))
+    extra = sorted(set(p.start) - set(g.task))
+    if extra:
+        v.append(f"start times for unknown tasks {extra}")
+    if p.ii < 1:
+        return Validity((f"initiation interval ii={p.ii} must be >= 1 cycle",))
+    neg = sorted(t for t, s in p.start.items() if s < 0)
+    if neg:
+        v.append(f"negative start times for {neg}")
+    S = p.start
+
+    # barriers: a cross-stream dependence or a ring slot with no mbarrier is a race
+    have = set(p.barriers)
+    for b in required_barriers(g, tm, p.rings, p.copies):
+        if b not in have:
+            what = "ring slot reuse" if b.kind == "empty" else f"dependency {b.src} -> {b.dst} (dist {b.dist})"
+            v.append(f"{what} crosses streams {tm[b.src].stream} -> {tm[b.dst].stream} with no barrier; "
+                     f"add Barrier({b.src!r}, {b.dst!r}, {b.dist}, {b.kind!r})")
+    for b in p.barriers:
+        if b.src not in g.task or b.dst not in g.task:
+            v.append(f"barrier {b.src}->{b.dst} names an unknown task")
+
+    # ring depths and register copies match the buffers allocated in the loop
+    loop_bufs = {b.name: b for t in g.phase("loop") for b in t.allocs}
+    for n, b in loop_bufs.items():
+        d = p.rings.get(n) if b.space == "smem" else p.copies.get(n)
+        if d is None or d < 1:
+            what = "ring depth" if b.space == "smem" else "copy count"
+            v.append(f"buffer {n!r} is allocated every iteration but has no {what} >= 1")
+
+    # precedence with latency, and ring / register reuse
+    for u, w, d, lat in delays(g, tm, hw):
+        if S[w] + d * p.ii < S[u] + lat:
+            v.append(f"dependency {u} -> {w} (dist {d}) not met: {w} starts at {S[w]}+{d}*{p.ii} but {u}'s result is "
+                     f"ready at {S[u]}+{lat}; start {w} later or raise ii")
+    for f, a, depth in capacity_edges(g, p.rings, p.copies):
+        lat = tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)
+        if S[a] + depth * p.ii < S[f] + lat:
+            v.append(f"over-full ring: {a} refills a slot {depth} iterations later at {S[a]}+{depth}*{p.ii}, but {f} "
+                     f"frees it only at {S[f]}+{lat}; deepen the ring or raise ii")
+
+    # resources: no two reservations at once (loop tasks modulo ii)
+    res: dict[str, list[tuple[int, int, str, str]]] = {}
+    for t in g.tasks:
+        for r, o, n in tm[t.name].uses:
+            res.setdefault(r, []).append((S[t.name] + o, S[t.name] + o + n, t.name, t.phase))
+    for r, xs in sorted(res.items()):
+        for i, (a0, a1, an, ap) in enumerate(xs):
+            if ap == "loop" and a1 - a0 > p.ii:
+                v.append(f"{an} holds {r} for {a1 - a0} cycles, longer than ii={p.ii}")
+            for b0, b1, bn, bp in xs[i + 1:]:
+                kinds = {ap, bp}
+                if kinds == {"loop"}:
+                    bad = _overlap(a0, a1, b0, b1, p.ii)
+                elif "loop" in kinds:
+                    (l0, l1, _), (o0, o1, op) = sorted(((a0, a1, ap), (b0, b1, bp)), key=lambda x: x[2] != "loop")
+                    bad = o1 > l0 if op == "pre" else o0 < l1
+                else:
+                    bad = _overlap(a0, a1, b0, b1, None) if ap == bp else (ap == "post" and a0 < b1) or (
+                        bp == "post" and b0 < a1)
+                if bad:
+                    v.append(f"{r} holds {an} [{a0},{a1}) and {bn} [{b0},{b1}) at once"
+                             + (f" (modulo ii={p.ii})" if kinds == {"loop"} else ""))
+
+    # capacity
+    sm, names = smem_peak(g, p.rings)
+    if sm > hw.smem_per_block:
+        v.append(f"shared memory {sm} B exceeds {hw.smem_per_block} B per block on {hw.name} ({', '.join(names)}); "
+                 "use smaller tiles or a shallower ring")
+    budget = consumer_reg_budget(g.groups, hw)
+    for grp in range(g.groups):
+        need, names = regs_per_thread(g, p.copies, grp)
+        if need > budget:
+            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{REG_OVERHEAD}) but "
+                     f"{g.groups} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
+                     "fewer live copies")
+    if not v:
+        v += _deadlock(p, tm, hw)
+    return Validity(tuple(v))
