@@ -7,15 +7,25 @@ resource is busy) and latency (how long until a consumer may start) are modelled
 holds its warpgroup for a few issue cycles, the tensor cores for its throughput time, and its result
 is usable only after the pipeline drains.
 
-All durations are integer cycles of the SM clock (``hw.clock_ghz``).
+All durations are integer cycles of the SM clock (``hw.clock_ghz``), rounded up to the model's grain
+(``GRAIN`` cycles, 8 by default, ``PTSOLVE_GRAIN`` to change): the exact solvers then work in grains,
+which keeps their domains small, and the cost model is nowhere near 8-cycle accurate anyway.
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from .hw import Hardware
 from .ir import STask, STaskGraph
+
+GRAIN = max(1, int(os.environ.get("PTSOLVE_GRAIN", "8")))
+
+
+def grain(x: float) -> int:
+    """``x`` cycles rounded up to a whole number of grains, in cycles."""
+    return max(1, math.ceil(x / GRAIN)) * GRAIN
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,12 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
 
 
 def task_timing(t: STask, hw: Hardware) -> Timing:
+    """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN."""
+    r = _raw_timing(t, hw)
+    return Timing(r.stream, tuple((x, grain(o) if o else 0, grain(n)) for x, o, n in r.uses), grain(r.latency))
+
+
+def _raw_timing(t: STask, hw: Hardware) -> Timing:
     """Occupancy and latency of one task on ``hw``.
 
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
@@ -87,7 +103,7 @@ def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
 def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:
     """Cycles from ``src``'s start until ``dst`` may start: ``src``'s latency, plus hw.barrier_cycles when
     the two are issued by different streams (an mbarrier arrive/wait pair carries the dependence)."""
-    return tm[src].latency + (0 if tm[src].stream == tm[dst].stream else hw.barrier_cycles)
+    return tm[src].latency + (0 if tm[src].stream == tm[dst].stream else grain(hw.barrier_cycles))
 
 
 def resources(tm: dict[str, Timing]) -> list[str]:

@@ -150,17 +150,6 @@ def required_barriers(g: STaskGraph, tm: dict[str, Timing], rings: dict[str, int
     return sorted(out, key=lambda b: (b.kind, b.src, b.dst, b.dist))
 
 
-def capacity_edges(g: STaskGraph, rings: dict[str, int], copies: dict[str, int]) -> list[tuple[str, str, int]]:
-    """(free task, alloc task, distance): a slot of a ring of depth D is reused D iterations later,
-    so the allocating task of iteration i+D must start after the freeing task of iteration i is done."""
-    bufs = g.buffers()
-    out = []
-    for b, (a, frees) in ring_users(g).items():
-        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
-        out += [(f, a, depth) for f in frees if depth is not None]
-    return out
-
-
 def make_program(g: STaskGraph, hw: Hardware, ii: int, start: dict[str, int], copies: dict[str, int] | None = None,
                  placement: str = "even", policy: str = "") -> SProgram:
     """An SProgram from a modulo schedule; rings take the tiling's ``depth``, barriers are derived."""
@@ -173,6 +162,17 @@ def make_program(g: STaskGraph, hw: Hardware, ii: int, start: dict[str, int], co
                     barriers=tuple(required_barriers(g, tm, rings, cp)), placement=placement, policy=policy)
 
 
-def delays(g: STaskGraph, tm: dict[str, Timing], hw: Hardware) -> list[tuple[str, str, int, int]]:
-    """Every precedence the schedule must honour: (src, dst, dist, cycles from src's start to dst's)."""
-    return [(e.src, e.dst, e.dist, edge_delay(tm, e.src, e.dst, hw)) for e in g.edges]
+def precedences(g: STaskGraph, tm: dict[str, Timing], hw: Hardware, rings: dict[str, int],
+                copies: dict[str, int]) -> list[tuple[str, str, int, int, str]]:
+    """Every precedence a schedule must honour: (src, dst, dist, cycles from src's start to dst's, kind).
+
+    kind ``edge``: a graph edge (latency, + a barrier across streams). kind ``ring``: a buffer slot of a
+    ring of depth D (or register copies) is refilled D iterations later, so the allocating task of
+    iteration i+D waits until the freeing task of iteration i is done."""
+    out = [(e.src, e.dst, e.dist, edge_delay(tm, e.src, e.dst, hw), "edge") for e in g.edges]
+    bufs = g.buffers()
+    for b, (a, frees) in ring_users(g).items():
+        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
+        if depth is not None:
+            out += [(f, a, depth, edge_delay(tm, f, a, hw), "ring") for f in frees]
+    return out

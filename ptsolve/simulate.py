@@ -17,7 +17,7 @@ from .cost import Timing, timings
 from .errors import InfeasibleError
 from .hw import Hardware, load
 from .placement import sm_loads
-from .program import SProgram, capacity_edges, delays
+from .program import SProgram, precedences
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,8 @@ def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
                                                       [trip - 1 if t.phase == "post" else 0])]
     inst.sort(key=lambda x: (planned(*x), x[0], x[1]))
     preds: dict[str, list[tuple[str, int, int]]] = {t.name: [] for t in g.tasks}
-    for u, w, d, lat in delays(g, tm, hw):
+    for u, w, d, lat, _ in precedences(g, tm, hw, p.rings, p.copies):
         preds[w].append((u, d, lat))
-    for f, a, depth in capacity_edges(g, p.rings, p.copies):
-        preds[a].append((f, depth, tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)))
 
     def src_iter(u: str, w: str, i: int, d: int) -> int | None:
         if phase[u] == "pre":
@@ -131,7 +129,14 @@ def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:
-    """Kernel latency the program's formula claims, µs: CTA cycles (trip-1)·ii + span per CTA, placed."""
+    """Kernel latency the program claims, µs: claimed_cycles + hw.launch_us."""
+    return hw.cycles_to_us(claimed_cycles(p, hw, placement)) + hw.launch_us
+
+
+def claimed_cycles(p: SProgram, hw: Hardware, placement: str | None = None) -> int:
+    """Kernel cycles (busiest SM, no launch overhead) that the program's formula claims:
+    every CTA takes max(pre end, (trip-1)·ii + loop/post end); CTAs placed on SMs."""
     g = p.graph
-    busy = sm_loads([p.cta_cycles(n, hw) for n in g.row], g.rows, hw.sms, placement or p.placement)
-    return hw.cycles_to_us(int(busy.max())) + hw.launch_us
+    pre, last = p.ends(hw)
+    cta = {n: max(pre, (n - 1) * p.ii + last) for n in set(g.row)}
+    return int(sm_loads([cta[n] for n in g.row], g.rows, hw.sms, placement or p.placement).max())

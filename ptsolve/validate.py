@@ -14,7 +14,7 @@ from .cost import Timing, timings
 from .hw import Hardware
 from .ir import STaskGraph
 from .ops.base import consumer_reg_budget
-from .program import SProgram, capacity_edges, delays, required_barriers
+from .program import SProgram, precedences, required_barriers
 
 REG_OVERHEAD = 24  # registers per consumer thread for addresses, loop counters and barrier phases
 
@@ -152,15 +152,15 @@ def check_valid(p: SProgram, hw: Hardware) -> Validity:
             v.append(f"buffer {n!r} is allocated every iteration but has no {what} >= 1")
 
     # precedence with latency, and ring / register reuse
-    for u, w, d, lat in delays(g, tm, hw):
-        if S[w] + d * p.ii < S[u] + lat:
+    for u, w, d, lat, kind in precedences(g, tm, hw, p.rings, p.copies):
+        if S[w] + d * p.ii >= S[u] + lat:
+            continue
+        if kind == "edge":
             v.append(f"dependency {u} -> {w} (dist {d}) not met: {w} starts at {S[w]}+{d}*{p.ii} but {u}'s result is "
                      f"ready at {S[u]}+{lat}; start {w} later or raise ii")
-    for f, a, depth in capacity_edges(g, p.rings, p.copies):
-        lat = tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)
-        if S[a] + depth * p.ii < S[f] + lat:
-            v.append(f"over-full ring: {a} refills a slot {depth} iterations later at {S[a]}+{depth}*{p.ii}, but {f} "
-                     f"frees it only at {S[f]}+{lat}; deepen the ring or raise ii")
+        else:
+            v.append(f"over-full ring: {w} refills a slot {d} iterations later at {S[w]}+{d}*{p.ii}, but {u} "
+                     f"frees it only at {S[u]}+{lat}; deepen the ring or raise ii")
 
     # resources: no two reservations at once (loop tasks modulo ii)
     res: dict[str, list[tuple[int, int, str, str]]] = {}

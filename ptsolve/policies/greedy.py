@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from ..errors import InfeasibleError
-from ..program import SProgram, make_program
+from ..program import SProgram
 from .model import Problem
 
 
@@ -146,7 +146,7 @@ def solve(P: Problem, time_limit: float | None = None, step: int | None = None) 
         tries += 1
         S = schedule_at(P, ii)
         if S is not None:
-            prog = make_program(P.graph, P.hw, ii, S, P.copies, policy="greedy")
+            prog = P.program(ii, S, "greedy")
             return prog, {"status": "FEASIBLE", "ii_tries": tries, "solve_s": time.perf_counter() - t0}
         ii += step
         if time_limit is not None and time.perf_counter() - t0 > time_limit:

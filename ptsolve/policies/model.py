@@ -16,19 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import Timing, lower_bound_ii, timings
+from ..cost import GRAIN, Timing, lower_bound_ii, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import consumer_reg_budget
 from ..placement import per_sm_pairs
-from ..program import capacity_edges, delays, ring_users
+from ..program import SProgram, make_program, precedences, ring_users
 from ..validate import regs_per_thread, smem_peak
 
 
 @dataclass(frozen=True)
 class Problem:
-    """Scheduling data of one graph on one EU. Times in cycles."""
+    """Scheduling data of one graph on one EU. Every time here is in grains of ``grain`` cycles
+    (ptsolve.cost.GRAIN): solvers work in grains, ``program()`` turns their answer into cycles."""
 
     graph: STaskGraph
     hw: Hardware
@@ -42,6 +43,13 @@ class Problem:
     ii_lb: int
     ii_ub: int
     horizon: int
+    grain: int = GRAIN
+
+    def program(self, ii: int, start: dict[str, int], policy: str) -> SProgram:
+        """The SProgram of a solution given in grains (ii and start times)."""
+        q = self.grain
+        return make_program(self.graph, self.hw, ii * q, {t: x * q for t, x in start.items()}, self.copies,
+                            policy=policy)
 
     @property
     def tasks(self) -> list[str]:
@@ -57,15 +65,18 @@ class Problem:
 
 
 def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
-    """Register copies of each loop-allocated register buffer: ``cap`` where the budget allows all of a
-    warpgroup's buffers doubled, else 1 (the extra S tile of FA3's intra-warpgroup overlap)."""
-    loop = {n for n, (a, _) in ring_users(g).items() if g.buffers()[n].space == "reg"}
+    """Register copies of each loop-allocated register buffer: buffers are raised to ``cap`` copies one
+    at a time (sorted by name) while every warpgroup stays within its register budget. Two copies of
+    FA's S tile is what FA3's intra-warpgroup overlap costs."""
+    bufs = g.buffers()
+    loop = sorted(n for n in ring_users(g) if bufs[n].space == "reg")
     budget = consumer_reg_budget(g.groups, hw)
-    out = dict.fromkeys(sorted(loop), 1)
-    for c in range(cap, 1, -1):
-        trial = dict.fromkeys(sorted(loop), c)
+    out = dict.fromkeys(loop, 1)
+    # symmetric warpgroups raise the same buffer together (s@0 and s@1)
+    for base in sorted({n.split("@")[0] for n in loop}):
+        trial = out | {n: cap for n in loop if n.split("@")[0] == base}
         if all(regs_per_thread(g, trial, grp)[0] <= budget for grp in range(g.groups)):
-            return trial
+            out = trial
     return out
 
 
@@ -103,13 +114,13 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     why = fits(g, hw)
     if why:
         raise InfeasibleError(f"{g.name} tiling {g.tiling} does not fit {hw.name}: {why}")
-    tm = timings(g, hw)
+    q = GRAIN
+    cyc = timings(g, hw)
     cp = copies if copies is not None else max_copies(g, hw)
     rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
              if b.space == "smem" and n in ring_users(g)}
-    prec = list(delays(g, tm, hw))
-    for f, a, depth in capacity_edges(g, rings, cp):
-        prec.append((f, a, depth, tm[f].latency + (0 if tm[f].stream == tm[a].stream else hw.barrier_cycles)))
+    prec = [(u, v, d, lat // q) for u, v, d, lat, _ in precedences(g, cyc, hw, rings, cp)]
+    tm = {t: Timing(x.stream, tuple((r, o // q, n // q) for r, o, n in x.uses), x.latency // q) for t, x in cyc.items()}
     res: dict[str, list[tuple[str, int, int]]] = {}
     for t in g.tasks:
         for r, o, n in tm[t.name].uses:
@@ -120,7 +131,7 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
-                   objective_weights(g, hw, placement), ii_lb, ii_ub, total + ii_ub)
+                   objective_weights(g, hw, placement), ii_lb, ii_ub, total + ii_ub, q)
 
 
 def _recurrence_bound(prec: list[tuple[str, str, int, int]], phase: dict[str, str]) -> int:

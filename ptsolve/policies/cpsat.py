@@ -1,0 +1,129 @@
+"""Exact policy: the modulo-scheduling model of ptsolve.policies.model on OR-Tools CP-SAT.
+
+Loop task t starts at s_t = r_t + k_t·ii with 0 <= r_t < ii (its slot in the steady-state kernel)
+and stage k_t. On each resource, every loop reservation appears twice, [r_t, r_t+n) and
+[r_t-ii, r_t-ii+n), in one no-overlap constraint: two reservations collide modulo ii exactly when one
+of these pairs overlaps, so wrap-around is exact with a single copy of the iteration. Prologue
+reservations end before the loop's first use of their resource, epilogue ones start after its last
+(in the frame of the last iteration). ``ii`` is a variable; the objective is the busiest SM's
+cycles, max over SMs of a·ii + b·span. Greedy's program is the hint.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import SolverError
+from ..program import SProgram
+from .model import Problem
+
+
+def _symmetry_task(P: Problem) -> list[tuple[str, str]]:
+    """Pairs (x@g, x@g+1) of one loop task of each consumer warpgroup: the groups are interchangeable,
+    so some optimum has them in group order."""
+    g = P.graph
+    if g.groups < 2:
+        return []
+    order = [n for n in g.topo_order() if P.phase[n] == "loop" and n.endswith("@0")]
+    if not order:
+        return []
+    base = order[0][:-2]
+    names = [f"{base}@{k}" for k in range(g.groups)]
+    if not all(n in P.phase for n in names):
+        return []
+    return list(zip(names, names[1:]))
+
+
+def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
+          hint: SProgram | None = None, ii_max: int | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+    """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
+    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SolverError("solver 'cpsat' needs OR-Tools: pip install ortools") from e
+    t0 = time.perf_counter()
+    m = cp_model.CpModel()
+    H = P.horizon
+    ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
+    ii = m.new_int_var(P.ii_lb, ii_hi, "ii")
+    kmax = H // max(P.ii_lb, 1) + 1
+    s, r, k, w = {}, {}, {}, {}
+    for t in P.tasks:
+        s[t] = m.new_int_var(0, H, f"s_{t}")
+        if P.phase[t] == "loop":
+            r[t] = m.new_int_var(0, ii_hi - 1, f"r_{t}")
+            k[t] = m.new_int_var(0, kmax, f"k_{t}")
+            m.add(r[t] <= ii - 1)
+            w[t] = m.new_int_var(-ii_hi, 0, f"w_{t}")
+            m.add(w[t] == r[t] - ii)
+            # stage as one-hot literals: z_j => s = r + j·ii stays linear in the variable ii
+            zs = [m.new_bool_var(f"z_{t}_{j}") for j in range(kmax + 1)]
+            m.add_exactly_one(zs)
+            for j, z in enumerate(zs):
+                m.add(s[t] == r[t] + j * ii).only_enforce_if(z)
+                m.add(k[t] == j).only_enforce_if(z)
+    for u, v, d, lat in P.prec:
+        m.add(s[v] + d * ii >= s[u] + lat)
+    for res, uses in P.res.items():
+        loop = [(t, o, n) for t, o, n in uses if P.phase[t] == "loop"]
+        ivs = []
+        for t, o, n in loop:
+            if o:
+                raise SolverError(f"cpsat model assumes reservations start with their task ({t} on {res})")
+            ivs.append(m.new_fixed_size_interval_var(r[t], n, f"a_{t}_{res}"))
+            ivs.append(m.new_fixed_size_interval_var(w[t], n, f"b_{t}_{res}"))
+        for ph in ("pre", "post"):
+            once = [(t, o, n) for t, o, n in uses if P.phase[t] == ph]
+            ivs_once = [m.new_fixed_size_interval_var(s[t] + o, n, f"{ph}_{t}_{res}") for t, o, n in once]
+            if len(ivs_once) > 1:
+                m.add_no_overlap(ivs_once)
+            for t, o, n in once:
+                for u, ou, nu in loop:
+                    if ph == "pre":
+                        m.add(s[t] + o + n <= s[u] + ou)
+                    else:
+                        m.add(s[t] + o >= s[u] + ou + nu)
+        for t, o, _n in uses:
+            if P.phase[t] == "post":
+                for u, ou, nu in uses:
+                    if P.phase[u] == "pre":
+                        m.add(s[t] + o >= s[u] + ou + nu)
+        if ivs:
+            m.add_no_overlap(ivs)
+    for a, b in _symmetry_task(P):
+        m.add(s[a] <= s[b])
+    span = m.new_int_var(0, 2 * H, "span")
+    for t in P.tasks:
+        m.add(span >= s[t] + P.end(t))
+    big = max(a * ii_hi + b * 2 * H for a, b in P.weights)
+    obj = m.new_int_var(0, big, "obj")
+    for a, b in P.weights:
+        m.add(obj >= a * ii + b * span)
+    m.minimize(obj)
+    if hint is not None:
+        q = P.grain
+        hii = hint.ii // q
+        m.add_hint(ii, hii)
+        for t in P.tasks:
+            m.add_hint(s[t], hint.start[t] // q)
+            if t in r:
+                m.add_hint(r[t], hint.start[t] // q % hii)
+                m.add_hint(k[t], hint.start[t] // q // hii)
+    sv = cp_model.CpSolver()
+    sv.parameters.max_time_in_seconds = float(time_limit)
+    sv.parameters.num_workers = int(num_workers)
+    sv.parameters.random_seed = int(seed)
+    st = sv.solve(m)
+    name = sv.status_name(st)
+    stats = {"solve_s": time.perf_counter() - t0, "bound": int(sv.best_objective_bound) * P.grain if name in
+             ("OPTIMAL", "FEASIBLE") else None, "branches": sv.num_branches}
+    if name == "INFEASIBLE":
+        return None, stats | {"status": "INFEASIBLE"}
+    if name not in ("OPTIMAL", "FEASIBLE"):
+        if name == "UNKNOWN":
+            return None, stats | {"status": "TIME_LIMIT"}
+        raise SolverError(f"CP-SAT returned {name} for {P.graph.name}: the model is malformed (a ptsolve bug)")
+    prog = P.program(int(sv.value(ii)), {t: int(sv.value(s[t])) for t in P.tasks}, "cpsat")
+    status = "OPTIMAL" if name == "OPTIMAL" else "TIME_LIMIT"
+    return prog, stats | {"status": status, "objective": int(sv.objective_value) * P.grain}

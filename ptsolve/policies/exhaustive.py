@@ -1,0 +1,219 @@
+"""Ground truth for tiny graphs: branch and bound over every integer schedule of the exact model.
+
+The model is ptsolve.policies.cpsat's, stated directly on start times. Like every solver it works in
+the Problem's grains (``P.grain`` cycles each, see ptsolve.policies.model); the returned program and the
+reported objective and bound are in cycles. For every initiation
+interval ii from ``P.ii_lb`` up to ``P.ii_ub`` (or ``ii_max``), tasks are placed one at a time in
+topological order, each at every start in [earliest, horizon] that keeps the partial schedule feasible:
+
+- precedence (capacity edges included): s_v + dist·ii >= s_u + delay;
+- loop reservations never overlap modulo ii (a loop reservation is at most ii long);
+- prologue reservations end before every loop reservation on their resource starts (iteration 0),
+  epilogue reservations start after every loop and every prologue reservation on it has ended (in the
+  frame of the last iteration, the program's frame for epilogue tasks); pre/pre and post/post never overlap;
+- every start lies in [0, P.horizon].
+
+span = max over tasks of s_t + P.end(t), objective = max over P.weights of a·ii + b·span (grains).
+Unlike CP-SAT and the MILP, no symmetry breaking is added: the enumeration checks those cuts too.
+
+Pruning is exact: starts are tried in increasing order and the objective is monotone in every start, so
+a branch stops as soon as a lower bound on its span (longest delay path to a sink, ``dist·ii`` subtracted
+for loop-carried arcs, plus the sink's end) reaches the best objective found. Refuses (SolverError)
+graphs of more than ``MAX_TASKS`` tasks or horizons beyond ``MAX_HORIZON`` grains: it is for tests.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import SolverError
+from ..program import SProgram
+from .model import Problem
+
+MAX_TASKS = 8
+MAX_HORIZON = 512      # grains; the tiny test hardware keeps horizons well below this
+MAX_NODES = 2_000_000  # partial schedules visited before giving up (deterministic work limit)
+
+
+def violations(P: Problem, ii: int, start: dict[str, int], symmetry: bool = False) -> list[str]:
+    """Every constraint of the exact model that (ii, start), in grains, breaks; empty when feasible.
+
+    Shared by the MILP (to re-check its rounded solution) and the tests. ``symmetry`` adds CP-SAT's
+    symmetry cuts (s[x@g] <= s[x@g+1]), which only restrict the search space."""
+    from .cpsat import _symmetry_task
+
+    out: list[str] = []
+    if not P.ii_lb <= ii:
+        out.append(f"ii={ii} below the lower bound {P.ii_lb}")
+    for t in P.tasks:
+        if not 0 <= start[t] <= P.horizon:
+            out.append(f"{t} starts at {start[t]}, outside [0, {P.horizon}]")
+    for u, v, d, lat in P.prec:
+        if start[v] + d * ii < start[u] + lat:
+            out.append(f"precedence {u}->{v} (dist {d}, delay {lat}) broken at ii={ii}")
+    for res, uses in P.res.items():
+        for i, (t, o, n) in enumerate(uses):
+            if P.phase[t] == "loop" and n > ii:
+                out.append(f"{t} holds {res} {n} grains > ii={ii}")
+            for u, ou, nu in uses[i + 1:]:
+                if _clash(P.phase[t], start[t] + o, n, P.phase[u], start[u] + ou, nu, ii):
+                    out.append(f"{t} and {u} collide on {res}")
+    if symmetry:
+        for a, b in _symmetry_task(P):
+            if start[a] > start[b]:
+                out.append(f"symmetry: {a} after {b}")
+    return out
+
+
+def span_of(P: Problem, start: dict[str, int]) -> int:
+    """Grains of a CTA whose loop runs once: max over tasks of s_t + P.end(t) (cpsat's span)."""
+    return max(start[t] + P.end(t) for t in P.tasks)
+
+
+def objective_of(P: Problem, ii: int, start: dict[str, int]) -> int:
+    """The model's objective of a schedule in grains (max over P.weights of a·ii + b·span)."""
+    return P.objective(ii, span_of(P, start))
+
+
+def to_grains(P: Problem, prog: SProgram) -> tuple[int, dict[str, int]] | None:
+    """(ii, start) of a program in the Problem's grains; None if some time is not a whole number of grains."""
+    q = P.grain
+    if prog.ii % q or any(x % q for x in prog.start.values()):
+        return None
+    return prog.ii // q, {t: prog.start[t] // q for t in P.tasks}
+
+
+def _clash(pa: str, xa: int, na: int, pb: str, xb: int, nb: int, ii: int) -> bool:
+    """Do reservations [xa, xa+na) of a ``pa`` task and [xb, xb+nb) of a ``pb`` task break the model?"""
+    if pa == pb == "loop":
+        # residues modulo ii: [ra, ra+na) and [rb, rb+nb) must not meet, nor with one shifted by ii
+        ra, rb = xa % ii, xb % ii
+        return any(ra < rb + k * ii + nb and rb + k * ii < ra + na for k in (-1, 0, 1))
+    if pa == pb:
+        return xa < xb + nb and xb < xa + na
+    if pa == "loop":
+        pa, xa, na, pb, xb, nb = pb, xb, nb, pa, xa, na
+    # now ``pa`` is pre or post and ``pb`` is later/earlier
+    if pa == "pre" and pb == "loop":
+        return xa + na > xb
+    if pa == "post":
+        return xa < xb + nb  # epilogue after the loop's (or prologue's) reservation
+    return xb < xa + na      # pa == pre, pb == post: the post one starts after the pre one ends
+
+
+def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = None, ii_max: int | None = None,
+          max_nodes: int = MAX_NODES, **_: Any) -> tuple[SProgram | None, dict[str, Any]]:
+    """Optimal program of a tiny ``P`` by enumeration. Returns (program or None, stats) like cpsat.solve:
+    status OPTIMAL or INFEASIBLE (exhaustive never stops early with an answer: over ``max_nodes`` or
+    ``time_limit`` it raises SolverError), objective and bound (cycles), solve_s, nodes. A valid ``hint``
+    only seeds the incumbent; among equal optima the first found (smallest ii) is returned."""
+    n = len(P.tasks)
+    if n > MAX_TASKS:
+        raise SolverError(f"exhaustive enumerates every schedule and refuses {n} tasks (at most {MAX_TASKS}); "
+                          "use solver 'cpsat' or 'milp'")
+    if P.horizon > MAX_HORIZON:
+        raise SolverError(f"exhaustive refuses a horizon of {P.horizon} grains (at most {MAX_HORIZON}): every "
+                          "start in it is tried; use a tiny hardware table or solver 'cpsat'")
+    for res, uses in P.res.items():
+        for t, o, _n in uses:
+            if o and P.phase[t] == "loop":
+                raise SolverError(f"exhaustive mirrors cpsat, which assumes reservations start with their task "
+                                  f"({t} on {res})")
+    t0 = time.perf_counter()
+    ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
+    order = P.graph.topo_order()
+    pos = {t: i for i, t in enumerate(order)}
+    end = {t: P.end(t) for t in P.tasks}
+    # arcs touching task t whose other end comes earlier in the order: checked when t is placed
+    before_in: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}   # (u, dist, delay): u -> t
+    before_out: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}  # (v, dist, delay): t -> v
+    for u, v, d, lat in P.prec:
+        if u == v:
+            before_in[v].append((u, d, lat))
+        elif pos[u] < pos[v]:
+            before_in[v].append((u, d, lat))
+        else:
+            before_out[u].append((v, d, lat))
+    uses = {t: [(r, o, m) for r, o, m in P.tm[t].uses] for t in order}
+    users: dict[str, list[str]] = {}
+    for r, us in P.res.items():
+        users[r] = [t for t, _, _ in us]
+
+    best: list[Any] = [None, None, None]  # objective (grains), ii, start
+    h = to_grains(P, hint) if hint is not None else None
+    if h is not None and not violations(P, *h) and h[0] <= ii_hi:
+        best = [objective_of(P, *h), h[0], h[1]]
+    nodes = 0
+    min_span = max(end.values())
+
+    for ii in range(P.ii_lb, ii_hi + 1):
+        if best[0] is not None and P.objective(ii, min_span) >= best[0]:
+            break  # a larger ii only costs more (every weight a >= 0, span >= min_span)
+        tail = _tails(P, ii, end)
+        if tail is None:
+            continue  # a loop-carried cycle needs more than dist·ii: no schedule at this ii
+        S: dict[str, int] = {}
+        placed_res: dict[str, list[tuple[str, int, int]]] = {}
+
+        def dfs(i: int, span: int, ii: int = ii, tail: dict[str, int] = tail,
+                S: dict[str, int] = S, placed_res: dict[str, list[tuple[str, int, int]]] = placed_res) -> None:
+            nonlocal nodes
+            if i == n:
+                obj = P.objective(ii, span)
+                if best[0] is None or obj < best[0]:
+                    best[0], best[1], best[2] = obj, ii, dict(S)
+                return
+            t = order[i]
+            lo = max([0] + [S[u] + lat - d * ii for u, d, lat in before_in[t] if u != t])
+            hi = min([P.horizon] + [S[v] + d * ii - lat for v, d, lat in before_out[t]])
+            if any(d * ii < lat for u, d, lat in before_in[t] if u == t):
+                return
+            if P.phase[t] == "loop" and any(m > ii for _, _, m in uses[t]):
+                return
+            for s in range(lo, hi + 1):
+                if best[0] is not None and P.objective(ii, max(span, s + tail[t])) >= best[0]:
+                    return  # every later start is at least as bad
+                nodes += 1
+                if nodes > max_nodes or (time_limit is not None and nodes % 4096 == 0
+                                         and time.perf_counter() - t0 > time_limit):
+                    raise SolverError(f"exhaustive gave up on {P.graph.name} after {nodes - 1} nodes: the instance "
+                                      "is too large for enumeration; use solver 'cpsat'")
+                if any(_clash(P.phase[t], s + o, m, P.phase[u], xu, nu, ii)
+                       for r, o, m in uses[t] for u, xu, nu in placed_res.get(r, ())):
+                    continue
+                S[t] = s
+                for r, o, m in uses[t]:
+                    placed_res.setdefault(r, []).append((t, s + o, m))
+                dfs(i + 1, max(span, s + end[t]))
+                for r, _, _ in uses[t]:
+                    placed_res[r].pop()
+                del S[t]
+
+        dfs(0, 0)
+
+    stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "nodes": nodes}
+    if best[0] is None:
+        return None, stats | {"status": "INFEASIBLE", "bound": None}
+    ii, start = best[1], best[2]
+    bad = violations(P, ii, start)
+    if bad:  # pragma: no cover - would be a bug in this module
+        raise SolverError(f"exhaustive produced an invalid schedule: {bad}")
+    prog = P.program(ii, start, "exhaustive")
+    obj = best[0] * P.grain
+    return prog, stats | {"status": "OPTIMAL", "objective": obj, "bound": obj}
+
+
+def _tails(P: Problem, ii: int, end: dict[str, int]) -> dict[str, int] | None:
+    """For each task t, a lower bound on span - s_t: the longest delay path from t (weights delay - dist·ii)
+    to some task v, plus v's end. None if a cycle has positive weight (ii below the recurrence bound)."""
+    tail = dict(end)
+    for _ in range(len(tail) + 1):
+        changed = False
+        for u, v, d, lat in P.prec:
+            w = lat - d * ii + tail[v]
+            if w > tail[u]:
+                tail[u] = w
+                changed = True
+        if not changed:
+            return tail
+    return None

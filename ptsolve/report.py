@@ -1,0 +1,69 @@
+"""What kind of schedule a program is, in the words kernel engineers use, and Gantt charts."""
+from __future__ import annotations
+
+from typing import Any
+
+from .cost import timings
+from .hw import Hardware
+from .program import SProgram
+from .simulate import Timeline
+
+
+def features(p: SProgram, hw: Hardware) -> list[str]:
+    """Named patterns the schedule contains.
+
+    ping-pong: one warpgroup's softmax (a task on the MUFU) overlaps, modulo ii, another warpgroup's
+    tensor-core work. intra-warpgroup overlap: a warpgroup issues the next iteration's first mma before
+    the current iteration's softmax has started (two S tiles live, FA3 §3.2). Also the pipeline depth.
+    """
+    g, tm, ii = p.graph, timings(p.graph, hw), p.ii
+    out = []
+    loop = [t for t in g.phase("loop")]
+    sfu = [t for t in loop if t.sfu and t.group >= 0]
+    mma = [t for t in loop if t.kind == "mma"]
+    for a in sfu:
+        a0, a1 = p.start[a.name] % ii, p.start[a.name] % ii + tm[a.name].busy("sfu")
+        for b in mma:
+            if b.group == a.group:
+                continue
+            b0 = p.start[b.name] % ii
+            b1 = b0 + tm[b.name].busy("tc")
+            if any(a0 < b1 + k * ii and b0 + k * ii < a1 for k in (-1, 0, 1)):
+                out.append(f"ping-pong: {a.name} overlaps {b.name} on the tensor cores")
+                break
+        if out:
+            break
+    for grp in range(g.groups):
+        first = [t for t in mma if t.group == grp and any(r.startswith("q") or r == "k" for r in t.reads)]
+        soft = [t for t in sfu if t.group == grp]
+        if first and soft and p.start[first[0].name] + ii <= p.start[soft[0].name]:
+            out.append(f"intra-warpgroup overlap in wg{grp}: {first[0].name} of iteration i+1 issues before "
+                       f"{soft[0].name} of iteration i")
+            break
+    stages = 1 + max(p.stage(t.name) for t in loop)
+    out.append(f"{stages}-stage software pipeline, ii={ii} cycles")
+    return out
+
+
+def gantt(tl: Timeline, ax: Any = None, title: str = "", max_iterations: int | None = 4) -> Any:
+    """Draw a timeline (one row per stream) on a matplotlib ``ax``; returns the ax."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 3))
+    ev = [e for e in tl.events if max_iterations is None or e.iteration < max_iterations
+          or e.task.startswith(("normalize", "store", "epilogue"))]
+    streams = sorted({e.stream for e in ev}, key=lambda s: (s != "producer", s))
+    kinds = sorted({e.task.split("@")[0] for e in ev})
+    cmap = plt.get_cmap("tab20")
+    color = {k: cmap(i % 20) for i, k in enumerate(kinds)}
+    for e in ev:
+        y = streams.index(e.stream)
+        ax.barh(y, e.end - e.start, left=e.start, color=color[e.task.split("@")[0]], edgecolor="black", lw=0.3)
+        if e.end - e.start > (tl.cta / 60):
+            ax.text((e.start + e.end) / 2, y, f"{e.task.split('@')[0]}{e.iteration}", ha="center", va="center",
+                    fontsize=6)
+    ax.set_yticks(range(len(streams)), streams)
+    ax.set_xlabel("cycles")
+    ax.set_title(title)
+    return ax

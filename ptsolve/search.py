@@ -1,0 +1,213 @@
+"""Joint search over tilings: bound every tiling, schedule the promising ones, keep the best.
+
+Every tiling that fits the EU gets a lower bound (the resource / recurrence bound on ii and the
+critical path on the span, put through the placement) and a greedy schedule (an upper bound). Exact
+policies then solve tilings in order of their bound until the bound reaches the best schedule found:
+the rest cannot win. Solves run in a process pool (or on Ray, or serially). ``decoupled=True`` is
+the paper's ablation: pick the tiling by its roofline bound alone, then schedule only that one.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from .errors import InfeasibleError, SolverError
+from .hw import Hardware, load
+from .ops.base import Operator
+from .policies import SOLVERS
+from .policies import greedy as greedy_mod
+from .policies.model import Problem, build, fits
+from .program import SProgram
+from .report import features
+from .result import Result
+from .simulate import claimed_cycles
+
+EXECUTORS = ("process", "serial", "ray")
+
+
+def span_lower_bound(P: Problem) -> int:
+    """Longest path through the zero-distance precedences plus the last task's duration, cycles."""
+    order = P.graph.topo_order()
+    est = dict.fromkeys(order, 0)
+    for t in order:
+        for u, v, d, lat in P.prec:
+            if u == t and d == 0:
+                est[v] = max(est[v], est[t] + lat)
+    return max(est[t] + P.end(t) for t in order)
+
+
+def lower_bound(P: Problem) -> int:
+    """No schedule of this tiling beats this many kernel cycles."""
+    return P.objective(P.ii_lb, span_lower_bound(P)) * P.grain
+
+
+def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None, ii_max: int | None,
+              workers: int = 1) -> tuple[SProgram | None, dict[str, Any]]:
+    """Run one policy on one tiling's problem."""
+    if solver == "greedy":
+        return greedy_mod.solve(P)
+    if solver == "cpsat":
+        from .policies import cpsat
+        return cpsat.solve(P, time_limit=time_limit, num_workers=workers, hint=hint, ii_max=ii_max)
+    if solver.startswith("milp"):
+        from .policies import milp
+        backend = solver.split("-", 1)[1] if "-" in solver else "highs"
+        return milp.solve(P, time_limit=time_limit, backend=backend, hint=hint, ii_max=ii_max)
+    if solver == "exhaustive":
+        from .policies import exhaustive
+        return exhaustive.solve(P, time_limit=time_limit)
+    raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS} (milp-highs, milp-cbc pick the backend)")
+
+
+def _worker(op_json: str, tiling: dict[str, int], hw: Hardware, solver: str, time_limit: float, placement: str,
+            hint_json: str | None, ii_max: int | None) -> tuple[str | None, dict[str, Any]]:
+    op = Operator.from_json(op_json)
+    P = build(op.graph(tiling), hw, placement)
+    hint = SProgram.from_json(hint_json) if hint_json else None
+    prog, st = solve_one(P, solver, time_limit, hint, ii_max)
+    return (prog.to_json() if prog else None), st
+
+
+def check_solver(solver: str) -> None:
+    base = solver.split("-", 1)[0]
+    if base not in SOLVERS or (base != "milp" and "-" in solver) or solver not in (
+            *SOLVERS, "milp-highs", "milp-cbc"):
+        raise SolverError(f"unknown solver {solver!r}; use one of greedy, cpsat, milp (= milp-highs), milp-cbc, "
+                          "exhaustive")
+
+
+def search(op: Operator, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
+           placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
+           progress: Callable[[str], None] | None = None) -> Result:
+    """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
+    bounds the whole search."""
+    check_solver(solver)
+    if not time_limit > 0:
+        raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}")
+    if executor not in EXECUTORS:
+        raise SolverError(f"unknown executor {executor!r}; use one of {EXECUTORS}")
+    hw = load(hw)
+    t0 = time.perf_counter()
+    say = progress or (lambda s: None)
+    cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
+    reasons = []
+    for t in op.tilings():
+        g = op.graph(t)
+        why = fits(g, hw)
+        if why:
+            reasons.append(f"{t}: {why}")
+            continue
+        P = build(g, hw, placement)
+        gp, _ = greedy_mod.solve(P)
+        cands.append((lower_bound(P), t, P, gp, claimed_cycles(gp, hw)))
+    if not cands:
+        raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}: " + "; ".join(reasons[:4])
+                              + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
+    cands.sort(key=lambda c: (c[0], sorted(c[1].items())))
+    if decoupled:
+        cands = cands[:1]
+    say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
+    best = min(cands, key=lambda c: (c[4], c[0]))
+    inc_prog, inc_obj = best[3], best[4]
+    bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
+    solved = len(cands)
+    if solver != "greedy":
+        bounds, solved = [], 0
+        deadline = t0 + time_limit
+        jobs = max(1, jobs or os.cpu_count() or 1)
+        todo = list(cands)
+        pool: Any = None
+        if executor == "ray":
+            pool = _RayPool()
+        elif executor == "process" and jobs > 1 and len(todo) > 1:
+            pool = ProcessPoolExecutor(max_workers=jobs)
+        width = jobs if pool is not None else 1
+        try:
+            while todo and todo[0][0] < inc_obj:
+                if time.perf_counter() > deadline:
+                    break
+                batch, todo = todo[:width], todo[width:]
+                left = max(0.2, deadline - time.perf_counter())
+                runs = []
+                for c in batch:
+                    if c[0] >= inc_obj:
+                        bounds.append(c[0])
+                        continue
+                    args = (op.to_json(), c[1], hw, solver, left, placement, c[3].to_json(), _ii_max(c[2], inc_obj))
+                    runs.append((c, pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))))
+                for c, fut in runs:
+                    pj, st = fut.result()
+                    solved += 1
+                    prog = SProgram.from_json(pj) if pj else None
+                    obj = claimed_cycles(prog, hw) if prog else None
+                    if obj is not None and obj < inc_obj:
+                        inc_prog, inc_obj = prog, obj
+                    # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
+                    bounds.append(obj if st["status"] == "OPTIMAL" and obj is not None else
+                                  max(c[0], st.get("bound") or 0) if st["status"] != "INFEASIBLE" else inc_obj)
+                    say(f"tiling {c[1]}: {st['status']} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
+        finally:
+            if pool is not None:
+                pool.shutdown()
+        bounds += [c[0] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
+    bound = min([*bounds, inc_obj])
+    status = "FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else "TIME_LIMIT"
+    inc_prog = _relabel(inc_prog, solver)
+    us = hw.cycles_to_us(inc_obj) + hw.launch_us
+    return Result(program=inc_prog, solver=solver, status=status, objective=inc_obj, bound=bound,
+                  solve_s=time.perf_counter() - t0, predicted_us=us,
+                  tflops=inc_prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
+                  tiling=dict(inc_prog.graph.tiling), tilings=len(cands), solved=solved,
+                  features=tuple(features(inc_prog, hw)))
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def _relabel(p: SProgram, solver: str) -> SProgram:
+    """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal."""
+    return p if p.policy == solver else replace(p, policy=f"{solver} (greedy's schedule, proven optimal)" if
+                                                   p.policy == "greedy" else solver)
+
+
+def _ii_max(P: Problem, incumbent: int) -> int | None:
+    """Largest ii (grains) that can still beat ``incumbent`` cycles: a·ii + b·span_lb < incumbent."""
+    span = span_lower_bound(P)
+    lims = [(incumbent // P.grain - b * span) // a for a, b in P.weights if a > 0]
+    return max(P.ii_lb, min(lims)) if lims else None
+
+
+class _RayPool:
+    """The same sweep on a Ray cluster (``pip install ray``; local mode when no cluster is running)."""
+
+    def __init__(self) -> None:
+        try:
+            import ray
+        except ImportError as e:
+            raise SolverError("executor 'ray' needs Ray: pip install 'ptsolve[ray]'") from e
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        self.ray = ray
+        self.remote = ray.remote(_worker)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        ref = self.remote.remote(*args)
+        ray = self.ray
+
+        class _F:
+            def result(self) -> Any:
+                return ray.get(ref)
+        return _F()
+
+    def shutdown(self) -> None:
+        pass
+
