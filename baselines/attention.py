@@ -80,12 +80,13 @@ def reference(q: Any, k: Any, v: Any, causal: bool) -> Any:
     return torch.softmax(s, dim=-1) @ vf
 
 
-def check(backend: str, gqa: str, causal: bool, dtype: Any, seed: int = 1) -> float:
-    """Relative Frobenius error against :func:`reference` on a small GQA shape with a ragged seq (300).
+def check(backend: str, gqa: str, causal: bool, dtype: Any, seq: int = 256, seed: int = 1) -> float:
+    """Relative Frobenius error against :func:`reference` on a small GQA shape (batch 2, 8 q / 2 kv heads).
 
-    Raises RuntimeError if the backend refuses the inputs (e.g. ``enable_gqa`` unsupported).
+    Raises RuntimeError if the backend refuses the inputs (e.g. ``enable_gqa`` unsupported). Pass a
+    ``seq`` that is not a multiple of the tile (300, say) for the ragged case.
     """
-    q, k, v = make_inputs(2, 8, 2, 300, 128, dtype, seed)
+    q, k, v = make_inputs(2, 8, 2, seq, 128, dtype, seed)
     out = make_fn(backend, q, k, v, causal, gqa)()
     return rel_err(out, reference(q, k, v, causal))
 

@@ -85,18 +85,20 @@ def _fa_configs(causal: bool) -> list[Config]:
         for bi, batch in enumerate(FA_BATCHES):
             for si, seq in enumerate(FA_SEQS):
                 i = 10 * mi + 5 * bi + si
-                out.append({
-                    "name": f"FA{i}c" if causal else f"FA{i}",
-                    "kind": "attention",
-                    "model": model,
-                    "batch": batch,
-                    "heads": heads,
-                    "kv_heads": kv_heads,
-                    "seq": seq,
-                    "head_dim": FA_HEAD_DIM,
-                    "causal": causal,
-                    "flops": attention_flops(batch, heads, seq, FA_HEAD_DIM, causal),
-                })
+                out.append(
+                    {
+                        "name": f"FA{i}c" if causal else f"FA{i}",
+                        "kind": "attention",
+                        "model": model,
+                        "batch": batch,
+                        "heads": heads,
+                        "kv_heads": kv_heads,
+                        "seq": seq,
+                        "head_dim": FA_HEAD_DIM,
+                        "causal": causal,
+                        "flops": attention_flops(batch, heads, seq, FA_HEAD_DIM, causal),
+                    }
+                )
     return out
 
 
@@ -112,18 +114,20 @@ def _mamba_configs(kind: str) -> list[Config]:
     out: list[Config] = []
     for bi, batch in enumerate(MAMBA_BATCHES):
         for si, seq in enumerate(MAMBA_SEQS):
-            out.append({
-                "name": f"{prefix}{5 * bi + si}",
-                "kind": kind,
-                "batch": batch,
-                "seq": seq,
-                "heads": MAMBA_HEADS,
-                "head_dim": MAMBA_HEAD_DIM,
-                "d_state": MAMBA_D_STATE,
-                "chunk": MAMBA_CHUNK,
-                "ngroups": MAMBA_NGROUPS,
-                "flops": flops_fn(batch, seq, MAMBA_HEADS, MAMBA_HEAD_DIM, MAMBA_D_STATE, MAMBA_CHUNK),
-            })
+            out.append(
+                {
+                    "name": f"{prefix}{5 * bi + si}",
+                    "kind": kind,
+                    "batch": batch,
+                    "seq": seq,
+                    "heads": MAMBA_HEADS,
+                    "head_dim": MAMBA_HEAD_DIM,
+                    "d_state": MAMBA_D_STATE,
+                    "chunk": MAMBA_CHUNK,
+                    "ngroups": MAMBA_NGROUPS,
+                    "flops": flops_fn(batch, seq, MAMBA_HEADS, MAMBA_HEAD_DIM, MAMBA_D_STATE, MAMBA_CHUNK),
+                }
+            )
     return out
 
 

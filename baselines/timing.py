@@ -45,7 +45,8 @@ def bench(
 ) -> dict[str, float | int]:
     """Time ``fn`` (which launches GPU work on the current stream) with CUDA events.
 
-    Runs ``fn`` ``warmup`` times untimed (compilation, autotuning, handle creation), then ``rep`` times,
+    Runs ``fn`` ``warmup`` times untimed (compilation, autotuning, handle creation; at least twice), then
+    ``rep`` times,
     each bracketed by its own pair of CUDA events. With ``flush_l2`` a 256 MiB buffer is overwritten
     before each timed run (outside the events), so every run starts from a cold L2 as in a real model
     step; the flush also keeps the GPU busy while the CPU enqueues ``fn``, hiding launch latency.
@@ -57,15 +58,18 @@ def bench(
     import torch
 
     buf = _flush_buffer() if flush_l2 else None
+    fn()  # first call apart: it may compile or autotune, which must not enter the per-call estimate
+    torch.cuda.synchronize()
     t0 = torch.cuda.Event(enable_timing=True)
     t1 = torch.cuda.Event(enable_timing=True)
+    n_warm = max(warmup - 1, 1)
     t0.record()
-    for _ in range(max(warmup, 1)):
+    for _ in range(n_warm):
         fn()
     t1.record()
     torch.cuda.synchronize()
     if max_total_ms is not None:
-        per_call = t0.elapsed_time(t1) / max(warmup, 1)
+        per_call = t0.elapsed_time(t1) / n_warm
         rep = max(5, min(rep, int(max_total_ms / max(per_call, 1e-3))))
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]

@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import InfeasibleError, SolverError
 from .hw import Hardware, load
+from .ir import STaskGraph
 from .ops.base import Operator
 from .policies import SOLVERS
 from .policies import greedy as greedy_mod
@@ -63,10 +64,9 @@ def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None,
     raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS} (milp-highs, milp-cbc pick the backend)")
 
 
-def _worker(op_json: str, tiling: dict[str, int], hw: Hardware, solver: str, time_limit: float, placement: str,
+def _worker(graph_json: str, hw: Hardware, solver: str, time_limit: float, placement: str,
             hint_json: str | None, ii_max: int | None) -> tuple[str | None, dict[str, Any]]:
-    op = Operator.from_json(op_json)
-    P = build(op.graph(tiling), hw, placement)
+    P = build(STaskGraph.from_json(graph_json), hw, placement)
     hint = SProgram.from_json(hint_json) if hint_json else None
     prog, st = solve_one(P, solver, time_limit, hint, ii_max)
     return (prog.to_json() if prog else None), st
@@ -80,11 +80,11 @@ def check_solver(solver: str) -> None:
                           "exhaustive")
 
 
-def search(op: Operator, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
+def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            progress: Callable[[str], None] | None = None) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
-    bounds the whole search."""
+    bounds the whole search. A graph instead of an operator is scheduled as it is (one tiling)."""
     check_solver(solver)
     if not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}")
@@ -95,8 +95,9 @@ def search(op: Operator, hw: Hardware | str, solver: str = "cpsat", time_limit: 
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    for t in op.tilings():
-        g = op.graph(t)
+    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in op.tilings()]
+    for g in graphs:
+        t = g.tiling
         why = fits(g, hw)
         if why:
             reasons.append(f"{t}: {why}")
@@ -105,7 +106,8 @@ def search(op: Operator, hw: Hardware | str, solver: str = "cpsat", time_limit: 
         gp, _ = greedy_mod.solve(P)
         cands.append((lower_bound(P), t, P, gp, claimed_cycles(gp, hw)))
     if not cands:
-        raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}: " + "; ".join(reasons[:4])
+        what = op.name if isinstance(op, STaskGraph) else op.describe()
+        raise InfeasibleError(f"no tiling of {what} fits {hw.name}: " + "; ".join(reasons[:4])
                               + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
     cands.sort(key=lambda c: (c[0], sorted(c[1].items())))
     if decoupled:
@@ -137,7 +139,8 @@ def search(op: Operator, hw: Hardware | str, solver: str = "cpsat", time_limit: 
                     if c[0] >= inc_obj:
                         bounds.append(c[0])
                         continue
-                    args = (op.to_json(), c[1], hw, solver, left, placement, c[3].to_json(), _ii_max(c[2], inc_obj))
+                    # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
+                    args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None)
                     runs.append((c, pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))))
                 for c, fut in runs:
                     pj, st = fut.result()
@@ -177,13 +180,6 @@ def _relabel(p: SProgram, solver: str) -> SProgram:
     """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal."""
     return p if p.policy == solver else replace(p, policy=f"{solver} (greedy's schedule, proven optimal)" if
                                                    p.policy == "greedy" else solver)
-
-
-def _ii_max(P: Problem, incumbent: int) -> int | None:
-    """Largest ii (grains) that can still beat ``incumbent`` cycles: a·ii + b·span_lb < incumbent."""
-    span = span_lower_bound(P)
-    lims = [(incumbent // P.grain - b * span) // a for a, b in P.weights if a > 0]
-    return max(P.ii_lb, min(lims)) if lims else None
 
 
 class _RayPool:

@@ -145,13 +145,10 @@ class _Model:
             m += self.obj >= a * ii + b * self.span, f"obj_{c}"
         m += self.obj
 
-    def hint_values(self, hint: SProgram) -> dict[str, float] | None:
-        """A complete assignment (variable name -> value) for ``hint``, or None if it does not fit the model."""
+    def hint_values(self, ii: int, S: dict[str, int]) -> dict[str, float] | None:
+        """A complete assignment (variable name -> value) for the schedule (ii, S) in grains, or None if it
+        is not a solution of the model (symmetry cuts included)."""
         P = self.P
-        h = to_grains(P, hint)
-        if h is None:
-            return None
-        ii, S = h
         if not P.ii_lb <= ii <= self.ii_hi or violations(P, ii, S, symmetry=True):
             return None
         vals: dict[str, float] = {self.ii.name: ii}
@@ -219,11 +216,10 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _cbc_solver(pulp: Any, time_limit: float, threads: int, seed: int, warm: bool, log: str) -> Any:
+def _cbc_solver(pulp: Any, time_limit: float, threads: int, seed: int, log: str) -> Any:
     """CBC: a cbc on PATH (pulp.COIN_CMD), else the binary bundled with PuLP (pulp.PULP_CBC_CMD)."""
     opts = dict(msg=False, timeLimit=float(time_limit), threads=int(threads), gapRel=0.0, gapAbs=0.999,
-                options=[f"randomCbcSeed {int(seed) + 1}", f"randomSeed {int(seed) + 1}"], warmStart=warm,
-                logPath=log)
+                options=[f"randomCbcSeed {int(seed) + 1}", f"randomSeed {int(seed) + 1}"], logPath=log)
     coin = pulp.COIN_CMD(**opts)
     if coin.available():
         return coin
@@ -254,17 +250,19 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
     t0 = time.perf_counter()
     ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
     M = _Model(P, ii_hi)
-    start = M.hint_values(hint) if hint is not None else None
+    h = to_grains(P, hint) if hint is not None else None
+    start = M.hint_values(*h) if h is not None else None
+    if start is None:
+        h = None  # a hint off the grain or outside the model is ignored
     log = None
     if backend == "highs":
         solver = _highs_solver(pulp, time_limit, num_workers, seed, start)
     else:
-        if start is not None:
-            for v in M.m.variables():
-                v.setInitialValue(start.get(v.name, 0.0))
+        # No MIP start for CBC: the CBC 2.10.3 that PuLP bundles, given a start, has returned a worse solution
+        # as "Optimal" (its preprocessing loses better ones). The hint still caps the answer below.
         fd, log = tempfile.mkstemp(prefix="ptsolve_cbc_", suffix=".log")
         os.close(fd)
-        solver = _cbc_solver(pulp, time_limit, num_workers, seed, start is not None, log)
+        solver = _cbc_solver(pulp, time_limit, num_workers, seed, log)
     try:
         M.m.solve(solver)
         has_sol, status, bound = (_read_highs(M.m) if backend == "highs" else _read_cbc(pulp, M.m, log or ""))
@@ -275,15 +273,28 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
             os.unlink(log)
     stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "backend": backend}
     if status == "INFEASIBLE":
+        if h is not None:
+            raise SolverError(f"milp ({backend}) calls {P.graph.name} infeasible, but the hint is a solution "
+                              "(a ptsolve bug)")
         return None, stats | {"status": status, "bound": None}
-    if not has_sol:
+    sol: tuple[int, dict[str, int]] | None = None
+    if has_sol:
+        ii = int(round(M.ii.varValue))
+        S = {t: int(round(M.s[t].varValue)) for t in P.tasks}
+        bad = violations(P, ii, S)
+        if bad:
+            raise SolverError(f"milp ({backend}) solution of {P.graph.name} breaks the model after rounding "
+                              f"(a ptsolve bug or a solver tolerance problem): {bad[:3]}")
+        sol = ii, S
+    if h is not None:
+        if sol is None or objective_of(P, *h) < objective_of(P, *sol):
+            if status == "OPTIMAL":
+                raise SolverError(f"milp ({backend}) claims an optimum of {P.graph.name} worse than the hint's "
+                                  f"({objective_of(P, *sol) if sol else None} > {objective_of(P, *h)} grains)")
+            sol = h  # a time-limited run never answers worse than the hint it was given
+    if sol is None:
         return None, stats | {"status": "TIME_LIMIT", "bound": None if bound is None else bound * P.grain}
-    ii = int(round(M.ii.varValue))
-    S = {t: int(round(M.s[t].varValue)) for t in P.tasks}
-    bad = violations(P, ii, S)
-    if bad:
-        raise SolverError(f"milp ({backend}) solution of {P.graph.name} breaks the model after rounding "
-                          f"(a ptsolve bug or a solver tolerance problem): {bad[:3]}")
+    ii, S = sol
     prog = P.program(ii, S, f"milp-{backend}")
     obj = objective_of(P, ii, S)
     if status == "OPTIMAL":
