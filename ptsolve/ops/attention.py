@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ShapeError
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, dtype_ok, positive, reg, smem, task
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 
@@ -22,11 +22,10 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
         s = p.pop("seq")
         p.setdefault("seq_q", s)
         p.setdefault("seq_kv", s)
-    p.setdefault("kv_heads", p.get("heads"))
-    p.setdefault("causal", False)
-    p.setdefault("dtype", "fp16")
-    if set(p) != set(KEYS):
-        raise ShapeError(f"flash_attention takes {', '.join(KEYS)} (or seq for both); got {sorted(p)}")
+    if "heads" in p:
+        p.setdefault("kv_heads", p["heads"])
+    p = check_keys("flash_attention", p, ("batch", "heads", "seq_q", "seq_kv"),
+                   {"kv_heads": None, "head_dim": 128, "causal": False, "dtype": "fp16"})
     positive(**{k: p[k] for k in KEYS[:6]})
     dtype_ok(p["dtype"])
     if p["heads"] % p["kv_heads"]:

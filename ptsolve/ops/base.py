@@ -27,6 +27,19 @@ def positive(**dims: int) -> None:
             raise ShapeError(f"{k} must be a positive integer, got {v!r}")
 
 
+def check_keys(op: str, p: dict[str, Any], required: tuple[str, ...], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``defaults``; raise ShapeError naming missing and unknown parameters."""
+    p = {**defaults, **p}
+    missing = [k for k in required if k not in p]
+    unknown = sorted(set(p) - set(required) - set(defaults))
+    if missing or unknown:
+        what = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unknown {', '.join(unknown)}"] if unknown
+                                                                          else [])
+        raise ShapeError(f"{op}: {'; '.join(what)} (parameters: {', '.join(required)}"
+                         + (f"; optional: {', '.join(defaults)}" if defaults else "") + ")")
+    return p
+
+
 def dtype_ok(dtype: str) -> None:
     if dtype not in ("fp16", "bf16"):
         raise ShapeError(f"dtype {dtype!r} is not supported; use 'fp16' or 'bf16'")

@@ -11,13 +11,11 @@ from typing import Any
 
 from ..errors import ShapeError
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, dtype_ok, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
-    p.setdefault("dtype", "fp16")
-    if set(p) != {"M", "N", "K", "dtype"}:
-        raise ShapeError(f"gemm takes M, N, K, dtype; got {sorted(p)}")
+    p = check_keys("gemm", p, ("M", "N", "K"), {"dtype": "fp16"})
     positive(M=p["M"], N=p["N"], K=p["K"])
     dtype_ok(p["dtype"])
     if p["K"] % 8 or p["N"] % 8:

@@ -16,16 +16,14 @@ from typing import Any
 
 from ..errors import ShapeError
 from ..ir import Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, positive, reg, smem, task
 
 KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
 E = 2  # fp16/bf16 activations; dA cumsum and dt are fp32
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
-    p.setdefault("groups", 1)
-    if set(p) != set(KEYS):
-        raise ShapeError(f"mamba2 kernels take {', '.join(KEYS)}; got {sorted(p)}")
+    p = check_keys("mamba2", p, KEYS[:-1], {"groups": 1})
     positive(**p)
     if p["heads"] % p["groups"]:
         raise ShapeError(f"mamba2: heads={p['heads']} is not divisible by groups={p['groups']}")

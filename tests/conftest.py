@@ -1,0 +1,19 @@
+"""Shared fixtures. GPU tests are marked ``gpu`` and deselected by default (pyproject addopts);
+run them on the GPU machine with ``pytest -m gpu``."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own schedule cache so results never leak between tests."""
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    os.environ.pop("PTSOLVE_CALIBRATION_DIR", None)
