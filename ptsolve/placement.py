@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import PtsolveError
 
-POLICIES = ("even", "lpt")
+POLICIES = ("even", "lpt", "exact")
 
 
 def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -> np.ndarray:
@@ -19,9 +19,12 @@ def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -
 
     even: the paper's split — CTA k of T (launch order) goes to SM k // ceil(T / sms).
     lpt:  longest first, each CTA to the least-loaded SM (a persistent kernel with a sorted tile list).
+    exact: the makespan-optimal assignment (exact_loads), proven by CP-SAT or by meeting lower_bound.
     """
     if policy not in POLICIES:
         raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
+    if policy == "exact":
+        return exact_loads(row_cycles, rows, sms)[0]
     costs = np.tile(np.asarray(row_cycles, dtype=np.int64), rows)
     if policy == "even":
         k = -(-len(costs) // sms)
@@ -48,7 +51,8 @@ def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
 def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",
                  ratio: float = 0.25) -> list[tuple[int, int]]:
     """(Σ (trip-1), number of CTAs) of every SM: its cycles are a·ii + b·span for any schedule.
-    ``lpt`` orders and balances CTAs by (trip-1) + ratio, i.e. for span = ii / ratio."""
+    ``lpt`` (and ``exact``, approximated by LPT here) balances CTAs by (trip-1) + ratio, i.e. for
+    span = ii / ratio; the kernel's latency is always re-evaluated with the true costs."""
     if policy not in POLICIES:
         raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
     trips = np.tile(np.asarray(row, dtype=np.int64), rows) - 1
@@ -65,3 +69,42 @@ def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: 
             acc[s][1] += 1
             heapq.heappush(heap, (load + v + ratio, s))
     return [(a, b) for a, b in acc if b]
+
+
+def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
+                time_limit: float = 10.0) -> tuple[np.ndarray, bool]:
+    """Makespan-optimal placement of the CTAs on identical SMs: (loads per SM, proven optimal).
+
+    LPT first; if it meets lower_bound it is optimal. Otherwise CP-SAT over how many CTAs of each
+    distinct latency each SM runs (SMs sorted by load to break their symmetry), LPT as the hint.
+    """
+    lpt = sm_loads(row_cycles, rows, sms, "lpt")
+    lb = lower_bound(list(row_cycles), rows, sms)
+    if int(lpt.max()) <= lb:
+        return lpt, True
+    from ortools.sat.python import cp_model
+
+    vals, counts = np.unique(np.tile(np.asarray(row_cycles, dtype=np.int64), rows), return_counts=True)
+    m = cp_model.CpModel()
+    x = [[m.new_int_var(0, int(c), f"x{s}_{v}") for v, c in zip(vals, counts)] for s in range(sms)]
+    cap = m.new_int_var(int(lb), int(lpt.max()), "cmax")
+    loads = []
+    for s in range(sms):
+        load = sum(int(v) * x[s][i] for i, v in enumerate(vals))
+        m.add(load <= cap)
+        loads.append(load)
+    for i, c in enumerate(counts):
+        m.add(sum(x[s][i] for s in range(sms)) == int(c))
+    for s in range(sms - 1):
+        m.add(loads[s] >= loads[s + 1])
+    m.minimize(cap)
+    m.add_hint(cap, int(lpt.max()))
+    sv = cp_model.CpSolver()
+    sv.parameters.max_time_in_seconds = time_limit
+    sv.parameters.num_workers = 2
+    sv.parameters.random_seed = 0
+    st = sv.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or sv.objective_value >= lpt.max():
+        return lpt, st == cp_model.OPTIMAL
+    out = np.array([sum(int(v) * sv.value(x[s][i]) for i, v in enumerate(vals)) for s in range(sms)])
+    return out, st == cp_model.OPTIMAL

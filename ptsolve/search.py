@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
 
@@ -121,28 +121,32 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         bounds, solved = [], 0
         deadline = t0 + time_limit
         jobs = max(1, jobs or os.cpu_count() or 1)
-        todo = list(cands)
+        # a deeper ring only removes constraints, so a tiling's optimum bounds every shallower twin from below;
+        # solve the deepest first and let its optimum prune the rest
+        lbs = {_key(c[1]): c[0] for c in cands}
+        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), sorted(c[1].items())))
         pool: Any = None
         if executor == "ray":
             pool = _RayPool()
         elif executor == "process" and jobs > 1 and len(todo) > 1:
             pool = ProcessPoolExecutor(max_workers=jobs)
-        width = jobs if pool is not None else 1
+        running: dict[Any, tuple] = {}
         try:
-            while todo and todo[0][0] < inc_obj:
-                if time.perf_counter() > deadline:
-                    break
-                batch, todo = todo[:width], todo[width:]
-                left = max(0.2, deadline - time.perf_counter())
-                runs = []
-                for c in batch:
-                    if c[0] >= inc_obj:
-                        bounds.append(c[0])
+            while todo or running:
+                while todo and len(running) < (jobs if pool is not None else 1) and time.perf_counter() < deadline:
+                    c = todo.pop(0)
+                    if lbs[_key(c[1])] >= inc_obj:
+                        bounds.append(lbs[_key(c[1])])
                         continue
+                    left = max(0.2, deadline - time.perf_counter())
                     # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
                     args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None)
-                    runs.append((c, pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))))
-                for c, fut in runs:
+                    running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
+                if not running:
+                    break
+                done = _first_done(list(running), pool)
+                for fut in done:
+                    c = running.pop(fut)
                     pj, st = fut.result()
                     solved += 1
                     prog = SProgram.from_json(pj) if pj else None
@@ -150,13 +154,17 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     if obj is not None and obj < inc_obj:
                         inc_prog, inc_obj = prog, obj
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
-                    bounds.append(obj if st["status"] == "OPTIMAL" and obj is not None else
-                                  max(c[0], st.get("bound") or 0) if st["status"] != "INFEASIBLE" else inc_obj)
+                    b = (obj if st["status"] == "OPTIMAL" and obj is not None else
+                         max(c[0], st.get("bound") or 0) if st["status"] != "INFEASIBLE" else inc_obj)
+                    bounds.append(b)
+                    for o in todo:
+                        if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
+                            lbs[_key(o[1])] = max(lbs[_key(o[1])], b)
                     say(f"tiling {c[1]}: {st['status']} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
         finally:
             if pool is not None:
-                pool.shutdown()
-        bounds += [c[0] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
+                pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
+        bounds += [lbs[_key(c[1])] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
     bound = min([*bounds, inc_obj])
     status = "FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else "TIME_LIMIT"
     inc_prog = _relabel(inc_prog, solver)
@@ -166,6 +174,22 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                   tflops=inc_prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
                   tiling=dict(inc_prog.graph.tiling), tilings=len(cands), solved=solved,
                   features=tuple(features(inc_prog, hw)))
+
+
+def _key(t: dict[str, int]) -> tuple:
+    return tuple(sorted(t.items()))
+
+
+def _twin(a: dict[str, int], b: dict[str, int]) -> bool:
+    """Same tiling but for the ring depth."""
+    return {k: v for k, v in a.items() if k != "depth"} == {k: v for k, v in b.items() if k != "depth"}
+
+
+def _first_done(futs: list[Any], pool: Any) -> list[Any]:
+    if pool is None or isinstance(pool, _RayPool):
+        return futs[:1]
+    done, _ = wait(futs, return_when=FIRST_COMPLETED)
+    return sorted(done, key=futs.index)
 
 
 class _Done:
@@ -191,7 +215,9 @@ class _RayPool:
         except ImportError as e:
             raise SolverError("executor 'ray' needs Ray: pip install 'ptsolve[ray]'") from e
         if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+            # joins a running cluster (RAY_ADDRESS) or starts a local one on this machine
+            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False,
+                     num_cpus=None if os.environ.get("RAY_ADDRESS") else (os.cpu_count() or 1))
         self.ray = ray
         self.remote = ray.remote(_worker)
 

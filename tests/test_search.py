@@ -108,3 +108,20 @@ def test_hw_table_from_path_and_calibration(tmp_path, monkeypatch) -> None:
     p.write_text(json.dumps(src))
     with pytest.raises(HardwareError, match="missing field 'sms'"):
         load(str(p))
+
+
+@pytest.mark.parametrize("executor", ["serial", "process", "ray"])
+def test_executors_agree(executor) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray")
+    op = ops.mamba2_chunk_state(1, 1024, 64, 64, 128, 256)
+    r = optimize(op, hw="h100", solver="cpsat", executor=executor, jobs=2, cache=False)
+    ref = optimize(op, hw="h100", solver="cpsat", executor="serial", cache=False)
+    assert r.status == ref.status == "OPTIMAL" and r.objective == ref.objective
+
+
+def test_decoupled_is_never_better_than_joint() -> None:
+    op = ops.mamba2_chunk_scan(64, 8192, 64, 64, 128, 256)
+    joint = optimize(op, hw="h100", cache=False)
+    dec = optimize(op, hw="h100", cache=False, decoupled=True)
+    assert dec.objective >= joint.objective and dec.tilings == 1

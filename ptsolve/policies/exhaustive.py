@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import SolverError
+from ..errors import PtsolveError, SolverError
 from ..program import SProgram
+from . import greedy
 from .model import Problem
 
 MAX_TASKS = 8
@@ -106,7 +107,7 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     """Optimal program of a tiny ``P`` by enumeration. Returns (program or None, stats) like cpsat.solve:
     status OPTIMAL or INFEASIBLE (exhaustive never stops early with an answer: over ``max_nodes`` or
     ``time_limit`` it raises SolverError), objective and bound (cycles), solve_s, nodes. A valid ``hint``
-    only seeds the incumbent; among equal optima the first found (smallest ii) is returned."""
+    or greedy's program only seeds the incumbent; an optimum is returned, the seed itself if none is better."""
     n = len(P.tasks)
     if n > MAX_TASKS:
         raise SolverError(f"exhaustive enumerates every schedule and refuses {n} tasks (at most {MAX_TASKS}); "
@@ -140,9 +141,18 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
         users[r] = [t for t, _, _ in us]
 
     best: list[Any] = [None, None, None]  # objective (grains), ii, start
-    h = to_grains(P, hint) if hint is not None else None
-    if h is not None and not violations(P, *h) and h[0] <= ii_hi:
-        best = [objective_of(P, *h), h[0], h[1]]
+    # An incumbent only prunes (the optimum is still proven by enumeration), and without one an ii at
+    # which nothing fits is enumerated to the horizon: start from the hint and greedy's program.
+    seeds = [hint] if hint is not None else []
+    try:
+        seeds.append(greedy.solve(P)[0])
+    except PtsolveError:
+        pass
+    for p in seeds:
+        h = to_grains(P, p)
+        if h is not None and h[0] <= ii_hi and not violations(P, *h):
+            if best[0] is None or objective_of(P, *h) < best[0]:
+                best = [objective_of(P, *h), h[0], h[1]]
     nodes = 0
     min_span = max(end.values())
 

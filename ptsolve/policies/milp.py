@@ -58,6 +58,16 @@ def _require_pulp() -> Any:
     return pulp
 
 
+def _var(m: Any, name: str, lo: float | None = None, hi: float | None = None, cat: str = "Continuous") -> Any:
+    """A variable of ``m``: prob.add_variable where PuLP has it (PuLP >= 3.3 deprecates bare LpVariable)."""
+    add = getattr(m, "add_variable", None)
+    if add is not None:
+        return add(name, lo, hi, cat=cat)
+    import pulp
+
+    return pulp.LpVariable(name, lo, hi, cat=cat)
+
+
 class _Model:
     """The PuLP problem and the variables needed to read a solution back or write a hint."""
 
@@ -68,20 +78,20 @@ class _Model:
         m = pulp.LpProblem("ptsolve_modulo", pulp.LpMinimize)
         self.m = m
         # variables are created in a fixed order with deterministic names, so the solve is reproducible
-        self.ii = pulp.LpVariable("ii", P.ii_lb, ii_hi, cat="Integer")
+        self.ii = _var(m, "ii", P.ii_lb, ii_hi, "Integer")
         self.kmax = H // max(P.ii_lb, 1)  # s_t = r_t + k_t·ii <= H bounds the stage
         self.s: dict[str, Any] = {}
         self.r: dict[str, Any] = {}
         self.z: dict[str, list[Any]] = {}
         self.y: dict[str, list[Any]] = {}
         for i, t in enumerate(P.tasks):
-            self.s[t] = pulp.LpVariable(f"s_{i}", 0, H, cat="Integer")
+            self.s[t] = _var(m, f"s_{i}", 0, H, "Integer")
             if P.phase[t] != "loop":
                 continue
-            self.r[t] = pulp.LpVariable(f"r_{i}", 0, ii_hi - 1, cat="Integer")
+            self.r[t] = _var(m, f"r_{i}", 0, ii_hi - 1, "Integer")
             m += self.r[t] <= self.ii - 1, f"slot_{i}"
-            z = [pulp.LpVariable(f"z_{i}_{j}", cat="Binary") for j in range(self.kmax + 1)]
-            y = [pulp.LpVariable(f"y_{i}_{j}", 0, ii_hi) for j in range(self.kmax + 1)]
+            z = [_var(m, f"z_{i}_{j}", 0, 1, "Binary") for j in range(self.kmax + 1)]
+            y = [_var(m, f"y_{i}_{j}", 0, ii_hi) for j in range(self.kmax + 1)]
             m += pulp.lpSum(z) == 1, f"onehot_{i}"
             for j in range(1, self.kmax + 1):  # y_t0 has coefficient 0: no need to tie it to ii
                 m += y[j] <= ii_hi * z[j], f"mc1_{i}_{j}"
@@ -105,7 +115,7 @@ class _Model:
                 m += self.ii >= n, f"len_{ri}_{a}"
                 for b in range(a + 1, len(loop)):
                     u, _, nu = loop[b]
-                    x = pulp.LpVariable(f"o_{ri}_{a}_{b}", cat="Binary")
+                    x = _var(m, f"o_{ri}_{a}_{b}", 0, 1, "Binary")
                     self.order[(res, a, b)] = x
                     rt, ru = self.r[t], self.r[u]
                     # x = 1: t's slot first, and u ends before t's next iteration; x = 0: the mirror
@@ -119,7 +129,7 @@ class _Model:
                 for a, (t, o, n) in enumerate(once):
                     for b in range(a + 1, len(once)):
                         u, ou, nu = once[b]
-                        x = pulp.LpVariable(f"p_{ph}_{ri}_{a}_{b}", cat="Binary")
+                        x = _var(m, f"p_{ph}_{ri}_{a}_{b}", 0, 1, "Binary")
                         self.order[(f"{ph}:{res}", a, b)] = x
                         m += s[t] + o + n <= s[u] + ou + M1 * (1 - x), f"po1_{ph}_{ri}_{a}_{b}"
                         m += s[u] + ou + nu <= s[t] + o + M1 * x, f"po2_{ph}_{ri}_{a}_{b}"
@@ -136,11 +146,11 @@ class _Model:
                     m += s[t] + o >= s[u] + ou + nu, f"pp_{ri}_{a}_{b}"
         for c, (a, b) in enumerate(_symmetry_task(P)):
             m += s[a] <= s[b], f"sym_{c}"
-        self.span = pulp.LpVariable("span", 0, 2 * H, cat="Integer")
+        self.span = _var(m, "span", 0, 2 * H, "Integer")
         for i, t in enumerate(P.tasks):
             m += self.span >= s[t] + P.end(t), f"span_{i}"
         big = max(a * ii_hi + b * 2 * H for a, b in P.weights)
-        self.obj = pulp.LpVariable("obj", 0, big, cat="Integer")
+        self.obj = _var(m, "obj", 0, big, "Integer")
         for c, (a, b) in enumerate(P.weights):
             m += self.obj >= a * ii + b * self.span, f"obj_{c}"
         m += self.obj
