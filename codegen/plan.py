@@ -66,3 +66,19 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
     else:
         raise ValueError(f"no default plan for {op!r}")
     return KernelPlan(op, dict(params), dict(tiling), {"pre": pre, "loop": loop, "post": post}, tc)
+
+
+def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
+    """The KernelPlan of a ptsolve SProgram: its per-role issue orders with stages, and the order in which
+    the tensor cores serve the mma tasks within one initiation interval."""
+    from ptsolve.hw import load
+
+    hwt = load(hw or program.hw)
+    g = program.graph
+    streams = program.streams(hwt)
+    base = min((s for ops in streams["loop"].values() for _, s in ops), default=0)  # the first stage is 0
+    order = {ph: {r: [(t, int(s) - (base if ph == "loop" else 0)) for t, s in ops] for r, ops in roles.items()}
+             for ph, roles in streams.items()}
+    mma = sorted((t.name for t in g.phase("loop") if t.kind == "mma"),
+                 key=lambda n: (program.start[n] % program.ii, n))
+    return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cost import Timing, timings
-from .hw import Hardware
+from .hw import Hardware, load
 from .ir import STaskGraph
 from .ops.base import consumer_reg_budget
 from .program import SProgram, precedences, required_barriers
@@ -115,8 +115,10 @@ def _deadlock(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
     return ["deadlock: a cycle of waits that can never be released: " + "; ".join(reversed(cyc))]
 
 
-def check_valid(p: SProgram, hw: Hardware) -> Validity:
-    """Check ``p`` on ``hw``; the result is truthy iff valid and lists each violation otherwise."""
+def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
+    """Check ``p`` on ``hw`` (a table or its name; default the program's); the result is truthy iff valid
+    and lists each violation otherwise."""
+    hw = load(hw or p.hw)
     g, v = p.graph, []
     tm = timings(g, hw)
     missing = sorted(set(g.task) - set(p.start))
