@@ -1,0 +1,212 @@
+"""Pieces shared by the CUDA sm_90a emitters: the emitted-kernel record, tensor-map specs, the PTX
+prelude (mbarrier, TMA, wgmma helpers) and generators for the wgmma instruction wrappers.
+
+Everything placed into source text here is either a fixed string or an ``int``/known name checked by
+``codegen.cuda.validate`` before it arrives, so no user-controlled text reaches the compiler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Register budget after setmaxnreg: a 128-thread producer keeps this many registers per thread.
+PRODUCER_REGS = 24
+REGS_PER_SM = 65536
+MAX_CONSUMER_REGS = 240  # FA3/CUTLASS use 232-240; 256 leaves ptxas no headroom for addresses
+SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may opt into on sm_90
+SWIZZLE_128B = 128
+NVCC_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v", "-lineinfo")
+
+CTYPE = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+PTXTYPE = {"fp16": "f16", "bf16": "bf16"}
+PACK2 = {"fp16": "pack_half2", "bf16": "pack_bf162"}
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """One ``CUtensorMap`` the launcher must encode and pass (by value) as a kernel parameter.
+
+    ``dims``/``strides_bytes``/``box`` are innermost-first as cuTensorMapEncodeTiled takes them;
+    ``strides_bytes`` has len(dims) - 1 entries (the innermost stride is the element size);
+    ``tensor`` names the launch argument the map describes (``a``, ``b``, ``q``, ``k``, ``v``).
+    """
+
+    tensor: str
+    dtype: str
+    dims: tuple[int, ...]
+    strides_bytes: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = SWIZZLE_128B  # bytes; the only mode the emitted descriptors assume
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A generated kernel: CUDA C++ source plus everything needed to compile and launch it.
+
+    ``grid``/``block`` are the launch dimensions (the kernel is built for the exact shape in
+    ``params``; a persistent kernel's grid.x is re-sized to the device's SM count at launch),
+    ``smem_bytes`` the dynamic shared memory in bytes (incl. 1 KB alignment slack),
+    ``args`` the kernel parameters in order: ``tmap:<tensor>`` for a tensor map, ``ptr:<tensor>`` for a
+    raw device pointer; ``flags`` the nvcc flags.
+    """
+
+    source: str
+    name: str
+    op: str
+    params: dict[str, Any]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    tensor_maps: tuple[TensorMapSpec, ...]
+    args: tuple[str, ...]
+    flags: tuple[str, ...] = NVCC_FLAGS
+    info: dict[str, Any] = field(default_factory=dict)
+    persistent_tiles: int = 0  # > 0: grid.x = min(this, the device's SMs); the kernel loops over tiles
+
+
+def consumer_regs(groups: int) -> int:
+    """Registers per consumer thread after ``setmaxnreg.inc`` (multiple of 8, at most 240)."""
+    per = (REGS_PER_SM - 128 * PRODUCER_REGS) // (128 * groups)
+    return min(MAX_CONSUMER_REGS, per // 8 * 8)
+
+
+PRELUDE = r"""
+#include <cuda.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace pts {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier --------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_u32(bar)) : "memory");
+}
+// Spin until the phase with parity `parity` has completed (a fresh barrier counts parity 1 as done,
+// which is what lets the producer start on empty slots without a pre-arrival).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// ---- TMA (bulk tensor copy engine) -------------------------------------------------------------
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+               :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)),
+                  "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- wgmma -------------------------------------------------------------------------------------
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// Pin register values in place around async wgmma (the compiler must not move reads/writes across).
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle. Addresses/offsets in bytes (encoded >> 4).
+// K-major operands: SBO = 1024 (8 rows of 128 B), LBO unused. MN-major: LBO = stride between
+// 64-element column blocks, SBO = stride between 8-row K blocks.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_bf162(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+
+PRELUDE_END = "\n}  // namespace pts\n"
+
+
+def wgmma_ss(n: int, dtype: str) -> str:
+    """Device functions ``wgmma_ss_n{n}_{t}``: D[64 x n] (+)= A(smem) * B(smem), both K-major, and
+    ``..._z``: D = A * B (scale-d 0) with D as a pure output, so the compiler does not keep the old
+    accumulator values alive across the loop (they would double the registers of a score buffer)."""
+    t = PTXTYPE[dtype]
+    nreg = n // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    inout = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    outs = ", ".join(f'"=f"(d[{i}])' for i in range(nreg))
+    return (
+        f"__device__ __forceinline__ void wgmma_ss_n{n}_{t}(float (&d)[{nreg}], uint64_t da, uint64_t db, "
+        f"int scale_d) {{\n"
+        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{nreg + 2}, 0;\\n"\n'
+        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;'
+        f'\\n}}"\n'
+        f"    : {inout}\n"
+        f'    : "l"(da), "l"(db), "r"(scale_d));\n'
+        f"}}\n"
+        f"__device__ __forceinline__ void wgmma_ss_n{n}_{t}_z(float (&d)[{nreg}], uint64_t da, uint64_t db) {{\n"
+        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, 0, 0;\\n"\n'
+        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;'
+        f'\\n}}"\n'
+        f"    : {outs}\n"
+        f'    : "l"(da), "l"(db));\n'
+        f"}}\n"
+    )
+
+
+def wgmma_rs(n: int, dtype: str, trans_b: int) -> str:
+    """Device function ``wgmma_rs_n{n}``: D[64 x n] += A(registers, 4 x b32) * B(smem); ``trans_b`` 1 =
+    B is MN-major (e.g. V[keys, d] with d contiguous)."""
+    t = PTXTYPE[dtype]
+    nreg = n // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    a = nreg
+    return (
+        f"__device__ __forceinline__ void wgmma_rs_n{n}_{t}_t{trans_b}(float (&d)[{nreg}], const uint32_t (&a)[4], "
+        f"uint64_t db) {{\n"
+        f'  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, '
+        f'{{%{a}, %{a + 1}, %{a + 2}, %{a + 3}}}, %{a + 4}, 1, 1, 1, {trans_b};"\n'
+        f'    : {outs}\n'
+        f'    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));\n'
+        f"}}\n"
+    )

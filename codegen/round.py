@@ -1,0 +1,180 @@
+"""One GPU round: do the schedules ptsolve found run as fast as predicted, and does exact beat greedy?
+
+CPU side (needs ortools; writes Result JSON that travels with the repo)::
+
+    python3 -m codegen.round prepare --hw h200 --out results/schedules_h200
+
+GPU side (one device call; no solver needed)::
+
+    python3 -m codegen.round run --schedules results/schedules_h200 --out $OUT
+
+For each configuration the greedy and the CP-SAT program become kernels (codegen.plan.plan_from_program),
+next to the hand-written FA3-order plan of codegen.bench and the library baselines (SDPA cuDNN / FLASH,
+cuBLAS). Every kernel is first checked against a float32 reference on a reduced shape with the same plan
+(batch 1, fewer heads, the GQA ratio kept; outputs poisoned with NaN), then timed at the full shape with
+``codegen.bench.time_many`` (interleaved rounds, rotating inputs, median). Prints a markdown table last.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# FA18c and FA19 have 2^31 elements per tensor: beyond the generated kernels' 32-bit indices
+CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1", "GEMM3")
+SOLVERS = ("greedy", "cpsat")
+
+
+def prepare(hw: str, out: Path, names: tuple[str, ...] = CONFIGS, time_limit: float = 60.0) -> None:
+    """Schedule every configuration with each policy on ``hw`` and write the Results as JSON."""
+    from ptsolve import optimize
+    from ptsolve.suites import operator, paper
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = {c["name"]: c for c in paper()}
+    for n in names:
+        for s in SOLVERS:
+            r = optimize(operator(cfgs[n]), hw=hw, solver=s, time_limit=time_limit)
+            (out / f"{n}_{s}.json").write_text(r.to_json())
+            print(f"{n} {s}: {r}", flush=True)
+
+
+def _small(p: dict[str, Any]) -> dict[str, Any]:
+    """The same schedule on a shape small enough for a float32 reference: batch 1, the GQA ratio kept."""
+    g = p["heads"] // p["kv_heads"]
+    s = min(p["seq_q"], 2048)
+    return p | {"batch": 1, "heads": 2 * g, "kv_heads": 2, "seq_q": s, "seq_kv": s}
+
+
+def run(schedules: Path, out: Path) -> int:
+    import torch
+
+    from codegen.bench import check_fa, check_gemm, fa3_order_plan, precompile, time_many
+    from codegen.plan import plan_from_program
+    from ptsolve.result import Result
+
+    dev = torch.cuda.get_device_name()
+    rows, checks = [], []
+    names = sorted({p.name.rsplit("_", 1)[0] for p in schedules.glob("*.json")},
+                   key=lambda n: CONFIGS.index(n) if n in CONFIGS else 99)
+    res = {n: {s: Result.from_json((schedules / f"{n}_{s}.json").read_text()) for s in SOLVERS} for n in names}
+    plans: dict[str, dict[str, Any]] = {}
+    for n, rs in res.items():
+        pl = {s: plan_from_program(r.program, "h200") for s, r in rs.items()}
+        g = rs["cpsat"].program.graph
+        if g.op == "flash_attention":
+            p = dict(g.params) | {"seq_q": g.params["seq_q"], "seq_kv": g.params["seq_kv"]}
+            pl["fa3_hand"] = fa3_order_plan(p, {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "persistent": 1})
+        plans[n] = pl
+    t0 = time.time()
+    precompile([pl for d in plans.values() for pl in d.values()])
+    print(f"compiled {sum(len(d) for d in plans.values())} kernels in {time.time() - t0:.0f} s", flush=True)
+    for n, pl in plans.items():
+        g = res[n]["cpsat"].program.graph
+        for label, plan in pl.items():
+            if g.op == "flash_attention":
+                sp = _small(dict(plan.params))
+                c = check_fa(sp, plan.tiling, dataclasses.replace(plan, params=sp), trials=1, label=label)
+            else:
+                c = check_gemm(1000, 768, 1000, plan.params["dtype"], plan.tiling,
+                               dataclasses.replace(plan, params=plan.params | {"M": 1000, "N": 768, "K": 1000}),
+                               trials=1)
+            c["config"], c["label"] = n, label
+            checks.append(c)
+            print(f"check {n} {label}: rel err {c['rel_err']:.2e} {'PASS' if c['ok'] else 'FAIL'}", flush=True)
+        ok = {c["label"] for c in checks if c["config"] == n and c["ok"]}
+        row = {"config": n, "op": g.op, "params": g.params, "flops": g.useful_flops,
+               **{f"pred_{s}_us": res[n][s].predicted_us for s in SOLVERS},
+               **{f"{s}_tiling": res[n][s].tiling for s in SOLVERS}}
+        row |= _time(g, {k: v for k, v in pl.items() if k in ok}, time_many)
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
+    (out / "round.json").write_text(json.dumps({"device": dev, "torch": torch.__version__, "date": stamp,
+                                                "rows": rows, "checks": checks}, indent=1, default=str))
+    md = table(rows)
+    (out / "round.md").write_text(md + "\n")
+    print(md)
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+def _time(g: Any, plans: dict[str, Any], time_many: Any) -> dict[str, Any]:
+    """Median µs of each plan's kernel and of the library baselines at the full shape."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from codegen.cuda import emit
+    from codegen.runtime import load
+    p = g.params
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
+    stream = torch.cuda.current_stream().cuda_stream
+    fns: dict[str, Any] = {}
+    ctxs: dict[str, Any] = {}
+    kern = {k: load(emit(v)) for k, v in plans.items()}
+    if g.op == "gemm":
+        M, N, K = p["M"], p["N"], p["K"]
+        sets = [(torch.randn(M, K, device="cuda", dtype=tdt), torch.randn(N, K, device="cuda", dtype=tdt))
+                for _ in range(3)]
+        c = torch.empty(M, N, device="cuda", dtype=tdt)
+        for k, kk in kern.items():
+            fns[k] = lambda i, kk=kk: kk.launch({"a": sets[i][0].data_ptr(), "b": sets[i][1].data_ptr(),
+                                                 "c": c.data_ptr()}, stream)
+        fns["cublas"] = lambda i: torch.matmul(sets[i][0], sets[i][1].T)
+        nsets = 3
+    else:
+        B, H, Hkv, D, S = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["seq_q"]
+        sets = [tuple(torch.randn(B, S, h, D, device="cuda", dtype=tdt) for h in (H, Hkv, Hkv)) for _ in range(2)]
+        o = torch.empty_like(sets[0][0])
+        for k, kk in kern.items():
+            fns[k] = lambda i, kk=kk: kk.launch({"q": sets[i][0].data_ptr(), "k": sets[i][1].data_ptr(),
+                                                 "v": sets[i][2].data_ptr(), "o": o.data_ptr()}, stream)
+        bl = [(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) for q, k, v in sets]
+        for name, be in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            fns[name] = lambda i: torch.nn.functional.scaled_dot_product_attention(*bl[i], is_causal=p["causal"],
+                                                                                   enable_gqa=True)
+            ctxs[name] = lambda be=be: sdpa_kernel(be)
+        nsets = 2
+    ms = time_many(fns, nsets, ctxs=ctxs)
+    return {f"{k}_us": v * 1e3 for k, v in ms.items()} | {f"{k}_tflops": g.useful_flops / (v * 1e9)
+                                                          for k, v in ms.items()}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| config | greedy pred µs | exact pred µs | greedy µs | exact µs | exact / greedy (measured) | "
+             "FA3-order hand µs | library µs | exact TFLOP/s | library TFLOP/s | exact / library |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lib = "cublas" if r["op"] == "gemm" else "sdpa_cudnn"
+
+        def f(k: str, r: dict[str, Any] = r) -> str:
+            return f"{r[k]:.1f}" if k in r else "—"
+        sp = f"{r['greedy_us'] / r['cpsat_us']:.3f}" if "greedy_us" in r and "cpsat_us" in r else "—"
+        rel = f"{r[lib + '_us'] / r['cpsat_us']:.3f}" if "cpsat_us" in r and lib + "_us" in r else "—"
+        lines.append(f"| {r['config']} | {r['pred_greedy_us']:.1f} | {r['pred_cpsat_us']:.1f} | {f('greedy_us')} | "
+                     f"{f('cpsat_us')} | {sp} | {f('fa3_hand_us')} | {lib} {f(lib + '_us')} | "
+                     f"{f('cpsat_tflops')} | {f(lib + '_tflops')} | {rel} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare")
+    pr.add_argument("--hw", default="h200")
+    pr.add_argument("--out", default="results/schedules_h200")
+    ru = sub.add_parser("run")
+    ru.add_argument("--schedules", default="results/schedules_h200")
+    ru.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        prepare(a.hw, Path(a.out))
+        return 0
+    return run(Path(a.schedules), Path(a.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""Compile generated kernels with nvcc (cached cubins) and launch them through cuda-python.
+
+``torch`` and ``cuda.bindings`` are imported inside functions only, so ``import codegen`` works on a
+machine with neither (CI compiles kernels there without a GPU).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptsolve.errors import CodegenError, DeviceError
+
+from .cuda.common import KernelSource
+
+_REPORT_RE = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "smem_static": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def cache_dir() -> Path:
+    """``$PTSOLVE_CACHE_DIR`` or ``~/.cache/ptsolve``; cubins live under ``cubin/``."""
+    return Path(os.environ.get("PTSOLVE_CACHE_DIR", Path.home() / ".cache" / "ptsolve")) / "cubin"
+
+
+def nvcc_path() -> str:
+    """The nvcc binary (``$NVCC``, PATH, or /usr/local/cuda/bin/nvcc); CodegenError if none."""
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    raise CodegenError("nvcc not found: install the CUDA toolkit (12.3+) or set $NVCC")
+
+
+def parse_ptxas(text: str) -> dict[str, Any]:
+    """Registers, stack frame, spill stores/loads (bytes) and static smem (bytes) from ``-Xptxas -v``
+    output, plus any ptxas warnings (e.g. wgmma serialisation, ignored setmaxnreg)."""
+    out: dict[str, Any] = {}
+    for key, rx in _REPORT_RE.items():
+        vals = [int(v) for v in rx.findall(text)]
+        out[key] = max(vals) if vals else 0
+    out["warnings"] = [ln.strip() for ln in text.splitlines()
+                       if "warning" in ln.lower() or "Performance Loss" in ln or "(C75" in ln]
+    out["wgmma_serialized"] = any("serialized" in w for w in out["warnings"])
+    return out
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled kernel: the cubin bytes, its cache path and the parsed ptxas report."""
+
+    kernel: KernelSource
+    cubin: bytes
+    path: Path
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _key(ks: KernelSource, extra: tuple[str, ...] = ()) -> str:
+    return hashlib.sha256((ks.source + "\0" + " ".join(ks.flags + extra)).encode()).hexdigest()
+
+
+def _nvcc(ks: KernelSource, out_flag: str, out: Path, extra: tuple[str, ...] = ()) -> str:
+    with tempfile.TemporaryDirectory(prefix="ptsolve_") as td:
+        src = Path(td) / f"{ks.name}.cu"
+        src.write_text(ks.source)
+        cmd = [nvcc_path(), *ks.flags, *extra, out_flag, "-o", str(out), str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise CodegenError(f"nvcc failed for {ks.name} (exit {r.returncode}):\n{r.stderr[-4000:]}")
+        return r.stdout + r.stderr
+
+
+def compile_kernel(ks: KernelSource, cache: bool = True) -> Compiled:
+    """nvcc → cubin for sm_90a, cached under cache_dir() by sha256(source + flags)."""
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    key = _key(ks)
+    cubin, rep = d / f"{key}.cubin", d / f"{key}.json"
+    if cache and cubin.exists() and rep.exists():
+        return Compiled(ks, cubin.read_bytes(), cubin, json.loads(rep.read_text()))
+    tmp = d / f"{key}.{os.getpid()}.tmp"
+    log = _nvcc(ks, "-cubin", tmp)
+    report = parse_ptxas(log) | {"log": log[-4000:]}
+    rep.write_text(json.dumps(report))
+    os.replace(tmp, cubin)  # atomic: concurrent compiles of the same key never see half a file
+    return Compiled(ks, cubin.read_bytes(), cubin, report)
+
+
+def ptx_text(ks: KernelSource) -> str:
+    """The PTX nvcc generates for ``ks`` (used by tests to look for wgmma / cp.async.bulk.tensor)."""
+    with tempfile.TemporaryDirectory(prefix="ptsolve_") as td:
+        out = Path(td) / "k.ptx"
+        flags = tuple(f for f in ks.flags if f not in ("-Xptxas", "-v"))
+        _nvcc(KernelSource(**{**ks.__dict__, "flags": flags}), "-ptx", out)
+        return out.read_text()
+
+
+# ---------------------------------------------------------------------------------------------- device
+
+
+def _drv():
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise DeviceError("cuda-python (cuda.bindings) is not installed; pip install cuda-python") from e
+    return driver
+
+
+def _check(res: Any, what: str) -> Any:
+    driver = _drv()
+    err, *rest = res if isinstance(res, tuple) else (res,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, msg = driver.cuGetErrorString(err)
+        raise DeviceError(f"{what} failed: {err} ({msg.decode() if isinstance(msg, bytes) else msg})")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+
+
+def ensure_device() -> int:
+    """Initialise the driver, make the primary context current, and check for an sm_90 GPU; returns the
+    device ordinal. DeviceError when there is no GPU or it is not Hopper (sm_90a kernels need CC 9.0)."""
+    driver = _drv()
+    err, = driver.cuInit(0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise DeviceError(f"no usable NVIDIA GPU: cuInit returned {err}")
+    n = _check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    if n == 0:
+        raise DeviceError("no NVIDIA GPU found")
+    ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        dev = _check(driver.cuDeviceGet(0), "cuDeviceGet")
+        ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    dev = _check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+    A = driver.CUdevice_attribute
+    major = _check(driver.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attr")
+    minor = _check(driver.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attr")
+    if (major, minor) != (9, 0):
+        raise DeviceError(f"generated kernels target sm_90a (H100/H200); this GPU is sm_{major}{minor}")
+    return int(dev)
+
+
+class Loaded:
+    """A cubin loaded into the current context, ready to launch."""
+
+    def __init__(self, comp: Compiled):
+        ensure_device()
+        driver = _drv()
+        self.ks = comp.kernel
+        self.report = comp.report
+        self._args: dict[tuple[tuple[str, int], ...], list[Any]] = {}
+        dev = _check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        sms = _check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count")
+        g = self.ks.grid
+        self.grid = (min(self.ks.persistent_tiles, int(sms)), g[1], g[2]) if self.ks.persistent_tiles else g
+        self.module = _check(driver.cuModuleLoadData(comp.cubin), "cuModuleLoadData")
+        self.func = _check(driver.cuModuleGetFunction(self.module, self.ks.name.encode()), "cuModuleGetFunction")
+        _check(driver.cuFuncSetAttribute(
+            self.func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            self.ks.smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
+
+    def launch(self, ptrs: dict[str, int], stream: int = 0) -> None:
+        """Launch with device pointers ``ptrs[tensor]`` (bytes addresses) for every tensor the kernel's
+        arguments name; tensor maps are encoded from the same pointers (and cached per pointer set, so a
+        repeated launch costs no host-side encoding)."""
+        driver = _drv()
+        key = tuple(sorted(ptrs.items()))
+        if key not in self._args:
+            if len(self._args) > 64:
+                self._args.clear()
+            self._args[key] = self._pack(ptrs)
+        arr = self._args[key][-1]
+        g, b = self.grid, self.ks.block
+        _check(driver.cuLaunchKernel(self.func, *g, *b, self.ks.smem_bytes, driver.CUstream(stream),
+                                     ctypes.addressof(arr), 0), f"cuLaunchKernel({self.ks.name})")
+
+    def _pack(self, ptrs: dict[str, int]) -> list[Any]:
+        """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
+        keep: list[Any] = []
+        addrs = []
+        maps = {m.tensor: m for m in self.ks.tensor_maps}
+        for arg in self.ks.args:
+            kind, tensor = arg.split(":")
+            if tensor not in ptrs:
+                raise DeviceError(f"launch of {self.ks.name} needs a pointer for {tensor!r}")
+            if kind == "tmap":
+                tm = encode_tensor_map(maps[tensor], ptrs[tensor])
+                keep.append(tm)
+                addrs.append(tm.getPtr())
+            else:
+                v = ctypes.c_uint64(ptrs[tensor])
+                keep.append(v)
+                addrs.append(ctypes.addressof(v))
+        keep.append((ctypes.c_void_p * len(addrs))(*addrs))
+        return keep
+
+
+def encode_tensor_map(spec: Any, ptr: int) -> Any:
+    """cuTensorMapEncodeTiled for ``spec`` (a TensorMapSpec) over global memory at ``ptr``."""
+    driver = _drv()
+    if ptr % 16:
+        raise DeviceError(f"tensor {spec.tensor!r} must be 16-byte aligned for TMA")
+    dt = {"fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+          "bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}[spec.dtype]
+    sw = {128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[spec.swizzle]
+    rank = len(spec.dims)
+    return _check(driver.cuTensorMapEncodeTiled(
+        dt, rank, ptr, [driver.cuuint64_t(x) for x in spec.dims],
+        [driver.cuuint64_t(x) for x in spec.strides_bytes], [driver.cuuint32_t(x) for x in spec.box],
+        [driver.cuuint32_t(1)] * rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({spec.tensor})")
+
+
+_LOADED: dict[str, Loaded] = {}
+
+
+def load(ks: KernelSource) -> Loaded:
+    """Compile (cached) and load ``ks``; loaded modules are kept per process."""
+    key = _key(ks)
+    if key not in _LOADED:
+        _LOADED[key] = Loaded(compile_kernel(ks))
+    return _LOADED[key]
+
+
+# ---------------------------------------------------------------------------------------------- torch
+
+
+_EMITTED: dict[str, KernelSource] = {}
+
+
+def _emit_cached(plan: Any) -> KernelSource:
+    """emit(plan), memoised by the plan's JSON (repeated launches skip source generation)."""
+    from .cuda import emit
+    try:
+        key = plan.to_json()
+    except (AttributeError, TypeError, ValueError):
+        return emit(plan)  # not a (serialisable) plan: emit raises the CodegenError that says why
+    if key not in _EMITTED:
+        _EMITTED[key] = emit(plan)
+    return _EMITTED[key]
+
+
+def _torch_dtype(dt: str):
+    import torch
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+
+
+def _need(t: Any, name: str, shape: tuple[int, ...], dt: str) -> None:
+    import torch
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        raise DeviceError(f"{name} must be a CUDA torch tensor")
+    if tuple(t.shape) != shape or t.dtype != _torch_dtype(dt) or not t.is_contiguous():
+        raise DeviceError(f"kernel was built for {name} of shape {shape} {dt} contiguous; got {tuple(t.shape)} "
+                          f"{t.dtype}{'' if t.is_contiguous() else ' non-contiguous'}: emit a plan for this shape")
+
+
+def _stream() -> int:
+    import torch
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
+def run_gemm(a: Any, b: Any, plan: Any, out: Any = None) -> Any:
+    """C = A · Bᵀ with A [M,K] and B [N,K] (row-major, "TN"), using the kernel emitted for ``plan``."""
+    import torch
+
+    ks = _emit_cached(plan)
+    p = ks.params
+    _need(a, "a", (p["M"], p["K"]), p["dtype"])
+    _need(b, "b", (p["N"], p["K"]), p["dtype"])
+    c = out if out is not None else torch.empty(p["M"], p["N"], dtype=a.dtype, device=a.device)
+    _need(c, "out", (p["M"], p["N"]), p["dtype"])
+    load(ks).launch({"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr()}, _stream())
+    return c
+
+
+def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
+    """FlashAttention forward, q [B,Sq,H,D], k/v [B,Skv,Hkv,D] → o [B,Sq,H,D], scale 1/sqrt(D)."""
+    import torch
+
+    ks = _emit_cached(plan)
+    p = ks.params
+    B, H, Hkv, D = p["batch"], p["heads"], p["kv_heads"], p["head_dim"]
+    _need(q, "q", (B, p["seq_q"], H, D), p["dtype"])
+    _need(k, "k", (B, p["seq_kv"], Hkv, D), p["dtype"])
+    _need(v, "v", (B, p["seq_kv"], Hkv, D), p["dtype"])
+    o = out if out is not None else torch.empty_like(q)
+    _need(o, "out", tuple(q.shape), p["dtype"])
+    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()}, _stream())
+    return o
