@@ -29,18 +29,29 @@ CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1
 SOLVERS = ("greedy", "cpsat")
 
 
-def prepare(hw: str, out: Path, names: tuple[str, ...] = CONFIGS, time_limit: float = 60.0) -> None:
-    """Schedule every configuration with each policy on ``hw`` and write the Results as JSON."""
+FIXED = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}  # FA3's tiling, for the same-tiling comparison
+
+
+def prepare(hw: str, out: Path, names: tuple[str, ...] = CONFIGS, time_limit: float = 60.0,
+            fixed: bool = False) -> None:
+    """Schedule every configuration with each policy on ``hw`` and write the Results as JSON; ``fixed``
+    also schedules attention on FA3's tiling (``{name}_{solver}@fixed.json``), to separate the choice of
+    tiling from the choice of order."""
     from ptsolve import optimize
     from ptsolve.suites import operator, paper
 
     out.mkdir(parents=True, exist_ok=True)
     cfgs = {c["name"]: c for c in paper()}
     for n in names:
+        op = operator(cfgs[n])
         for s in SOLVERS:
-            r = optimize(operator(cfgs[n]), hw=hw, solver=s, time_limit=time_limit)
+            r = optimize(op, hw=hw, solver=s, time_limit=time_limit)
             (out / f"{n}_{s}.json").write_text(r.to_json())
             print(f"{n} {s}: {r}", flush=True)
+            if fixed and op.op == "flash_attention":
+                r = optimize(op.graph(FIXED), hw=hw, solver=s, time_limit=time_limit)
+                (out / f"{n}_{s}@fixed.json").write_text(r.to_json())
+                print(f"{n} {s}@fixed: {r}", flush=True)
 
 
 def _small(p: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +61,7 @@ def _small(p: dict[str, Any]) -> dict[str, Any]:
     return p | {"batch": 1, "heads": 2 * g, "kv_heads": 2, "seq_q": s, "seq_kv": s}
 
 
-def run(schedules: Path, out: Path) -> int:
+def run(schedules: Path, out: Path, persistent: bool = False) -> int:
     import torch
 
     from codegen.bench import check_fa, check_gemm, fa3_order_plan, precompile, time_many
@@ -59,16 +70,19 @@ def run(schedules: Path, out: Path) -> int:
 
     dev = torch.cuda.get_device_name()
     rows, checks = [], []
-    names = sorted({p.name.rsplit("_", 1)[0] for p in schedules.glob("*.json")},
+    names = sorted({p.name.split("_", 1)[0] for p in schedules.glob("*.json")},
                    key=lambda n: CONFIGS.index(n) if n in CONFIGS else 99)
-    res = {n: {s: Result.from_json((schedules / f"{n}_{s}.json").read_text()) for s in SOLVERS} for n in names}
+    res = {n: {p.stem.split("_", 1)[1]: Result.from_json(p.read_text()) for p in sorted(schedules.glob(f"{n}_*.json"))}
+           for n in names}
     plans: dict[str, dict[str, Any]] = {}
     for n, rs in res.items():
         pl = {s: plan_from_program(r.program, "h200") for s, r in rs.items()}
         g = rs["cpsat"].program.graph
         if g.op == "flash_attention":
-            p = dict(g.params) | {"seq_q": g.params["seq_q"], "seq_kv": g.params["seq_kv"]}
-            pl["fa3_hand"] = fa3_order_plan(p, {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "persistent": 1})
+            pl["fa3_hand"] = fa3_order_plan(dict(g.params), FIXED | {"persistent": 1})
+            if persistent:  # the same schedules on persistent CTAs (one per SM, longest tiles first)
+                pl |= {f"{k}+persistent": dataclasses.replace(v, tiling=v.tiling | {"persistent": 1})
+                       for k, v in list(pl.items()) if k != "fa3_hand"}
         plans[n] = pl
     t0 = time.time()
     precompile([pl for d in plans.values() for pl in d.values()])
@@ -88,8 +102,8 @@ def run(schedules: Path, out: Path) -> int:
             print(f"check {n} {label}: rel err {c['rel_err']:.2e} {'PASS' if c['ok'] else 'FAIL'}", flush=True)
         ok = {c["label"] for c in checks if c["config"] == n and c["ok"]}
         row = {"config": n, "op": g.op, "params": g.params, "flops": g.useful_flops,
-               **{f"pred_{s}_us": res[n][s].predicted_us for s in SOLVERS},
-               **{f"{s}_tiling": res[n][s].tiling for s in SOLVERS}}
+               **{f"pred_{s}_us": r.predicted_us for s, r in res[n].items()},
+               **{f"{s}_tiling": r.tiling for s, r in res[n].items()}}
         row |= _time(g, {k: v for k, v in pl.items() if k in ok}, time_many)
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
@@ -166,14 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("prepare")
     pr.add_argument("--hw", default="h200")
     pr.add_argument("--out", default="results/schedules_h200")
+    pr.add_argument("--fixed", action="store_true", help="also schedule attention on FA3's tiling")
+    pr.add_argument("--only", default="", help="comma-separated config names")
     ru = sub.add_parser("run")
     ru.add_argument("--schedules", default="results/schedules_h200")
     ru.add_argument("--out", default=".")
+    ru.add_argument("--persistent", action="store_true", help="also time every attention plan on persistent CTAs")
     a = ap.parse_args(argv)
     if a.cmd == "prepare":
-        prepare(a.hw, Path(a.out))
+        prepare(a.hw, Path(a.out), tuple(a.only.split(",")) if a.only else CONFIGS, fixed=a.fixed)
         return 0
-    return run(Path(a.schedules), Path(a.out))
+    return run(Path(a.schedules), Path(a.out), a.persistent)
 
 
 if __name__ == "__main__":

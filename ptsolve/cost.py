@@ -68,7 +68,8 @@ def _raw_timing(t: STask, hw: Hardware) -> Timing:
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
             tma busy load_cycles(), latency = load_cycles + hw.mem_latency.
     store:  like a load, with all bytes to DRAM (no reuse).
-    mma:    tc busy flops / (tc_flops_per_clk · tc_efficiency); latency = that + hw.tc_latency;
+    mma:    tc busy flops / (tc_flops_per_clk · tc_efficiency) + hw.tc_fixed (fence, commit, wait and pipeline
+            fill of one wgmma group, which no other group overlaps); latency = that + hw.tc_latency;
             wgmma holds its warpgroup hw.issue_cycles, mma.sync (no wgmma) holds it the whole time.
     vector: stream busy flops / (fp32 lanes · vector_efficiency), lanes = fp32_flops_per_clk / 2;
             exp2 also holds the shared sfu for sfu / sfu_per_clk cycles and the stream at least as long.
@@ -80,7 +81,7 @@ def _raw_timing(t: STask, hw: Hardware) -> Timing:
         issue = hw.issue_cycles + (0 if hw.has_tma else math.ceil(t.bytes / 2048))
         return Timing(s, ((s, 0, issue), ("tma", 0, occ)), occ + hw.mem_latency)
     if t.kind == "mma":
-        occ = max(1, math.ceil(t.flops / (hw.tc_flops_per_clk * hw.tc_efficiency)))
+        occ = max(1, math.ceil(t.flops / (hw.tc_flops_per_clk * hw.tc_efficiency))) + hw.tc_fixed
         issue = hw.issue_cycles if hw.has_wgmma else occ
         return Timing(s, ((s, 0, issue), ("tc", 0, occ)), occ + hw.tc_latency)
     if t.kind == "vector":

@@ -13,8 +13,8 @@ def features(p: SProgram, hw: Hardware) -> list[str]:
     """Named patterns the schedule contains.
 
     ping-pong: one warpgroup's softmax (a task on the MUFU) overlaps, modulo ii, another warpgroup's
-    tensor-core work. intra-warpgroup overlap: a warpgroup issues the next iteration's first mma before
-    the current iteration's softmax has started (two S tiles live, FA3 §3.2). Also the pipeline depth.
+    tensor-core work. intra-warpgroup overlap: a warpgroup issues PV of iteration i after QK of iteration
+    i+1, so PV runs under the softmax of i+1 (FA3 §3.2). Also the pipeline depth.
     """
     g, tm, ii = p.graph, timings(p.graph, hw), p.ii
     out = []
@@ -34,11 +34,11 @@ def features(p: SProgram, hw: Hardware) -> list[str]:
         if out:
             break
     for grp in range(g.groups):
-        first = [t for t in mma if t.group == grp and any(r.startswith("q") or r == "k" for r in t.reads)]
-        soft = [t for t in sfu if t.group == grp]
-        if first and soft and p.start[first[0].name] + ii <= p.start[soft[0].name]:
-            out.append(f"intra-warpgroup overlap in wg{grp}: {first[0].name} of iteration i+1 issues before "
-                       f"{soft[0].name} of iteration i")
+        qk = [t for t in mma if t.group == grp and "k" in t.reads]
+        pv = [t for t in mma if t.group == grp and "v" in t.reads]
+        if qk and pv and p.start[pv[0].name] >= p.start[qk[0].name] + ii:
+            out.append(f"intra-warpgroup overlap in wg{grp}: {pv[0].name} of iteration i issues after "
+                       f"{qk[0].name} of iteration i+1 and runs under that iteration's softmax (FA3's order)")
             break
     stages = 1 + max(p.stage(t.name) for t in loop)
     out.append(f"{stages}-stage software pipeline, ii={ii} cycles")

@@ -12,7 +12,7 @@ from ptsolve.ir import Buffer, Edge, STask, STaskGraph
 def tiny_hw(sms: int = 2) -> Hardware:
     """An H100 with round numbers: 1 B/clk loads, 64 FLOP/clk mma, no launch overhead."""
     return replace(load("h100"), sms=sms, hbm_bytes_per_s=1e30, l2_bytes_per_clk=1.0, mem_latency=16,
-                   tc_flops_per_clk=64.0, tc_efficiency=1.0, tc_latency=8, issue_cycles=8, barrier_cycles=8,
+                   tc_flops_per_clk=64.0, tc_efficiency=1.0, tc_latency=8, tc_fixed=0, issue_cycles=8, barrier_cycles=8,
                    fp32_flops_per_clk=128.0, vector_efficiency=1.0, launch_us=0.0)
 
 

@@ -41,11 +41,10 @@ def test_fa_schedule_features() -> None:
     op = ops.flash_attention(batch=64, heads=32, kv_heads=8, seq=2048, head_dim=128)
     r = optimize(op, hw="h100", solver="cpsat", cache=False)
     assert any(f.startswith("ping-pong") for f in r.features), r.features
-    # one consumer warpgroup must overlap the next QK^T with the current softmax to keep the tensor cores
-    # busy; with two S tiles in registers the exact schedule does that
+    # a single consumer warpgroup keeps the tensor cores busy during its softmax only by running PV of the
+    # previous block under it (FA3's intra-warpgroup overlap); the exact schedule does that
     g = op.graph({"BM": 64, "BN": 128, "depth": 2, "groups": 1})
     r1 = optimize(g, hw="h100", solver="cpsat", cache=False)
-    assert r1.program.copies["s@0"] == 2
     assert any(f.startswith("intra-warpgroup overlap") for f in r1.features), r1.features
 
 

@@ -41,6 +41,7 @@ class Hardware:
     has_wgmma: bool               # warpgroup-wide asynchronous MMA (Hopper)
     mem_latency: int              # global load latency, cycles
     tc_latency: int               # MMA pipeline latency beyond its throughput time, cycles
+    tc_fixed: int                 # tensor-core cycles per mma task that no other work overlaps, cycles
     barrier_cycles: int           # cost of crossing an mbarrier / named barrier between roles, cycles
     issue_cycles: int             # cycles an async instruction (TMA, wgmma) holds the issuing stream
     tc_efficiency: float          # achieved / peak tensor-core rate of the best library GEMM (measured)

@@ -102,14 +102,16 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
             task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
                  reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
             task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
-            # P = exp2(S - m) is written over S in place (as fp16 pairs), so it needs no registers of its own
+            # exp2(S - m) is computed in place in S; rowsum adds it up and packs it into P (fp16), freeing S, so
+            # FA3's order (QK of j issued while P of j-1 waits for PV) holds one S and one P, not two S
             task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
                  reads=("s" + s,)),
-            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
+            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, group=g,
+                 reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
             task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
                  reads=("o" + s, "ml" + s)),
             task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
-                 reads=("s" + s, "v", "o" + s), frees=("s" + s, "v")),
+                 reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
             task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
                  reads=("o" + s, "ml" + s), allocs=(smem("out" + s, r * D * e),)),
             task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True, group=g,
@@ -119,7 +121,7 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
             Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
             Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
             Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
-            Edge("exp2" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
+            Edge("rowsum" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
             Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
             Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
             Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),

@@ -1,10 +1,9 @@
-"""Ground truth for tiny graphs: branch and bound over every integer schedule of the exact model.
+"""Ground truth for tiny graphs: exact enumeration of the schedules of the exact model.
 
 The model is ptsolve.policies.cpsat's, stated directly on start times. Like every solver it works in
 the Problem's grains (``P.grain`` cycles each, see ptsolve.policies.model); the returned program and the
-reported objective and bound are in cycles. For every initiation
-interval ii from ``P.ii_lb`` up to ``P.ii_ub`` (or ``ii_max``), tasks are placed one at a time in
-topological order, each at every start in [earliest, horizon] that keeps the partial schedule feasible:
+reported objective and bound are in cycles. For every initiation interval ii from ``P.ii_lb`` up to
+``P.ii_ub`` (or ``ii_max``) a schedule must meet:
 
 - precedence (capacity edges included): s_v + dist·ii >= s_u + delay;
 - loop reservations never overlap modulo ii (a loop reservation is at most ii long);
@@ -16,14 +15,17 @@ topological order, each at every start in [earliest, horizon] that keeps the par
 span = max over tasks of s_t + P.end(t), objective = max over P.weights of a·ii + b·span (grains).
 Unlike CP-SAT and the MILP, no symmetry breaking is added: the enumeration checks those cuts too.
 
-Pruning is exact: starts are tried in increasing order and the objective is monotone in every start, so
-a branch stops as soon as a lower bound on its span (longest delay path to a sink, ``dist·ii`` subtracted
-for loop-carried arcs, plus the sink's end) reaches the best objective found. Refuses (SolverError)
-graphs of more than ``MAX_TASKS`` tasks or horizons beyond ``MAX_HORIZON`` grains: it is for tests.
+Two enumerations (see ``solve``): ``residues`` (default) branches on the loop tasks' slots modulo ii and
+the order of shared once-reservations, then takes the least start times, which are optimal for those
+choices; ``grid`` branches on every start of every task in topological order. Both prune only with
+valid bounds (relaxed least starts, or the longest delay path to a sink, against the best objective so
+far), so both are exact; the tests check them against each other. Refuses (SolverError) graphs of more
+than ``MAX_TASKS`` tasks or horizons beyond ``MAX_HORIZON`` grains: it is for tests.
 """
 from __future__ import annotations
 
 import time
+from itertools import product
 from typing import Any
 
 from ..errors import PtsolveError, SolverError
@@ -103,11 +105,20 @@ def _clash(pa: str, xa: int, na: int, pb: str, xb: int, nb: int, ii: int) -> boo
 
 
 def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = None, ii_max: int | None = None,
-          max_nodes: int = MAX_NODES, **_: Any) -> tuple[SProgram | None, dict[str, Any]]:
+          method: str = "residues", max_nodes: int = MAX_NODES, **_: Any) -> tuple[SProgram | None, dict[str, Any]]:
     """Optimal program of a tiny ``P`` by enumeration. Returns (program or None, stats) like cpsat.solve:
     status OPTIMAL or INFEASIBLE (exhaustive never stops early with an answer: over ``max_nodes`` or
     ``time_limit`` it raises SolverError), objective and bound (cycles), solve_s, nodes. A valid ``hint``
-    or greedy's program only seeds the incumbent; an optimum is returned, the seed itself if none is better."""
+    or greedy's program only seeds the incumbent; an optimum is returned, the seed itself if none is better.
+
+    method ``residues`` (default) enumerates, per ii, every slot r_t in [0, ii) of the loop tasks (modulo
+    no-overlap checked as they are placed) and every order of the prologue / epilogue reservations that
+    share a resource; what is left is a system of lower bounds (s_v >= s_u + w, s_t ≡ r_t mod ii) whose
+    least solution, found by fixed-point iteration, minimises every start at once and so the span: it is
+    the best schedule with those slots and orders. Method ``grid`` tries every start of every task in
+    [earliest, horizon] (plain branch and bound; slow when an ii admits no schedule)."""
+    if method not in ("residues", "grid"):
+        raise SolverError(f"exhaustive method {method!r} is not 'residues' or 'grid'")
     n = len(P.tasks)
     if n > MAX_TASKS:
         raise SolverError(f"exhaustive enumerates every schedule and refuses {n} tasks (at most {MAX_TASKS}); "
@@ -122,27 +133,10 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
                                   f"({t} on {res})")
     t0 = time.perf_counter()
     ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
-    order = P.graph.topo_order()
-    pos = {t: i for i, t in enumerate(order)}
     end = {t: P.end(t) for t in P.tasks}
-    # arcs touching task t whose other end comes earlier in the order: checked when t is placed
-    before_in: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}   # (u, dist, delay): u -> t
-    before_out: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}  # (v, dist, delay): t -> v
-    for u, v, d, lat in P.prec:
-        if u == v:
-            before_in[v].append((u, d, lat))
-        elif pos[u] < pos[v]:
-            before_in[v].append((u, d, lat))
-        else:
-            before_out[u].append((v, d, lat))
-    uses = {t: [(r, o, m) for r, o, m in P.tm[t].uses] for t in order}
-    users: dict[str, list[str]] = {}
-    for r, us in P.res.items():
-        users[r] = [t for t, _, _ in us]
-
     best: list[Any] = [None, None, None]  # objective (grains), ii, start
-    # An incumbent only prunes (the optimum is still proven by enumeration), and without one an ii at
-    # which nothing fits is enumerated to the horizon: start from the hint and greedy's program.
+    # An incumbent only prunes (the optimum is still proven by enumeration): start from the hint and
+    # greedy's program when they are solutions of the model.
     seeds = [hint] if hint is not None else []
     try:
         seeds.append(greedy.solve(P)[0])
@@ -153,55 +147,27 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
         if h is not None and h[0] <= ii_hi and not violations(P, *h):
             if best[0] is None or objective_of(P, *h) < best[0]:
                 best = [objective_of(P, *h), h[0], h[1]]
-    nodes = 0
     min_span = max(end.values())
+    counter = [0]
+
+    def tick() -> None:
+        counter[0] += 1
+        if counter[0] > max_nodes or (time_limit is not None and counter[0] % 4096 == 0
+                                      and time.perf_counter() - t0 > time_limit):
+            raise SolverError(f"exhaustive gave up on {P.graph.name} after {counter[0] - 1} nodes: the instance "
+                              "is too large for enumeration; use solver 'cpsat'")
 
     for ii in range(P.ii_lb, ii_hi + 1):
         if best[0] is not None and P.objective(ii, min_span) >= best[0]:
             break  # a larger ii only costs more (every weight a >= 0, span >= min_span)
-        tail = _tails(P, ii, end)
-        if tail is None:
-            continue  # a loop-carried cycle needs more than dist·ii: no schedule at this ii
-        S: dict[str, int] = {}
-        placed_res: dict[str, list[tuple[str, int, int]]] = {}
+        if any(P.phase[t] == "loop" and n_ > ii for t in P.tasks for _, _, n_ in P.tm[t].uses):
+            continue  # a loop reservation longer than ii collides with itself
+        if method == "grid":
+            _grid(P, ii, end, best, tick)
+        else:
+            _residues(P, ii, end, best, tick)
 
-        def dfs(i: int, span: int, ii: int = ii, tail: dict[str, int] = tail,
-                S: dict[str, int] = S, placed_res: dict[str, list[tuple[str, int, int]]] = placed_res) -> None:
-            nonlocal nodes
-            if i == n:
-                obj = P.objective(ii, span)
-                if best[0] is None or obj < best[0]:
-                    best[0], best[1], best[2] = obj, ii, dict(S)
-                return
-            t = order[i]
-            lo = max([0] + [S[u] + lat - d * ii for u, d, lat in before_in[t] if u != t])
-            hi = min([P.horizon] + [S[v] + d * ii - lat for v, d, lat in before_out[t]])
-            if any(d * ii < lat for u, d, lat in before_in[t] if u == t):
-                return
-            if P.phase[t] == "loop" and any(m > ii for _, _, m in uses[t]):
-                return
-            for s in range(lo, hi + 1):
-                if best[0] is not None and P.objective(ii, max(span, s + tail[t])) >= best[0]:
-                    return  # every later start is at least as bad
-                nodes += 1
-                if nodes > max_nodes or (time_limit is not None and nodes % 4096 == 0
-                                         and time.perf_counter() - t0 > time_limit):
-                    raise SolverError(f"exhaustive gave up on {P.graph.name} after {nodes - 1} nodes: the instance "
-                                      "is too large for enumeration; use solver 'cpsat'")
-                if any(_clash(P.phase[t], s + o, m, P.phase[u], xu, nu, ii)
-                       for r, o, m in uses[t] for u, xu, nu in placed_res.get(r, ())):
-                    continue
-                S[t] = s
-                for r, o, m in uses[t]:
-                    placed_res.setdefault(r, []).append((t, s + o, m))
-                dfs(i + 1, max(span, s + end[t]))
-                for r, _, _ in uses[t]:
-                    placed_res[r].pop()
-                del S[t]
-
-        dfs(0, 0)
-
-    stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "nodes": nodes}
+    stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "nodes": counter[0], "method": method}
     if best[0] is None:
         return None, stats | {"status": "INFEASIBLE", "bound": None}
     ii, start = best[1], best[2]
@@ -211,6 +177,136 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     prog = P.program(ii, start, "exhaustive")
     obj = best[0] * P.grain
     return prog, stats | {"status": "OPTIMAL", "objective": obj, "bound": obj}
+
+
+def _arcs(P: Problem, ii: int, orders: list[tuple[str, int, int, str, int]]) -> list[tuple[str, str, int]]:
+    """Every constraint of the model except modulo no-overlap, as s_v >= s_u + w: (u, v, w). ``orders``
+    (t, o, n, u, ou): once-task t's reservation [s_t+o, s_t+o+n) comes before u's, which starts at s_u+ou."""
+    arcs = [(u, v, lat - d * ii) for u, v, d, lat in P.prec]
+    for uses in P.res.values():
+        for t, o, n in uses:
+            for u, ou, nu in uses:
+                if P.phase[t] == "pre" and P.phase[u] == "loop":
+                    arcs.append((t, u, o + n - ou))    # prologue ends before the loop's first use
+                elif P.phase[t] == "post" and P.phase[u] in ("loop", "pre"):
+                    arcs.append((u, t, ou + nu - o))   # epilogue starts after the loop's / prologue's last
+    arcs += [(t, u, o + n - ou) for t, o, n, u, ou in orders]
+    return arcs
+
+
+def _least(P: Problem, ii: int, arcs: list[tuple[str, str, int]], slot: dict[str, int]) -> dict[str, int] | None:
+    """Least starts >= 0 meeting every arc, loop task t (if in ``slot``) at a start ≡ slot[t] (mod ii);
+    None if it exceeds the horizon (then no solution exists: every solution is at least the least one)."""
+    S = {t: slot.get(t, 0) for t in P.tasks}
+    while True:
+        changed = False
+        for u, v, w in arcs:
+            need = S[u] + w
+            if S[v] < need:
+                if v in slot:
+                    need += (slot[v] - need) % ii  # round up to v's slot
+                if need > P.horizon:
+                    return None
+                S[v], changed = need, True
+        if not changed:
+            return S
+
+
+def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) -> None:
+    """Every slot assignment of the loop tasks and every order of shared once-reservations at ``ii``."""
+    loop = [t for t in P.graph.topo_order() if P.phase[t] == "loop"]
+    pairs = []  # same-phase once-reservations on one resource: either may go first
+    for uses in P.res.values():
+        once = [(t, o, n) for t, o, n in uses if P.phase[t] != "loop"]
+        for a, (t, o, n) in enumerate(once):
+            for u, ou, nu in once[a + 1:]:
+                if P.phase[t] == P.phase[u]:
+                    pairs.append(((t, o, n, u, ou), (u, ou, nu, t, o)))
+    base = _arcs(P, ii, [])
+    slot: dict[str, int] = {}
+    placed: dict[str, list[tuple[str, int, int]]] = {}
+
+    def leaf() -> None:
+        for pick in product((0, 1), repeat=len(pairs)):
+            tick()
+            S = _least(P, ii, base + [pr[k] for pr, k in zip(pairs, pick)], slot)
+            if S is None:
+                continue
+            obj = P.objective(ii, max(S[t] + end[t] for t in P.tasks))
+            if best[0] is None or obj < best[0]:
+                best[0], best[1], best[2] = obj, ii, S
+
+    def dfs(i: int) -> None:
+        if i == len(loop):
+            leaf()
+            return
+        if best[0] is not None:
+            # relaxation: the least starts with only the slots placed so far bound every completion from below
+            S = _least(P, ii, base, slot)
+            if S is None or P.objective(ii, max(S[t] + end[t] for t in P.tasks)) >= best[0]:
+                return
+        t = loop[i]
+        for r in range(ii):
+            tick()
+            if any(_clash("loop", r + o, m, "loop", xu, nu, ii)
+                   for res, o, m in P.tm[t].uses for _, xu, nu in placed.get(res, ())):
+                continue
+            slot[t] = r
+            for res, o, m in P.tm[t].uses:
+                placed.setdefault(res, []).append((t, r + o, m))
+            dfs(i + 1)
+            for res, _, _ in P.tm[t].uses:
+                placed[res].pop()
+            del slot[t]
+
+    dfs(0)
+
+
+def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) -> None:
+    """Every start of every task in [earliest, horizon], in topological order, at ``ii``."""
+    tail = _tails(P, ii, end)
+    if tail is None:
+        return  # a loop-carried cycle needs more than dist·ii: no schedule at this ii
+    order = P.graph.topo_order()
+    pos = {t: i for i, t in enumerate(order)}
+    # arcs touching task t whose other end comes earlier in the order: checked when t is placed
+    before_in: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}   # (u, dist, delay): u -> t
+    before_out: dict[str, list[tuple[str, int, int]]] = {t: [] for t in order}  # (v, dist, delay): t -> v
+    for u, v, d, lat in P.prec:
+        if u == v or pos[u] < pos[v]:
+            before_in[v].append((u, d, lat))
+        else:
+            before_out[u].append((v, d, lat))
+    S: dict[str, int] = {}
+    placed: dict[str, list[tuple[str, int, int]]] = {}
+
+    def dfs(i: int, span: int) -> None:
+        if i == len(order):
+            obj = P.objective(ii, span)
+            if best[0] is None or obj < best[0]:
+                best[0], best[1], best[2] = obj, ii, dict(S)
+            return
+        t = order[i]
+        if any(d * ii < lat for u, d, lat in before_in[t] if u == t):
+            return
+        lo = max([0] + [S[u] + lat - d * ii for u, d, lat in before_in[t] if u != t])
+        hi = min([P.horizon] + [S[v] + d * ii - lat for v, d, lat in before_out[t]])
+        for s in range(lo, hi + 1):
+            if best[0] is not None and P.objective(ii, max(span, s + tail[t])) >= best[0]:
+                return  # every later start is at least as bad
+            tick()
+            if any(_clash(P.phase[t], s + o, m, P.phase[u], xu, nu, ii)
+                   for r, o, m in P.tm[t].uses for u, xu, nu in placed.get(r, ())):
+                continue
+            S[t] = s
+            for r, o, m in P.tm[t].uses:
+                placed.setdefault(r, []).append((t, s + o, m))
+            dfs(i + 1, max(span, s + end[t]))
+            for r, _, _ in P.tm[t].uses:
+                placed[r].pop()
+            del S[t]
+
+    dfs(0, 0)
 
 
 def _tails(P: Problem, ii: int, end: dict[str, int]) -> dict[str, int] | None:

@@ -20,8 +20,12 @@ cycles.
 
 Back-ends: ``highs`` (HiGHS through highspy, pulp.HiGHS) and ``cbc`` (the CBC binary: a ``cbc`` on PATH
 via pulp.COIN_CMD, e.g. from ``pip install pulp[cbc]`` or apt ``coinor-cbc``, else the binary bundled with
-PuLP via pulp.PULP_CBC_CMD). The objective is integral, so an absolute gap below one cycle proves
+PuLP via pulp.PULP_CBC_CMD). The objective is integral, so an absolute gap below one grain proves
 optimality; both back-ends are told so.
+
+A greedy ``hint`` is handed to HiGHS as a starting solution (highspy ``setSolution``; PuLP's HiGHS class
+has no warm start). CBC gets no MIP start: the CBC 2.10.3 bundled with PuLP, given one, has reported a
+worse solution as optimal. With either back-end a time-limited run never answers worse than the hint.
 
 The best bound is HiGHS's MIP dual bound (``Highs.getInfo().mip_dual_bound``) and, for CBC, the
 "Lower bound" its log reports (None when the log has none). The solution is rounded to integers,
@@ -226,10 +230,11 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _cbc_solver(pulp: Any, time_limit: float, threads: int, seed: int, log: str) -> Any:
+def _cbc_solver(pulp: Any, time_limit: float, threads: int, log: str) -> Any:
     """CBC: a cbc on PATH (pulp.COIN_CMD), else the binary bundled with PuLP (pulp.PULP_CBC_CMD)."""
-    opts = dict(msg=False, timeLimit=float(time_limit), threads=int(threads), gapRel=0.0, gapAbs=0.999,
-                options=[f"randomCbcSeed {int(seed) + 1}", f"randomSeed {int(seed) + 1}"], logPath=log)
+    # No random seed option: CBC 2.10.3 with ``randomCbcSeed`` set has reported a worse solution as optimal,
+    # and its default run is already deterministic (one thread, fixed default seed).
+    opts = dict(msg=False, timeLimit=float(time_limit), threads=int(threads), gapRel=0.0, gapAbs=0.999, logPath=log)
     coin = pulp.COIN_CMD(**opts)
     if coin.available():
         return coin
@@ -252,8 +257,10 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
     Returns (program or None, stats): status OPTIMAL / TIME_LIMIT / INFEASIBLE; objective (cycles, exact,
     recomputed from the returned program) and bound (cycles, the back-end's best bound rounded up, or
     None when it reports none) when a program is returned; gap = (objective - bound) / objective; solve_s.
-    A time-limited run returns its incumbent with status TIME_LIMIT, or None if it found none.
-    ``num_workers`` is the back-end's thread count; 1 (the default) keeps CBC deterministic."""
+    A time-limited run returns its incumbent (or the hint, if better) with status TIME_LIMIT, or None if it
+    has neither.
+    ``num_workers`` is the back-end's thread count; 1 (the default) keeps CBC deterministic. ``seed`` is
+    HiGHS's random_seed; CBC runs with its default seed (see _cbc_solver)."""
     if backend not in BACKENDS:
         raise SolverError(f"unknown milp backend {backend!r}; use one of {BACKENDS}")
     pulp = _require_pulp()
@@ -272,7 +279,7 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
         # as "Optimal" (its preprocessing loses better ones). The hint still caps the answer below.
         fd, log = tempfile.mkstemp(prefix="ptsolve_cbc_", suffix=".log")
         os.close(fd)
-        solver = _cbc_solver(pulp, time_limit, num_workers, seed, log)
+        solver = _cbc_solver(pulp, time_limit, num_workers, log)
     try:
         M.m.solve(solver)
         has_sol, status, bound = (_read_highs(M.m) if backend == "highs" else _read_cbc(pulp, M.m, log or ""))
