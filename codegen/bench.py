@@ -38,7 +38,9 @@ def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan
     for g in range(tiling["groups"]):
         loop[f"wg{g}"] = [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
                           (f"rowsum@{g}", 0), (f"rescale@{g}", 0)]
-    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, base.tc_order)
+    # ping-pong: each warpgroup issues QK(j) and PV(j-1) in one turn, then hands the tensor cores on
+    turns = [x for g in range(tiling["groups"]) for x in (f"mma_qk@{g}", f"mma_pv@{g}")]
+    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, turns)
 
 
 def rel_err(out: Any, ref: Any) -> float:

@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from codegen.bench import fa3_order_plan
 from codegen.cuda import emit
-from codegen.cuda.schedule import LoopOrder, buffers_needed, wait_depths
+from codegen.cuda.schedule import LoopOrder, buffers_needed, simulate, wait_depths
 from codegen.plan import KernelPlan, default_plan
 from codegen.runtime import parse_ptxas
 from ptsolve.errors import CodegenError
@@ -28,13 +29,34 @@ def fa(**kw):
 
 
 def fa3_plan(params, tiling):
-    """FA3's order: QK of j, PV of j-1, softmax of j (stage 1 on mma_pv only)."""
+    """FA3's order: QK of j, PV of j-1, softmax of j, with ping-pong turns (codegen.bench's plan)."""
+    return fa3_order_plan(params, tiling)
+
+
+def solver_plan(params, tiling, wg_loops, tc_order):
+    """A plan as ``plan_from_program`` builds it from a ptsolve schedule: per-group loops [(task, stage)] with
+    the group suffix added, producer at stage 0."""
     base = default_plan("flash_attention", params, tiling)
     loop = {"producer": [("load_k", 0), ("load_v", 0)]}
-    for g in range(tiling["groups"]):
-        loop[f"wg{g}"] = [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
-                          (f"rowsum@{g}", 0), (f"rescale@{g}", 0)]
-    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, base.tc_order)
+    loop |= {f"wg{g}": [(f"{t}@{g}", s) for t, s in ops] for g, ops in enumerate(wg_loops)}
+    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, list(tc_order))
+
+
+# the schedules of ptsolve's greedy and CP-SAT policies for FA3 (B1 H32 S4096 d128 fp16) on FA3's tiling
+# (.exp/s1/FA3_{greedy,cpsat}@fixed.json through codegen.plan.plan_from_program)
+FA3_S = {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 4096, "seq_kv": 4096, "head_dim": 128, "causal": False,
+         "dtype": "fp16"}
+T2 = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
+SOFTMAX_PV = [("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("mma_pv", 1), ("rowsum", 1)]
+GREEDY = solver_plan(FA3_S, T2, [SOFTMAX_PV, SOFTMAX_PV], ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_pv@1"])
+CPSAT = solver_plan(FA3_S, T2, [
+    [("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("rowsum", 1), ("mma_pv", 1)],
+    [("exp2", 2), ("rowsum", 2), ("rescale", 2), ("mma_pv", 2), ("mma_qk", 1), ("rowmax", 1)]],
+    ["mma_qk@0", "mma_pv@1", "mma_qk@1", "mma_pv@0"])
+FA3_ORDER = [("mma_qk", 0), ("mma_pv", 1), ("rowmax", 0), ("exp2", 0), ("rowsum", 0), ("rescale", 0)]
+# wg1 one stage behind wg0 (three stages in all): guarded prologue, epilogue for unknown short trip counts
+SKEWED = solver_plan(fa(causal=True), T2, [FA3_ORDER, [(t, s + 1) for t, s in FA3_ORDER]],
+                     ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"])
 
 
 def gemm_plan(bm, bn, depth, groups, dtype="fp16"):
@@ -66,6 +88,14 @@ PLANS = {
     "fa_d128_g2_fa3_persistent": fa3_plan(fa(causal=True, batch=8),
                                           {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "persistent": 1}),
     "fa_d64_g3_fa3": fa3_plan(fa(head_dim=64, heads=6, kv_heads=3), {"BM": 192, "BN": 64, "depth": 2, "groups": 3}),
+    "fa_greedy_turns": GREEDY,
+    "fa_cpsat_turns": CPSAT,
+    "fa_cpsat_turns_causal_persistent": dataclasses.replace(CPSAT, params=fa(causal=True, batch=8),
+                                                            tiling=T2 | {"persistent": 1}),
+    "fa_skewed_turns_causal": SKEWED,
+    "fa_d64_g3_turns": solver_plan(fa(head_dim=64, heads=6, kv_heads=3, causal=True),
+                                   {"BM": 192, "BN": 64, "depth": 2, "groups": 3}, [FA3_ORDER] * 3,
+                                   ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_qk@2", "mma_pv@1", "mma_pv@2"]),
 }
 PTX_CHECK = ("gemm_g2_bn256_d4", "fa_d128_g2_causal")
 
@@ -98,6 +128,12 @@ def test_compiles_without_spills(compiled, name):
     assert rep["stack_bytes"] == 0, rep
     assert c.kernel.smem_bytes + rep["smem_static"] <= 227 * 1024
     assert not any("C7508" in w for w in rep["warnings"]), "setmaxnreg was ignored"
+
+
+@pytest.mark.parametrize("name", ["fa_greedy_turns", "fa_cpsat_turns", "fa_d128_g2_fa3_persistent"])
+def test_turns_keep_wgmma_pipelined(compiled, name):
+    """The named-barrier turns must not make ptxas serialise the wgmma pipeline (C7510-C7515 warnings)."""
+    assert not any("are serialized" in w for w in compiled[name].report["warnings"]), compiled[name].report
 
 
 @pytest.mark.parametrize("name", PTX_CHECK)
@@ -159,14 +195,132 @@ def test_tc_order_pingpong():
     t = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
     pp = fa3_plan(FA, t)
     ks = emit(pp)
-    assert ks.info["tc_turns"] == [0, 1] and ks.info["score_buffers"] == [1, 1]
+    # FA3: group 0 issues QK(j) and PV(j-1) back to back, then hands the tensor cores to group 1, and back
+    assert ks.info["tc_turns"] == (("wg0", "mma_pv", "wg1", "mma_qk", 2), ("wg1", "mma_pv", "wg0", "mma_qk", 1))
+    assert ks.info["score_buffers"] == [1, 1]
     assert "bar.sync 1, 256" in ks.source and "bar.arrive 2, 256" in ks.source
+    assert 'if (g == 1) asm volatile("bar.arrive 1, 256;"' in ks.source  # group 1 lets group 0 go first
+    assert _steady(ks.source, 0)[:4] == ["sync 1", "mma_qk", "mma_pv", "arrive 2"]
     rev = emit(dataclasses.replace(pp, tc_order=["mma_qk@1", "mma_pv@1", "mma_qk@0", "mma_pv@0"]))
-    assert rev.info["tc_turns"] == [1, 0] and rev.source != ks.source
+    assert rev.info["tc_turns"] == (("wg1", "mma_pv", "wg0", "mma_qk", 1), ("wg0", "mma_pv", "wg1", "mma_qk", 2))
+    assert rev.source != ks.source and 'if (g == 0) asm volatile("bar.arrive 2, 256;"' in rev.source
     off = emit(dataclasses.replace(pp, tc_order=[]))
-    assert off.info["tc_turns"] is None and "bar.sync 1" not in off.source
-    # the plain order separates QK and PV by the softmax: enforcing turns would serialise it, so it is not
-    assert emit(default_plan("flash_attention", FA, t)).info["tc_turns"] is None
+    assert off.info["tc_turns"] is None and "bar.sync 1" not in off.source and "bar.arrive" not in off.source
+    # one group's tasks only: nothing to hand over
+    assert emit(dataclasses.replace(pp, tc_order=["mma_qk@0", "mma_pv@0"])).info["tc_turns"] is None
+    # the plain order enforced as written (wg0's GEMMs, then wg1's) serialises the two softmaxes
+    plain = default_plan("flash_attention", FA, t)
+    assert plain.tc_order == [] and emit(plain).info["tc_turns"] is None
+    forced = emit(dataclasses.replace(plain, tc_order=["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"]))
+    assert forced.info["tc_turns"] == (("wg0", "mma_pv", "wg1", "mma_qk", 2), ("wg1", "mma_pv", "wg0", "mma_qk", 1))
+    assert _steady(forced.source, 0) == ["sync 1", "mma_qk", "rowmax", "exp2", "rowsum", "rescale", "mma_pv",
+                                         "arrive 2"]
+
+
+def _role(src: str, g: int) -> str:
+    """The loop code of consumer warpgroup g (up to its post phase)."""
+    a = src.index(f"// ---- consumer warpgroup {g}:")
+    return src[a:src.index("// post:", a)]
+
+
+def _tokens(code: str) -> list[str]:
+    """Turn operations and task blocks, in order: "sync <bar>", "arrive <bar>", task names."""
+    out = []
+    for ln in code.splitlines():  # emit_loop's own lines start in column 0, the tasks' code is indented
+        for op in ("sync", "arrive"):
+            if ln.startswith(f'asm volatile("bar.{op} '):
+                out.append(f"{op} {ln.split()[2].rstrip(',')}")
+        if ln.startswith("{  // ") or ln.startswith("if (") and "{  // " in ln:
+            out.append(ln.split("{  // ")[1].split()[-1] if "epilogue" in ln else ln.split("{  // ")[1].split()[0])
+        elif ln.startswith("wg_commit();  // empty group in place of "):
+            out.append("empty " + ln.split("in place of ")[1].split()[0])
+    return out
+
+
+def _steady(src: str, g: int) -> list[str]:
+    """Tokens of group g's steady loop body (the first copy when unrolled)."""
+    code = _role(src, g)
+    a = code.index("#pragma unroll 1")
+    b = code.find("// epilogue", a)
+    return _tokens(code[a:b] if b > 0 else code[a:])
+
+
+def test_turns_greedy_schedule():
+    """Greedy's FA3 schedule (tc_order qk@0, qk@1, pv@0, pv@1): every GEMM is a handoff."""
+    ks = emit(GREEDY)
+    assert ks.info["tc_turns"] == (("wg0", "mma_qk", "wg1", "mma_qk", 2), ("wg1", "mma_qk", "wg0", "mma_pv", 1),
+                                   ("wg0", "mma_pv", "wg1", "mma_pv", 2), ("wg1", "mma_pv", "wg0", "mma_qk", 1))
+    # all consumer tasks at stage 1 -> shifted to stage 0: one stage, no prologue or epilogue
+    assert "// prologue" not in _role(ks.source, 0)
+    assert _steady(ks.source, 0) == ["sync 1", "mma_qk", "arrive 2", "rowmax", "exp2", "rescale",
+                                     "sync 1", "mma_pv", "arrive 2", "rowsum"]
+    assert _steady(ks.source, 1) == ["sync 2", "mma_qk", "arrive 1", "rowmax", "exp2", "rescale",
+                                     "sync 2", "mma_pv", "arrive 1", "rowsum"]
+    assert 'if (g == 1) asm volatile("bar.arrive 1, 256;"' in ks.source  # pv@1 precedes qk@0 cyclically
+
+
+def test_turns_cpsat_schedule():
+    """CP-SAT's FA3 schedule (tc_order qk@0, pv@1, qk@1, pv@0; wg1 a stage ahead on its softmax):
+    each group issues PV then QK back to back; the turn passes after QK, is awaited before PV."""
+    ks = emit(CPSAT)
+    assert ks.info["tc_turns"] == (("wg0", "mma_qk", "wg1", "mma_pv", 2), ("wg1", "mma_qk", "wg0", "mma_pv", 1))
+    assert _steady(ks.source, 0) == ["mma_qk", "arrive 2", "rowmax", "exp2", "rescale", "rowsum",
+                                     "sync 1", "mma_pv"]
+    assert _steady(ks.source, 1) == ["exp2", "rowsum", "rescale", "sync 2", "mma_pv", "mma_qk", "arrive 1",
+                                     "rowmax"]
+    assert "bar.arrive 1, 256;\" ::: \"memory\");  // first turn" not in ks.source  # qk@0 follows pv@0: no first turn
+    w0, w1 = _tokens(_role(ks.source, 0)), _tokens(_role(ks.source, 1))
+    # prologue (j = 0): wg0 runs iteration 0; wg1 only QK(0) and, in place of PV(-1), an empty group with
+    # the turn ops all the same; epilogue (j = T): wg0 has no task left but still takes part in the turns
+    assert w0[:3] == ["mma_qk", "arrive 2", "rowmax"]
+    assert w1[:5] == ["sync 2", "empty mma_pv", "mma_qk", "arrive 1", "rowmax"]
+    assert w0[-2:] == ["arrive 2", "sync 1"]
+    assert w1[-5:] == ["exp2", "rowsum", "rescale", "sync 2", "mma_pv"] or \
+        w1[-6:] == ["exp2", "rowsum", "rescale", "sync 2", "mma_pv", "arrive 1"]
+    # every group performs the same number of turn operations per tile (the sequence cannot fall out of step)
+    for src in (ks.source, emit(SKEWED).source):
+        n = [sum(t.startswith(("sync", "arrive")) for t in _tokens(_role(src, g))) for g in range(2)]
+        assert n[0] == n[1], n
+
+
+def test_turns_guarded_prologue():
+    """Three stages (wg1 one stage behind): prologue tasks guarded by the trip count, turn ops outside."""
+    code = _role(emit(SKEWED).source, 0)
+    pro = code[code.index("// prologue j=1"):code.index("#pragma unroll 1")]
+    assert "if (1 < T) {  // mma_qk it=1" in pro
+    assert pro.index("bar.sync 1, 256") < pro.index("if (1 < T) {  // mma_qk it=1")
+
+
+DEADLOCK = {
+    # wg0 issues QK before PV but the turn order wants PV(j-1) first: contradicts the issue order
+    "contradicts_issue_order": dataclasses.replace(fa3_plan(FA, T2), tc_order=["mma_pv@0", "mma_qk@0", "mma_qk@1",
+                                                                               "mma_pv@1"]),
+    # wg1's QK(j) must be issued before wg0's QK(j-1); with a one-slot K ring, K(j) cannot be loaded before
+    # both groups released K(j-1), which wg0 does only after its QK(j-1)
+    "ring_depth1": solver_plan(FA, T2 | {"depth": 1},
+                               [[(t, 1) for t, _ in SOFTMAX_PV], [(t, 0) for t, _ in SOFTMAX_PV]],
+                               ["mma_qk@1", "mma_qk@0", "mma_pv@1", "mma_pv@0"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEADLOCK))
+def test_deadlocking_tc_order_raises(name):
+    with pytest.raises(CodegenError, match="deadlock"):
+        emit(DEADLOCK[name])
+
+
+def test_ring_depth2_is_fine():
+    """The same skew as ``ring_depth1`` with a two-slot ring emits (the simulation finds no deadlock)."""
+    ks = emit(dataclasses.replace(DEADLOCK["ring_depth1"], tiling=T2 | {"depth": 2}))
+    assert ks.info["tc_turns"]
+
+
+def test_simulate_barrier_misuse():
+    with pytest.raises(CodegenError, match="deadlock"):  # both wait for the other's turn first
+        simulate({"a": [("sync", 1), ("arrive", 2)], "b": [("sync", 2), ("arrive", 1)]}, "t")
+    with pytest.raises(CodegenError, match="wrong warpgroup"):  # two arrivals in one generation
+        simulate({"a": [("arrive", 1), ("arrive", 1)], "b": [("sync", 1), ("sync", 1)]}, "t")
+    simulate({"a": [("arrive", 2), ("sync", 1), ("arrive", 2)], "b": [("sync", 2), ("arrive", 1), ("sync", 2)]}, "t")
 
 
 def test_deterministic():

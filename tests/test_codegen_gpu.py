@@ -25,6 +25,31 @@ def _fa(B, H, Hkv, Sq, Skv, D, causal, dtype="bf16"):
 
 T2 = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
 
+# solver-style plans whose tc_order is enforced with named-barrier turns (see tests/test_codegen.py)
+FA3_ORDER = [("mma_qk", 0), ("mma_pv", 1), ("rowmax", 0), ("exp2", 0), ("rowsum", 0), ("rescale", 0)]
+SOFTMAX_PV = [("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("mma_pv", 1), ("rowsum", 1)]
+TURN_PLANS = {
+    # ptsolve greedy's FA3 schedule: every GEMM hands the tensor cores to the other group
+    "greedy": ([SOFTMAX_PV, SOFTMAX_PV], ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_pv@1"]),
+    # CP-SAT's: wg1 a stage ahead on its softmax; each group issues PV then QK back to back
+    "cpsat": ([[("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("rowsum", 1), ("mma_pv", 1)],
+               [("exp2", 2), ("rowsum", 2), ("rescale", 2), ("mma_pv", 2), ("mma_qk", 1), ("rowmax", 1)]],
+              ["mma_qk@0", "mma_pv@1", "mma_qk@1", "mma_pv@0"]),
+    # wg1 one stage behind wg0: three stages, guarded prologue, epilogue for short trip counts
+    "skewed": ([FA3_ORDER, [(t, s + 1) for t, s in FA3_ORDER]], ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"]),
+    "g3": ([FA3_ORDER] * 3, ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_qk@2", "mma_pv@1", "mma_pv@2"]),
+}
+
+
+def turn_plan(p, tiling, which):
+    """A KernelPlan with per-group loops and tc_order as plan_from_program builds them."""
+    from codegen.plan import KernelPlan, default_plan
+    loops, tc = TURN_PLANS[which]
+    base = default_plan("flash_attention", p, tiling)
+    loop = {"producer": [("load_k", 0), ("load_v", 0)]}
+    loop |= {f"wg{g}": [(f"{t}@{g}", s) for t, s in ops] for g, ops in enumerate(loops)}
+    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, tc)
+
 
 @pytest.mark.parametrize("M,N,K,dtype,tiling", [
     (512, 512, 512, "fp16", {"BM": 128, "BN": 128, "BK": 64, "depth": 2, "groups": 1}),
@@ -72,6 +97,24 @@ def test_attention(p, tiling, order):
             "overlap": default_plan("flash_attention", p, tiling, overlap=True),
             "fa3": fa3_order_plan(p, tiling)}[order]
     r = check_fa(p, tiling, plan, trials=2, label=order)
+    assert r["ok"], r
+
+
+@pytest.mark.parametrize("p,tiling,which", [
+    (_fa(2, 8, 2, 1000, 1000, 128, True), T2, "cpsat"),
+    (_fa(4, 16, 4, 1000, 1000, 128, True, "fp16"), T2 | {"persistent": 1}, "cpsat"),
+    (_fa(1, 8, 8, 777, 777, 128, False), T2, "greedy"),
+    (_fa(4, 16, 4, 1000, 1000, 128, True), T2 | {"persistent": 1}, "greedy"),
+    (_fa(1, 4, 2, 200, 1000, 128, True), T2, "skewed"),
+    (_fa(2, 4, 2, 1, 1, 128, False), T2, "skewed"),
+    (_fa(3, 32, 8, 777, 1000, 64, True, "fp16"), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "persistent": 1},
+     "skewed"),
+    (_fa(2, 6, 3, 1000, 1000, 64, True, "fp16"), {"BM": 192, "BN": 64, "depth": 2, "groups": 3}, "g3"),
+])
+def test_attention_turns(p, tiling, which):
+    """Enforced tc_order: correct results, no hang, for short and ragged trip counts and persistent CTAs."""
+    from codegen.bench import check_fa
+    r = check_fa(p, tiling, turn_plan(p, tiling, which), trials=2, label=which)
     assert r["ok"], r
 
 

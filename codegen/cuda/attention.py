@@ -5,6 +5,8 @@ query rows of one (batch, head); consumer warpgroup g owns rows 64g..64g+63. Per
 S = Q Kᵀ (wgmma, both operands in smem, K-major), online softmax in registers (exp2 domain), O += P V
 (wgmma with P from registers, V MN-major in smem). Ragged tails: TMA zero-fills out-of-range rows, scores
 of keys >= seq_kv (and above the causal diagonal) become -inf, rows >= seq_q are not stored.
+The plan's ``tc_order`` (the order in which the tensor cores serve the groups' QK and PV) is enforced with
+named barriers between the consumer warpgroups; see ``codegen.cuda.schedule``.
 """
 from __future__ import annotations
 
@@ -26,7 +28,18 @@ from .common import (
     wgmma_ss,
 )
 from .gemm import DEFAULT_SMS
-from .schedule import LoopOrder, buffers_needed, check_deps, emit_loop, wait_depths
+from .schedule import (
+    LoopOrder,
+    Op,
+    Turns,
+    buffers_needed,
+    check_deps,
+    emit_loop,
+    plan_turns,
+    role_steps,
+    simulate,
+    wait_depths,
+)
 
 # exp2 computes P in place in the fp32 score registers. The packing of P into fp16/bf16 wgmma A fragments
 # is appended to whichever of exp2 / rescale of the same iteration runs later: by then P is final and the
@@ -180,30 +193,73 @@ def _fixed(name: str, dt: str) -> str:
         "  }", "}"])
 
 
-def turn_sequence(order: dict[str, dict[str, list[tuple[str, int]]]], tc_order: list[str], W: int) -> list[int] | None:
-    """The warpgroup sequence in which the tensor cores serve the groups (ping-pong), if ``tc_order`` can be
-    enforced without serialising vector work: every group's tensor-core tasks are contiguous in tc_order
-    and adjacent in the group's own loop body, all groups share one loop order, and W >= 2. Else None."""
-    if W < 2 or not tc_order:
-        return None
-    seq: list[int] = []
-    for x in tc_order:
-        g = int(x.split("@")[1])
-        if not seq or seq[-1] != g:
-            seq.append(g)
-    if sorted(seq) != list(range(W)):
-        return None
-    loops = [order["loop"][f"wg{g}"] for g in range(W)]
-    if any(lp != loops[0] for lp in loops):
-        return None
-    idx = [k for k, (n, _) in enumerate(loops[0]) if n in COMMITS]
-    if idx != list(range(idx[0], idx[0] + len(idx))):
-        return None
-    return seq
+def consumer_loops(order: dict[str, dict[str, list[tuple[str, int]]]], W: int,
+                   equal_span: bool = False) -> dict[str, LoopOrder]:
+    """Each consumer role's loop order, stages shifted so that the earliest consumer stage is 0. The shift is
+    common to all consumers, so their alignment (which tc_order refers to) is kept; the producer is decoupled
+    by mbarriers, so its offset does not matter, and empty prologue iterations are saved. ``equal_span``
+    gives every role the largest stage count, so all run equally many emitted iterations: the condition for
+    identical tensor-core turn sequences (without turns each role keeps its own, fewer guarded paths)."""
+    roles = [f"wg{g}" for g in range(W)]
+    base = min((s for r in roles for _, s in order["loop"][r]), default=0)
+    ops = {r: tuple((n, s - base) for n, s in order["loop"][r]) for r in roles}
+    span = max(1 + max((s for _, s in o), default=0) for o in ops.values()) if equal_span else 0
+    return {r: LoopOrder(o, span) for r, o in ops.items()}
+
+
+def turn_plan(loops: dict[str, LoopOrder], tc_order: list[str]) -> Turns | None:
+    """Named-barrier turns enforcing ``tc_order`` (barrier 1 + g is "warpgroup g's turn"; 0 is
+    __syncthreads'), or None when it names fewer than two warpgroups."""
+    tc = [(f"wg{x.split('@')[1]}", x.split("@")[0]) for x in tc_order]
+    return plan_turns(loops, tc, {r: 1 + int(r[2:]) for r in loops})
+
+
+def check_turns(loops: dict[str, LoopOrder], prod: LoopOrder, turns: Turns, depth: int, persistent: bool) -> None:
+    """Simulate the emitted kernel's synchronisation on the CPU (named-barrier turns, the K/V ring's full/empty
+    mbarriers, the Q buffer of persistent CTAs) for short and long trip counts and, for persistent CTAs,
+    several tiles of different lengths in a row; raise CodegenError if the roles would deadlock."""
+    W = len(loops)
+    S = max(lo.stages for lo in loops.values())
+    runs = [[T] for T in range(1, S + 4)]
+    if persistent:
+        runs += [[S + 3, 1, 2, S + 1, 1], [1, 1, S + 2]]
+    for tiles in runs:
+        prog: dict[str, list[Op]] = {"producer": []}
+        for r in loops:
+            prog[r] = [] if turns.first is None or turns.first[0] != r else [("arrive", turns.first[1])]
+        rb = 0
+        for t, T in enumerate(tiles):
+            def prod_ops(name: str, it: int, rb: int = rb) -> list[Op]:
+                q, ring = rb + it, name[-1]  # load_k / load_v
+                wait = [("wait", (ring, "free", q - depth), W)] if q >= depth else []
+                return [*wait, ("signal", (ring, "full", q))]
+            prog["producer"] += [("wait", ("q", "free", t - 1), W)] if t else []
+            prog["producer"] += [("signal", ("q", "full", t))]
+            prog["producer"] += role_steps(prod, T, {}, prod_ops)
+            for r, lo in loops.items():
+                def cons_ops(name: str, it: int, rb: int = rb) -> list[Op]:
+                    q = rb + it
+                    if name == "mma_qk":
+                        return [("wait", ("k", "full", q), 1)]
+                    if name == "rowmax":
+                        return [("signal", ("k", "free", q))]
+                    if name == "mma_pv":
+                        return [("wait", ("v", "full", q), 1)]
+                    if name == "rescale" and it > 0:
+                        return [("signal", ("v", "free", q - 1))]
+                    return []
+                prog[r] += [("wait", ("q", "full", t), 1)]
+                prog[r] += role_steps(lo, T, turns.ops.get(r, {}), cons_ops)
+                prog[r] += [("signal", ("q", "free", t)), ("signal", ("v", "free", rb + T - 1))]  # normalize
+            rb += T
+        simulate(prog, f"tc_order turns with trip counts {tiles}")
 
 
 def emit_attention(p: dict[str, Any], t: dict[str, int], order: dict[str, dict[str, list[tuple[str, int]]]],
                    plan_id: str, tc_order: list[str] | None = None) -> KernelSource:
+    """The FlashAttention kernel of a validated plan. A ``tc_order`` naming two or more warpgroups is
+    enforced with named-barrier turns (``schedule.plan_turns``), after a CPU simulation of the kernel's
+    synchronisation shows it cannot deadlock (``check_turns``); an empty one leaves the groups free-running."""
     B, H, Hkv, SQ, SKV, D = (p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim"))
     causal, dt = p["causal"], p["dtype"]
     BM, BN, depth, W = t["BM"], t["BN"], t["depth"], t["groups"]
@@ -220,11 +276,13 @@ def emit_attention(p: dict[str, Any], t: dict[str, int], order: dict[str, dict[s
         "mbar_expect_tx(q_bar, Q_BYTES);\n#pragma unroll\nfor (int c = 0; c < DCH; ++c)\n"
         "  tma_load_4d(q_s + c * BM * 128, &tm_q, q_bar, c * 64, hq, m0, bz);" for _ in order["pre"]["producer"])
     roles, nbufs = [], []
-    seq = turn_sequence(order, tc_order or [], W)
-    if seq is not None and max(LoopOrder(tuple(order["loop"]["wg0"])).stages, 1) > 2:
-        seq = None  # the turn needs unguarded prologue/epilogue: at most one stage of look-ahead (T >= 1)
+    loops = consumer_loops(order, W)
+    turns = turn_plan(loops, tc_order or [])
+    if turns is not None:
+        loops = consumer_loops(order, W, equal_span=True)
+        check_turns(loops, prod, turns, depth, persistent)
     for g in range(W):
-        lo = LoopOrder(tuple(order["loop"][f"wg{g}"]))
+        lo = loops[f"wg{g}"]
         host = pack_host(lo)
         nbuf = buffers_needed(lo, "mma_qk", s_readers(host))
         check_deps(f"wg{g}", lo, _deps(nbuf, host))
@@ -237,23 +295,18 @@ def emit_attention(p: dict[str, Any], t: dict[str, int], order: dict[str, dict[s
                 "uint32_t (&pf)[BN / 16][4] = *reinterpret_cast<uint32_t (*)[BN / 16][4]>(pf_flat);"]
         code += [f"float sacc{i}[BN / 2];" for i in range(nbuf)]
         code += [f"// pre: {n}\n{_fixed(n, dt)}" for n, _ in order["pre"][f"wg{g}"]]
-        turn = None
-        if seq is not None:
-            # named barrier 1+g: "group g's turn on the tensor cores"; 256 = waiting group + passing group
-            k = seq.index(g)
-            nxt = seq[(k + 1) % W]
-            turn = (f"asm volatile(\"bar.sync {1 + g}, 256;\" ::: \"memory\");  // wait for this group's turn",
-                    f"asm volatile(\"bar.arrive {1 + nxt}, 256;\" ::: \"memory\");  // pass the turn to group {nxt}",
-                    frozenset(COMMITS))
+        # named barrier 1+g = "group g's turn on the tensor cores"; 256 threads = the two groups of a handoff
+        turn = None if turns is None else turns.code(f"wg{g}", 256)
         # min_trips 1: every query block sees key block 0 (causal needs seq_q <= seq_kv)
         code.append(emit_loop(lo, "T", _consumer(D, BN, BM, dt, nbuf, host), nbuf, steady, COMMITS, min_trips=1,
                               turn=turn))
         code += [f"// post: {n}\n{_fixed(n, dt)}" for n, _ in order["post"][f"wg{g}"]]
         roles.append("\n".join(code))
-    # once per CTA: the last group of the turn sequence lets the first one start (a persistent CTA's later
-    # tiles continue the same sequence)
-    first_turn = "" if seq is None else (f"if (g == {seq[-1]}) asm volatile(\"bar.arrive {1 + seq[0]}, 256;\" "
-                                         f"::: \"memory\");  // first turn")
+    # once per CTA: the owner of the last tc_order entry lets the owner of the first one start (a persistent
+    # CTA's later tiles continue the same cyclic sequence)
+    first_turn = "" if turns is None or turns.first is None else (
+        f"if (g == {int(turns.first[0][2:])}) asm volatile(\"bar.arrive {turns.first[1]}, 256;\" "
+        f"::: \"memory\");  // first turn")
     branches = " else ".join(f"if (g == {g}) {{\n{r}\n}}" for g, r in enumerate(roles))
     q_bytes, kv_bytes = BM * D * 2, BN * D * 2
     bar_off = q_bytes + 2 * depth * kv_bytes
@@ -344,4 +397,4 @@ extern "C" __global__ void __launch_bounds__({threads}, 1)
                         persistent_tiles=ntiles if persistent else 0,
                         args=("tmap:q", "tmap:k", "tmap:v", "ptr:o"),
                         info={"tiling": dict(t), "consumer_regs": creg, "score_buffers": nbufs,
-                              "tc_turns": seq})
+                              "tc_turns": None if turns is None else turns.handoffs})

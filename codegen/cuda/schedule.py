@@ -1,16 +1,27 @@
 """Turning one role's loop order into code: prologue / steady-state loop / epilogue, plus the bookkeeping
 the async tensor-core work needs (which ``wgmma.wait_group`` depth each task may use, how many register
-buffers a value needs, whether the order respects the dependencies, the tensor-core turn between
-warpgroups).
+buffers a value needs, whether the order respects the dependencies, the tensor-core turns between
+warpgroups and a CPU simulation showing they cannot deadlock).
 
 Semantics (from ``codegen.plan``): iteration ``j`` of the emitted loop runs task ``t`` (stage ``s``) for
 reduction iteration ``it = j - s``. With S stages the loop runs j = 0 .. T + S - 2; the first S - 1 values
 of j are the prologue, the last S - 1 the epilogue; in between every task runs (the steady state).
+
+Tensor-core turns (``plan_turns``): the plan's ``tc_order`` [x_0, ..., x_{n-1}] is the order in which the
+tensor cores serve the mma tasks within one emitted iteration j, so over the whole loop they are served in
+the order (j, k) for j = 0, 1, ... and k = 0 .. n-1 (x_k of iteration j works on reduction iteration
+j - stage). Where x_k and x_{k+1} (cyclically) belong to different warpgroups A and B, A arrives at B's named
+barrier after issuing x_k and B syncs on it before issuing x_{k+1}: the FA3 ping-pong, generalised. Every
+role runs the same number of emitted iterations (the largest stage count of all roles) and performs the
+turn operations of every x_k in every iteration, also where x_k has no reduction iteration there (prologue,
+epilogue, short causal rows): the roles' turn sequences then match for any trip count T (which all
+warpgroups of a CTA share), so they cannot fall out of step; ``simulate`` checks this, with the mbarriers.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from ptsolve.errors import CodegenError
 
@@ -25,10 +36,11 @@ class LoopOrder:
     """One role's loop body: ``ops`` = [(task base name, stage)] in issue order."""
 
     ops: tuple[tuple[str, int], ...]
+    span: int = 0  # at least this many stages: roles that take tensor-core turns run equally many iterations
 
     @property
     def stages(self) -> int:
-        return 1 + max((s for _, s in self.ops), default=0)
+        return max(1 + max((s for _, s in self.ops), default=0), self.span)
 
     def flatten(self, trips: int) -> list[tuple[int, str, int]]:
         """(j, task, it) in emitted order for ``trips`` reduction iterations."""
@@ -109,7 +121,7 @@ def wait_depths(order: LoopOrder, commits: set[str], needs: Mapping[str, Sequenc
 
 def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady: Mapping[str, Mapping[str, int]],
               commits: set[str] = frozenset(), min_trips: int = 1,
-              turn: tuple[str, str, frozenset[str]] | None = None) -> str:
+              turn: Mapping[str, tuple[str, str]] | None = None) -> str:
     """C++ for one role's loop: prologue (j = 0 .. S-2), steady loop (j = S-1 .. T-1), epilogue
     (j = max(T, S-1) .. T+S-2). ``trips`` (T) is the number of reduction iterations, an int or a C expression.
 
@@ -121,53 +133,46 @@ def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady:
     the steady loop is unrolled by two and the epilogue emitted for both parities of its first j.
     ``min_trips`` is a lower bound on T: guards it implies are left out, which keeps paths that cannot
     happen out of ptxas's view (on such paths it would serialise the wgmma pipeline).
-    ``turn`` = (wait code, pass code, tensor-core task names): in every emitted iteration the role waits
-    for its turn before its first tensor-core task and passes the turn on after its last one (the
-    tensor-core order between warpgroups, e.g. ping-pong). Needs unguarded prologue and epilogue.
+    ``turn`` = {task: (code before, code after)}: the tensor-core turn operations (``plan_turns``). They
+    run at the task's place in every emitted iteration (max(T, S-1) + S - 1 of them), outside the guards and
+    also where the task has no iteration, so roles with equal S perform the same turn sequence for any T.
     """
     S = order.stages
     if isinstance(trips, int):
         min_trips = max(min_trips, trips)
     T = str(trips)
+    tn = dict(turn or {})
     out = [f"// loop: {S} stage(s): prologue {S - 1}, steady loop, epilogue {S - 1}"]
 
     def par(it_parity: int) -> int | None:
         return it_parity % 2 if nbuf == 2 else None
 
-    def with_turn(parts: list[tuple[str, str]]) -> list[str]:
-        """parts = [(task, code)] of one iteration; add the turn wait/pass around its tensor-core tasks."""
-        if turn is None:
-            return [c for _, c in parts]
-        wait, pas, tc = turn
-        idx = [k for k, (n, _) in enumerate(parts) if n in tc]
-        if not idx:
-            return [c for _, c in parts]
-        out_ = [c for _, c in parts]
-        out_[idx[0]] = f"{wait}\n{out_[idx[0]]}"
-        out_[idx[-1]] = f"{out_[idx[-1]]}\n{pas}"
-        return out_
+    def wrap(name: str, code: str) -> str:
+        """``code`` (the task, its guarded form, or nothing) between the task's turn operations."""
+        if name not in tn:
+            return code
+        pre, post = tn[name]
+        return "\n".join(c for c in (pre, code, post) if c)
 
-    if turn is not None and (min_trips < S - 1 or S > 1 + min_trips):
-        raise CodegenError("tensor-core turn order needs a prologue and epilogue without guards")
     for j in range(S - 1):
         out.append(f"// prologue j={j}")
-        parts = []
         for name, s in order.ops:
             if s <= j:
                 it = j - s
                 guard = "" if it < min_trips else f"if ({it} < {T}) "
-                parts.append((name, f"{guard}{{  // {name} it={it}\n{body(name, str(it), par(it), None)}\n}}"))
+                out.append(wrap(name, f"{guard}{{  // {name} it={it}\n{body(name, str(it), par(it), None)}\n}}"))
             elif name in commits:
-                parts.append(("", f"wg_commit();  // empty group in place of {name} it={j - s}"))
-        out += with_turn(parts)
+                out.append(wrap(name, f"wg_commit();  // empty group in place of {name} it={j - s}"))
+            else:
+                out.append(wrap(name, ""))
 
     def steady_body(jvar: str, jpar: int | None) -> str:
         parts = []
         for name, s in order.ops:
             it = f"({jvar} - {s})" if s else jvar
             p = None if jpar is None else (jpar - s) % 2
-            parts.append((name, f"{{  // {name}\n{body(name, it, p, steady.get(name, {}))}\n}}"))
-        return "\n".join(with_turn(parts))
+            parts.append(wrap(name, f"{{  // {name}\n{body(name, it, p, steady.get(name, {}))}\n}}"))
+        return "\n".join(parts)
 
     j0 = S - 1
     if nbuf == 1:
@@ -181,13 +186,14 @@ def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady:
         def epi_known(tpar: int | None) -> str:
             steps = []
             for e in range(S - 1):
-                parts = []
                 for name, s in order.ops:
                     if s > e:
                         p = None if tpar is None else (tpar + e - s) % 2
-                        parts.append((name, f"{{  // epilogue {name}\n{body(name, f'({T} + {e - s})', p, None)}\n}}"))
-                steps += with_turn(parts)
-            return "\n".join(steps)
+                        steps.append(wrap(name, f"{{  // epilogue {name}\n"
+                                                f"{body(name, f'({T} + {e - s})', p, None)}\n}}"))
+                    else:
+                        steps.append(wrap(name, ""))
+            return "\n".join(c for c in steps if c)
         if nbuf == 1:
             out.append("// epilogue\n" + epi_known(None))
         else:
@@ -199,8 +205,8 @@ def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady:
                 parts.append(f"{{ const int je = ej0 + {e};")
                 for name, s in order.ops:
                     p = None if jpar is None else (jpar + e - s) % 2
-                    parts.append(f"if (je - {s} >= 0 && je - {s} < {T}) {{  // {name}\n"
-                                 f"{body(name, f'(je - {s})', p, None)}\n}}")
+                    parts.append(wrap(name, f"if (je - {s} >= 0 && je - {s} < {T}) {{  // {name}\n"
+                                            f"{body(name, f'(je - {s})', p, None)}\n}}"))
                 parts.append("}")
             return "\n".join(parts)
         head = f"// epilogue\n{{\nconst int ej0 = ({T}) > {S - 1} ? ({T}) : {S - 1};\n"
@@ -208,4 +214,160 @@ def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady:
             out.append(head + epi(None) + "\n}")
         else:
             out.append(head + f"if (ej0 & 1) {{\n{epi(1)}\n}} else {{\n{epi(0)}\n}}\n}}")
-    return "\n".join(out)
+    return "\n".join(c for c in out if c)
+
+
+# ------------------------------------------------------------------------------------------ tensor-core turns
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Named-barrier turn operations that enforce a ``tc_order`` between roles.
+
+    ``ops[role][task] = (bar to sync on before issuing the task or None, bar to arrive at after issuing it
+    or None)``; ``first = (role, bar)``: the role that arrives once per CTA before its loop, handing the very
+    first turn to the owner of ``tc_order[0]`` (later tiles of a persistent CTA continue the sequence).
+    ``handoffs`` lists (from role, task, to role, task, bar) for people and tests.
+    """
+
+    ops: dict[str, dict[str, tuple[int | None, int | None]]]
+    first: tuple[str, int] | None
+    handoffs: tuple[tuple[str, str, str, str, int], ...] = field(default=())
+
+    def code(self, role: str, threads: int) -> dict[str, tuple[str, str]]:
+        """``emit_loop``'s ``turn`` argument for ``role``: PTX named-barrier statements per task."""
+        out = {}
+        for task, (w, p) in self.ops.get(role, {}).items():
+            pre = "" if w is None else (f'asm volatile("bar.sync {w}, {threads};" ::: "memory");  '
+                                        f"// wait for the turn before {task}")
+            post = "" if p is None else (f'asm volatile("bar.arrive {p}, {threads};" ::: "memory");  '
+                                         f"// {task} issued: pass the turn on")
+            out[task] = (pre, post)
+        return out
+
+
+def plan_turns(loops: Mapping[str, LoopOrder], tc_order: Sequence[tuple[str, str]],
+               bar_of: Mapping[str, int]) -> Turns | None:
+    """The turn operations enforcing ``tc_order`` = [(role, task)] (the order within one emitted iteration;
+    cyclic across iterations), or None when it involves fewer than two roles (nothing to enforce).
+
+    Consecutive entries of one role need no barrier. A handoff into role B always uses B's barrier
+    ``bar_of[B]``: B syncs on it once per handoff and the giving role arrives once, and the next arrival on it
+    can only come after B has issued (the chain of turns runs through B), so generations never mix.
+    Raises CodegenError when a role's loop issues its tensor-core tasks in another order than tc_order
+    lists them: the turns could then only deadlock or fail to enforce the order.
+    """
+    roles = {r for r, _ in tc_order}
+    if len(roles) < 2:
+        return None
+    for r in sorted(roles):
+        want = [t for rr, t in tc_order if rr == r]
+        have = [t for t, _ in loops[r].ops if t in want]
+        if have != want:
+            raise CodegenError(f"tc_order serves {r}'s tensor-core tasks in the order {want}, but {r}'s loop issues "
+                               f"them as {have}; a turn order that contradicts the issue order would deadlock")
+    n = len(tc_order)
+    ops: dict[str, dict[str, tuple[int | None, int | None]]] = {r: {} for r in roles}
+    hand = []
+    for k, (r, t) in enumerate(tc_order):
+        pr, _ = tc_order[k - 1]
+        nr, nt = tc_order[(k + 1) % n]
+        ops[r][t] = (bar_of[r] if pr != r else None, bar_of[nr] if nr != r else None)
+        if nr != r:
+            hand.append((r, t, nr, nt, bar_of[nr]))
+    last, first = tc_order[-1][0], tc_order[0][0]
+    return Turns(ops, (last, bar_of[first]) if last != first else None, tuple(hand))
+
+
+Op = tuple[Any, ...]
+"""A simulated step: ("sync", bar) | ("arrive", bar) | ("wait", key, count) | ("signal", key) | ("mark", text)."""
+
+
+def role_steps(order: LoopOrder, trips: int, turn: Mapping[str, tuple[int | None, int | None]],
+               task_ops: Callable[[str, int], Iterable[Op]]) -> list[Op]:
+    """What one role's emitted loop does for ``trips`` reduction iterations, as ``emit_loop`` lays it out:
+    every (task, stage) of every emitted iteration (prologue j = 0 .. S-2, steady loop, epilogue
+    j = max(T, S-1) .. max(T, S-1) + S-2), its turn sync before and turn arrive after (whether or not the task
+    has an iteration there), and ``task_ops(task, it)`` where it has one."""
+    out: list[Op] = []
+    S = order.stages
+    for j in range(max(trips, S - 1) + S - 1):
+        for name, s in order.ops:
+            w, p = turn.get(name, (None, None))
+            if w is not None:
+                out.append(("sync", w))
+            if 0 <= j - s < trips:
+                out.append(("mark", f"{name} it={j - s}"))
+                out += task_ops(name, j - s)
+            if p is not None:
+                out.append(("arrive", p))
+    return out
+
+
+def simulate(programs: Mapping[str, Sequence[Op]], what: str, threshold: int = 2) -> None:
+    """Run the roles' step lists against each other on the CPU and raise CodegenError if they deadlock or
+    misuse a named barrier.
+
+    Named barriers (``threshold`` roles each; the hardware counts 128 threads per warpgroup): ``sync`` waits
+    until the barrier's generation is complete, ``arrive`` contributes without waiting. A generation must be
+    one sync and one arrive of another role; two arrivals in one generation would let the barrier complete
+    without its waiter (the turn passed twice). ``wait key n`` blocks until ``signal key`` ran n times
+    (mbarrier phases, TMA ring slots). Each role runs as far ahead as it can before the next one moves (the
+    schedule that exposes run-ahead errors); the roles are tried in both orders.
+    """
+    for names in (list(programs), list(programs)[::-1]):
+        pc = dict.fromkeys(names, 0)
+        counts: dict[Any, int] = {}
+        bars: dict[int, dict[str, Any]] = {}
+        waiting: dict[str, tuple[int, int]] = {}  # role -> (bar, generation) it synced on
+        gen: dict[int, int] = {}
+
+        progress = True
+        while progress:
+            progress = False
+            for r in names:
+                prog = programs[r]
+                while pc[r] < len(prog):
+                    op = prog[pc[r]]
+                    if r in waiting:
+                        b, g0 = waiting[r]
+                        if gen.get(b, 0) == g0:
+                            break
+                        del waiting[r]
+                        pc[r] += 1
+                        progress = True
+                        continue
+                    kind = op[0]
+                    if kind == "wait":
+                        if counts.get(op[1], 0) < op[2]:
+                            break
+                    elif kind == "signal":
+                        counts[op[1]] = counts.get(op[1], 0) + 1
+                    elif kind in ("sync", "arrive"):
+                        st = bars.setdefault(op[1], {"sync": [], "arrive": []})
+                        st[kind].append(r)
+                        if len(st["sync"]) > 1 or len(st["arrive"]) > 1:
+                            raise CodegenError(f"{what}: named barrier {op[1]} gets {kind} from {r} while "
+                                               f"{st['sync'] + st['arrive']} already counted in the same generation; "
+                                               "the tensor-core turn would be passed to the wrong warpgroup")
+                        if kind == "sync":
+                            waiting[r] = (op[1], gen.get(op[1], 0))
+                        if len(st["sync"]) + len(st["arrive"]) == threshold:
+                            if st["arrive"] and st["sync"] and st["arrive"] == st["sync"]:
+                                raise CodegenError(f"{what}: {r} both syncs on and arrives at barrier {op[1]}")
+                            bars.pop(op[1])
+                            gen[op[1]] = gen.get(op[1], 0) + 1
+                        if kind == "sync":
+                            progress = True
+                            continue  # re-examined at the top: passes once the generation is complete
+                    pc[r] += 1
+                    progress = True
+        stuck = {r: pc[r] for r in names if pc[r] < len(programs[r])}
+        if stuck:
+            where = []
+            for r, k in stuck.items():
+                prog = programs[r]
+                last = next((prog[i][1] for i in range(k - 1, -1, -1) if prog[i][0] == "mark"), "start")
+                where.append(f"{r} at {prog[k]} after {last}")
+            raise CodegenError(f"{what}: the roles would deadlock ({'; '.join(where)}); "
+                               "the tensor-core order cannot be enforced with this loop order")
