@@ -126,8 +126,8 @@ class STaskGraph:
 
     @property
     def groups(self) -> int:
-        """Number of consumer warpgroups."""
-        return 1 + max((t.group for t in self.tasks), default=0)
+        """Number of consumer warpgroups (at least one: a graph with only producer tasks still has one)."""
+        return max(1, 1 + max((t.group for t in self.tasks), default=0))
 
     def phase(self, p: str) -> list[STask]:
         return [t for t in self.tasks if t.phase == p]

@@ -62,8 +62,10 @@ def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int) -> tuple[
 
 
 def _overlap(a0: int, a1: int, b0: int, b1: int, ii: int | None) -> bool:
+    """Do [a0, a1) and [b0, b1) intersect (modulo ii: two loop tasks of any stages)?"""
     if ii is None:
         return a0 < b1 and b0 < a1
+    a0, a1, b0, b1 = a0 % ii, a0 % ii + (a1 - a0), b0 % ii, b0 % ii + (b1 - b0)
     return any(a0 < b1 + k * ii and b0 + k * ii < a1 for k in (-1, 0, 1))
 
 

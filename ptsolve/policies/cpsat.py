@@ -124,6 +124,9 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
         if name == "UNKNOWN":
             return None, stats | {"status": "TIME_LIMIT"}
         raise SolverError(f"CP-SAT returned {name} for {P.graph.name}: the model is malformed (a ptsolve bug)")
-    prog = P.program(int(sv.value(ii)), {t: int(sv.value(s[t])) for t in P.tasks}, "cpsat")
+    iiv, start = int(sv.value(ii)), {t: int(sv.value(s[t])) for t in P.tasks}
+    prog = P.program(iiv, start, "cpsat")
+    # the objective of the returned schedule itself: CP-SAT's objective_value can lag its solution by a grain
+    obj = P.objective(iiv, max(start[t] + P.end(t) for t in P.tasks)) * P.grain
     status = "OPTIMAL" if name == "OPTIMAL" else "TIME_LIMIT"
-    return prog, stats | {"status": status, "objective": int(sv.objective_value) * P.grain}
+    return prog, stats | {"status": status, "objective": obj, "bound": min(stats["bound"], obj)}

@@ -288,7 +288,9 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
     finally:
         if log:
             os.unlink(log)
-    stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "backend": backend}
+    raw = f"{M.m.status}/{M.m.sol_status} {getattr(M.m, 'ptsolve_result', '')}".strip()
+    # PuLP's status codes (and CBC's result line) are kept for diagnosis
+    stats: dict[str, Any] = {"solve_s": time.perf_counter() - t0, "backend": backend, "solver_status": raw}
     if status == "INFEASIBLE":
         if h is not None:
             raise SolverError(f"milp ({backend}) calls {P.graph.name} infeasible, but the hint is a solution "
@@ -314,6 +316,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
     ii, S = sol
     prog = P.program(ii, S, f"milp-{backend}")
     obj = objective_of(P, ii, S)
+    if status == "TIME_LIMIT" and bound is not None and bound >= obj:
+        status = "OPTIMAL"  # the bound proves it (CBC reports a run stopped on the gap as merely feasible)
     if status == "OPTIMAL":
         bound = obj if bound is None else min(obj, bound)
     gap = (obj - bound) / obj if bound is not None and obj else None
@@ -354,6 +358,8 @@ def _read_cbc(pulp: Any, m: Any, log: str) -> tuple[bool, str, int | None]:
             text = f.read()
     found = re.findall(r"Lower bound:\s*([-+0-9.eE]+)", text)
     bound = _ceil(float(found[-1])) if found else None
+    result = re.findall(r"Result - (.*)", text)
+    m.ptsolve_result = result[-1].strip() if result else ""  # CBC's own words, kept for diagnosis
     if m.sol_status == c.LpSolutionOptimal:
         return True, "OPTIMAL", bound
     if m.sol_status == c.LpSolutionIntegerFeasible:
