@@ -79,7 +79,7 @@ def cmd_optimize(a: argparse.Namespace) -> int:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(14, 3.5))
+    fig, ax = plt.subplots(figsize=(14, 4.5))
     gantt(simulate(res.program, hw), ax=ax, title=f"{res.program.graph.name} — {res.solver}, {res.predicted_us:.1f} µs")
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)

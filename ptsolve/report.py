@@ -46,24 +46,31 @@ def features(p: SProgram, hw: Hardware) -> list[str]:
 
 
 def gantt(tl: Timeline, ax: Any = None, title: str = "", max_iterations: int | None = 4) -> Any:
-    """Draw a timeline (one row per stream) on a matplotlib ``ax``; returns the ax."""
+    """Draw a timeline on a matplotlib ``ax`` (one row per warp role and per shared unit: copy engine,
+    tensor cores, MUFU), the first ``max_iterations`` loop iterations; returns the ax."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(12, 3))
-    ev = [e for e in tl.events if max_iterations is None or e.iteration < max_iterations
-          or e.task.startswith(("normalize", "store", "epilogue"))]
-    streams = sorted({e.stream for e in ev}, key=lambda s: (s != "producer", s))
+        _, ax = plt.subplots(figsize=(12, 3.5))
+    ev = [e for e in tl.events if max_iterations is None or e.iteration < max_iterations]
+    if max_iterations is not None and tl.trip > max_iterations:
+        ev = [e for e in ev if not e.task.startswith(("normalize", "store", "epilogue"))]
+    rows = sorted({r for e in ev for r, _, _ in e.holds},
+                  key=lambda r: ({"producer": 0, "tma": 1, "tc": 2, "sfu": 3}.get(r, 4), r))
     kinds = sorted({e.task.split("@")[0] for e in ev})
     cmap = plt.get_cmap("tab20")
     color = {k: cmap(i % 20) for i, k in enumerate(kinds)}
+    span = max((b for e in ev for _, _, b in e.holds), default=1)
     for e in ev:
-        y = streams.index(e.stream)
-        ax.barh(y, e.end - e.start, left=e.start, color=color[e.task.split("@")[0]], edgecolor="black", lw=0.3)
-        if e.end - e.start > (tl.cta / 60):
-            ax.text((e.start + e.end) / 2, y, f"{e.task.split('@')[0]}{e.iteration}", ha="center", va="center",
-                    fontsize=6)
-    ax.set_yticks(range(len(streams)), streams)
+        k = e.task.split("@")[0]
+        for r, a, b in e.holds:
+            y = rows.index(r)
+            ax.barh(y, b - a, left=a, color=color[k], edgecolor="black", lw=0.3)
+            if b - a > span / 40:
+                ax.text((a + b) / 2, y, f"{e.task}:{e.iteration}", ha="center", va="center", fontsize=5)
+    ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel("cycles")
     ax.set_title(title)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=color[k]) for k in kinds], labels=kinds, fontsize=6,
+              ncol=min(len(kinds), 8), loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     return ax

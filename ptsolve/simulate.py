@@ -28,6 +28,7 @@ class Event:
     start: int      # cycles from the CTA's start
     end: int        # cycles: when the result is usable and no resource is held
     planned: int
+    holds: tuple[tuple[str, int, int], ...] = ()  # (resource, from, to) cycles: stream, tma, tc, sfu
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
         done[(t, i)] = at
         end = at + max(tm[t].latency, max(o + n for _, o, n in tm[t].uses))
         late += at > planned(t, i)
-        events.append(Event(t, tm[t].stream, i, at, end, planned(t, i)))
+        events.append(Event(t, tm[t].stream, i, at, end, planned(t, i),
+                            tuple((r, at + o, at + o + n) for r, o, n in tm[t].uses)))
     return events, late
 
 
