@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Register budget after setmaxnreg: a 128-thread producer keeps this many registers per thread.
-PRODUCER_REGS = 24
-REGS_PER_SM = 65536
-MAX_CONSUMER_REGS = 240  # FA3/CUTLASS use 232-240; 256 leaves ptxas no headroom for addresses
+from ptsolve.ops.base import PRODUCER_REGS  # noqa: F401  (re-exported: the emitters' setmaxnreg.dec value)
+
 SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may opt into on sm_90
 SWIZZLE_128B = 128
 NVCC_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v", "-lineinfo")
@@ -65,9 +64,10 @@ class KernelSource:
 
 
 def consumer_regs(groups: int) -> int:
-    """Registers per consumer thread after ``setmaxnreg.inc`` (multiple of 8, at most 240)."""
-    per = (REGS_PER_SM - 128 * PRODUCER_REGS) // (128 * groups)
-    return min(MAX_CONSUMER_REGS, per // 8 * 8)
+    """Registers per consumer thread after ``setmaxnreg.inc``: the budget ptsolve's model schedules with."""
+    from ptsolve.hw import load
+    from ptsolve.ops.base import consumer_reg_budget
+    return consumer_reg_budget(groups, load("h100"))  # every sm_90 part has the same register file
 
 
 PRELUDE = r"""

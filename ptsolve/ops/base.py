@@ -14,6 +14,7 @@ from ..ir import SCHEMA_VERSION, Buffer, STask, STaskGraph, check_schema, loads
 WG_ROWS = 64
 MMA_K = 16
 PRODUCER_REGS = 24  # registers a producer warpgroup keeps after setmaxnreg.dec
+MAX_CONSUMER_REGS = 240  # setmaxnreg.inc target; FA3/CUTLASS use 232-240, 256 leaves ptxas no headroom
 
 
 def cdiv(a: int, b: int) -> int:
@@ -47,9 +48,10 @@ def dtype_ok(dtype: str) -> None:
 
 def consumer_reg_budget(groups: int, hw: Hardware) -> int:
     """Registers per consumer thread after setmaxnreg: the SM's file minus a 24-register producer
-    warpgroup, split over ``groups`` consumer warpgroups, rounded down to 8, at most hw.regs_per_thread."""
+    warpgroup, split over ``groups`` consumer warpgroups, rounded down to 8, at most MAX_CONSUMER_REGS and
+    hw.regs_per_thread. The code generator grants exactly this (codegen.cuda.common.consumer_regs)."""
     per = (hw.regs_per_sm - 128 * PRODUCER_REGS) // (128 * groups)
-    return min(hw.regs_per_thread, per // 8 * 8)
+    return min(hw.regs_per_thread, MAX_CONSUMER_REGS, per // 8 * 8)
 
 
 @dataclass(frozen=True)
