@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from .errors import PtsolveError
+from .provenance import stamp
 
 OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
        "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
@@ -40,19 +37,8 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 
 def provenance() -> dict[str, str]:
-    """Date, commit and machine, for every results file."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=False).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).parent, check=False).stdout.strip()
-    except OSError:
-        commit, dirty = "unknown", ""
-    from . import __version__
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit + ("+dirty" if dirty else ""), "ptsolve": __version__,
-            "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
-            "command": "ptsolve " + " ".join(sys.argv[1:])}
+    """Date, commit and machine (ptsolve.provenance), plus the command line, for every results file."""
+    return stamp() | {"command": "ptsolve " + " ".join(sys.argv[1:])}
 
 
 def cmd_optimize(a: argparse.Namespace) -> int:

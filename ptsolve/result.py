@@ -35,6 +35,7 @@ class Result:
     solved: int = 0           # tilings given to the policy (the rest were pruned by their lower bound)
     features: tuple[str, ...] = ()
     cached: bool = False
+    provenance: dict[str, str] = field(default_factory=dict)  # date, commit, ptsolve version, machine
     schema: int = SCHEMA_VERSION
 
     @property

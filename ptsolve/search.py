@@ -23,6 +23,7 @@ from .policies import SOLVERS
 from .policies import greedy as greedy_mod
 from .policies.model import Problem, build, fits
 from .program import SProgram
+from .provenance import stamp
 from .report import features
 from .result import Result
 from .simulate import claimed_cycles
@@ -172,7 +173,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                   solve_s=time.perf_counter() - t0, predicted_us=us,
                   tflops=inc_prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
                   tiling=dict(inc_prog.graph.tiling), tilings=len(cands), solved=solved,
-                  features=tuple(features(inc_prog, hw)))
+                  features=tuple(features(inc_prog, hw)), provenance=stamp())
 
 
 def _key(t: dict[str, int]) -> tuple:
