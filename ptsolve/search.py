@@ -113,7 +113,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     if decoupled:
         cands = cands[:1]
     say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
-    best = min(cands, key=lambda c: (c[4], c[0]))
+    best = min(cands, key=lambda c: (c[4], _key(c[1])))
     inc_prog, inc_obj = best[3], best[4]
     bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
     solved = len(cands)
@@ -151,7 +151,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     solved += 1
                     prog = SProgram.from_json(pj) if pj else None
                     obj = claimed_cycles(prog, hw) if prog else None
-                    if obj is not None and obj < inc_obj:
+                    # equal objectives go to the smaller tiling key, so parallel solves finishing in any
+                    # order give the same answer
+                    if obj is not None and (obj, _key(c[1])) < (inc_obj, _key(inc_prog.graph.tiling)):
                         inc_prog, inc_obj = prog, obj
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
                     b = (obj if st["status"] == "OPTIMAL" and obj is not None else
