@@ -1,7 +1,8 @@
 """A content-hashed schedule cache in SQLite (stdlib), safe with concurrent processes.
 
 Key: sha256 of the operator or graph JSON, the hardware table, the solver settings, the cost model's
-grain and the ptsolve version. Location: ``$PTSOLVE_CACHE_DIR/schedules.sqlite`` (default
+grain, the ptsolve version and a fingerprint of ptsolve's own source (so a changed builder, cost model or
+policy never serves a stale schedule). Location: ``$PTSOLVE_CACHE_DIR/schedules.sqlite`` (default
 ``~/.cache/ptsolve``). ``PTSOLVE_CACHE=0`` turns it off.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 import json
 import os
 import sqlite3
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,21 @@ def enabled() -> bool:
     return os.environ.get("PTSOLVE_CACHE", "1") not in ("0", "false", "no")
 
 
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 of every .py and .json file of the ptsolve package, in sorted order."""
+    h = hashlib.sha256()
+    root = Path(__file__).parent
+    for f in sorted(root.rglob("*")):
+        if f.suffix in (".py", ".json") and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def key(*parts: Any) -> str:
-    """sha256 over the JSON of ``parts`` (sorted keys: the same content gives the same key)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    """sha256 over the JSON of ``parts`` and the code fingerprint (sorted keys: same content, same key)."""
+    return hashlib.sha256(json.dumps([parts, code_fingerprint()], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _connect() -> sqlite3.Connection:
