@@ -22,6 +22,9 @@ def plan_id(plan: KernelPlan) -> str:
 
 def emit(plan: KernelPlan) -> KernelSource:
     """CUDA C++ source and launch metadata for ``plan``; raises CodegenError for a plan it cannot emit."""
+    if plan.op == "mamba2_chunk_scan":  # validates its own plans
+        from .chunk_scan import emit_chunk_scan
+        return emit_chunk_scan(plan)
     p, t, order = validate(plan)
     pid = plan_id(plan)
     if plan.op == "gemm":

@@ -36,12 +36,13 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _scan_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
+    # one 64-row wgmma block per consumer warpgroup: the tilings codegen.cuda.chunk_scan emits
     for groups in (1, 2):
-        for bm in (64, 128, 256):
-            for bk in (32, 64, 128):
-                for depth in (2, 3):
-                    if bm <= p["chunk"] and bk <= p["chunk"] and bm % (WG_ROWS * groups) == 0:
-                        yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups}
+        bm = WG_ROWS * groups
+        for bk in (32, 64, 128):
+            for depth in (2, 3):
+                if bm <= p["chunk"] and bk <= p["chunk"] and p["chunk"] % bm == 0 and p["chunk"] % bk == 0:
+                    yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups}
 
 
 def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
