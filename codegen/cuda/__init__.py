@@ -22,9 +22,13 @@ def plan_id(plan: KernelPlan) -> str:
 
 def emit(plan: KernelPlan) -> KernelSource:
     """CUDA C++ source and launch metadata for ``plan``; raises CodegenError for a plan it cannot emit."""
-    if plan.op == "mamba2_chunk_scan":  # validates its own plans
+    op = getattr(plan, "op", None)
+    if op == "mamba2_chunk_scan":  # the Mamba2 emitters validate their own plans
         from .chunk_scan import emit_chunk_scan
         return emit_chunk_scan(plan)
+    if op == "mamba2_chunk_state":
+        from .chunk_state import emit_chunk_state
+        return emit_chunk_state(plan)
     p, t, order = validate(plan)
     pid = plan_id(plan)
     if plan.op == "gemm":
