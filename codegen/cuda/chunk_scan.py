@@ -40,7 +40,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from codegen.plan import PHASES, KernelPlan
+from codegen.plan import KernelPlan
 from ptsolve.errors import CodegenError
 
 from .common import (
@@ -58,6 +58,7 @@ from .common import (
     wgmma_ss,
 )
 from .schedule import LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
+from .validate import validate_order
 
 __all__ = ["OP", "TASKS", "default_chunk_scan_plan", "emit_chunk_scan", "run_chunk_scan", "validate_chunk_scan"]
 
@@ -170,54 +171,12 @@ def _tiling(t: Any, p: dict[str, Any]) -> dict[str, int]:
 
 
 def _order(plan: KernelPlan, W: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
-    """phase -> role -> [(task base name, stage)]: known roles and tasks, each exactly once."""
-    if not isinstance(plan.order, dict) or set(plan.order) - set(PHASES):
-        raise CodegenError(f"plan.order must map phases {PHASES} to roles")
-    roles = ["producer"] + [f"wg{g}" for g in range(W)]
-    out: dict[str, dict[str, list[tuple[str, int]]]] = {}
-    for ph in PHASES:
-        prod_tasks, cons_tasks = TASKS[ph]
-        got = plan.order.get(ph, {})
-        if not isinstance(got, dict):
-            raise CodegenError(f"plan.order[{ph!r}] must map roles to task lists")
-        bad = set(got) - set(roles)
-        if bad:
-            raise CodegenError(f"unknown role(s) {sorted(map(repr, bad))} in phase {ph}; roles are {roles}")
-        out[ph] = {}
-        for role in roles:
-            want = set(prod_tasks) if role == "producer" else set(cons_tasks)
-            seq = []
-            items = got.get(role, [])
-            if not isinstance(items, (list, tuple)):
-                raise CodegenError(f"{ph}/{role}: expected a list of (task, stage)")
-            for item in items:
-                if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
-                    raise CodegenError(f"{ph}/{role}: entries must be (task name, stage), got {item!r}")
-                name, stage = item
-                stage = _int(f"stage of {name!r}", stage, 0, MAX_STAGE if ph == "loop" else 0)
-                base = name
-                if role != "producer":
-                    b, _, g = name.partition("@")
-                    if not g.isdigit() or len(g) > 2 or int(g) != int(role[2:]):
-                        raise CodegenError(f"{ph}/{role}: task {name!r} is not one of this warpgroup's tasks "
-                                           f"({sorted(f'{x}@{role[2:]}' for x in want)})")
-                    base = b
-                if base not in want:
-                    raise CodegenError(f"{ph}/{role}: unknown task {name!r}; expected {sorted(want)}")
-                seq.append((base, stage))
-            if sorted(b for b, _ in seq) != sorted(want):
-                raise CodegenError(f"{ph}/{role}: tasks {[b for b, _ in seq]} must be exactly {sorted(want)}, "
-                                   "each once")
-            out[ph][role] = seq
-        if ph == "pre":
-            for role in roles[1:]:
-                if [b for b, _ in out[ph][role]] != ["mma_state", "scale_state"]:
-                    raise CodegenError(f"pre/{role}: scale_state scales the result of mma_state; issue mma_state "
-                                       "first")
-    allowed = {f"{b}@{g}" for b in ("mma", "mma_state") for g in range(W)}
-    tc = list(plan.tc_order)
-    if any(not isinstance(x, str) or x not in allowed for x in tc) or len(set(tc)) != len(tc):
-        raise CodegenError(f"tc_order {tc!r} must list distinct tensor-core tasks from {sorted(allowed)}")
+    """phase -> role -> [(task base name, stage)]: known roles and tasks, each exactly once, and every
+    warpgroup's prologue issues mma_state before scale_state."""
+    out = validate_order(plan, W, TASKS, ("mma", "mma_state"))
+    for role in [f"wg{g}" for g in range(W)]:
+        if [b for b, _ in out["pre"][role]] != ["mma_state", "scale_state"]:
+            raise CodegenError(f"pre/{role}: scale_state scales the result of mma_state; issue mma_state first")
     return out
 
 

@@ -40,12 +40,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from codegen.plan import PHASES, KernelPlan
+from codegen.plan import KernelPlan
 from ptsolve.errors import CodegenError, DeviceError
 
 from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, SMEM_LIMIT, KernelSource, TensorMapSpec, consumer_regs
 from .schedule import SIM_EXTRA, LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
-from .validate import MAX_DIM, MAX_STAGE, _int
+from .validate import MAX_DIM, _int, validate_order
 
 OP = "mamba2_chunk_state"
 PARAM_KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
@@ -126,7 +126,7 @@ def validate_chunk_state(plan: KernelPlan) -> tuple[dict[str, Any], dict[str, in
     if smem > smem_limit(ctas):
         raise CodegenError(f"{OP} tiling {tiling} needs {smem} B of shared memory, over the {smem_limit(ctas)} B "
                            f"limit of {ctas} CTA(s) per SM")
-    return params, tiling, _validate_order(plan, W)
+    return params, tiling, validate_order(plan, W, TASKS, ("mma",))
 
 
 def thread_regs(W: int, ctas: int) -> int:
@@ -138,49 +138,6 @@ def thread_regs(W: int, ctas: int) -> int:
 def smem_limit(ctas: int) -> int:
     """Dynamic shared memory one CTA may use when ``ctas`` CTAs share an SM (228 KB, 1 KB reserved per CTA)."""
     return SMEM_LIMIT if ctas == 1 else (228 * 1024) // ctas - 1024
-
-
-def _validate_order(plan: KernelPlan, W: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
-    """phase -> role -> [(task base name, stage)]: known roles and tasks, each exactly once."""
-    if not isinstance(plan.order, dict) or set(plan.order) - set(PHASES):
-        raise CodegenError(f"plan.order must map phases {PHASES} to roles")
-    roles = ["producer"] + [f"wg{g}" for g in range(W)]
-    out: dict[str, dict[str, list[tuple[str, int]]]] = {}
-    for ph in PHASES:
-        prod_tasks, cons_tasks = TASKS[ph]
-        got = plan.order.get(ph, {})
-        if not isinstance(got, dict):
-            raise CodegenError(f"plan.order[{ph!r}] must map roles to task lists")
-        bad = set(got) - set(roles)
-        if bad:
-            raise CodegenError(f"unknown role(s) {sorted(map(repr, bad))} in phase {ph}; roles are {roles}")
-        out[ph] = {}
-        for role in roles:
-            want = set(prod_tasks) if role == "producer" else set(cons_tasks)
-            seq = []
-            for item in got.get(role, []):
-                if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
-                    raise CodegenError(f"{ph}/{role}: entries must be (task name, stage), got {item!r}")
-                name, stage = item
-                stage = _int(f"stage of {name!r}", stage, 0, MAX_STAGE if ph == "loop" else 0)
-                base = name
-                if role != "producer":
-                    base, _, grp = name.partition("@")
-                    if grp != role[2:]:
-                        raise CodegenError(f"{ph}/{role}: task {name!r} is not one of this warpgroup's tasks "
-                                           f"({sorted(f'{x}@{role[2:]}' for x in want)})")
-                if base not in want:
-                    raise CodegenError(f"{ph}/{role}: unknown task {name!r}; expected {sorted(want)}")
-                seq.append((base, stage))
-            if sorted(b for b, _ in seq) != sorted(want):
-                raise CodegenError(f"{ph}/{role}: tasks {[b for b, _ in seq]} must be exactly {sorted(want)}, "
-                                   "each once")
-            out[ph][role] = seq
-    allowed = {f"mma@{g}" for g in range(W)}
-    tc = list(plan.tc_order)
-    if any(not isinstance(x, str) or x not in allowed for x in tc) or len(set(tc)) != len(tc):
-        raise CodegenError(f"tc_order {tc!r} must list distinct tensor-core tasks from {sorted(allowed)}")
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ plans

@@ -111,9 +111,12 @@ def validate_tiling(op: str, t: dict[str, Any], p: dict[str, Any]) -> dict[str, 
     return out
 
 
-def validate_order(plan: KernelPlan, W: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
-    """phase -> role -> [(task base name, stage)] for known roles/tasks, each task exactly once."""
-    spec = TASKS[plan.op]
+def validate_order(plan: KernelPlan, W: int, tasks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
+                   tc_tasks: tuple[str, ...] | None = None) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """phase -> role -> [(task base name, stage)] for known roles/tasks, each task exactly once.
+    ``tasks``: phase -> (producer tasks, per-warpgroup tasks), default the op's; ``tc_tasks``: the task
+    bases ``tc_order`` may name (default the op's mma tasks)."""
+    spec = tasks if tasks is not None else TASKS[plan.op]
     if not isinstance(plan.order, dict) or set(plan.order) - set(PHASES):
         raise CodegenError(f"plan.order must map phases {PHASES} to roles")
     roles = ["producer"] + [f"wg{g}" for g in range(W)]
@@ -130,7 +133,10 @@ def validate_order(plan: KernelPlan, W: int) -> dict[str, dict[str, list[tuple[s
         for role in roles:
             want = set(prod_tasks) if role == "producer" else set(cons_tasks)
             seq = []
-            for item in got.get(role, []):
+            items = got.get(role, [])
+            if not isinstance(items, (list, tuple)):
+                raise CodegenError(f"{ph}/{role}: expected a list of (task, stage)")
+            for item in items:
                 if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
                     raise CodegenError(f"{ph}/{role}: entries must be (task name, stage), got {item!r}")
                 name, stage = item
@@ -150,7 +156,7 @@ def validate_order(plan: KernelPlan, W: int) -> dict[str, dict[str, list[tuple[s
             if sorted(names) != sorted(want):
                 raise CodegenError(f"{ph}/{role}: tasks {names} must be exactly {sorted(want)}, each once")
             out[ph][role] = seq
-    mma = {"gemm": ("mma",), "flash_attention": ("mma_qk", "mma_pv")}[plan.op]
+    mma = tc_tasks if tc_tasks is not None else {"gemm": ("mma",), "flash_attention": ("mma_qk", "mma_pv")}[plan.op]
     allowed = {f"{b}@{g}" for b in mma for g in range(W)}
     tc = list(plan.tc_order)
     if any(not isinstance(x, str) or x not in allowed for x in tc) or len(set(tc)) != len(tc):
