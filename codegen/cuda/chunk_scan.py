@@ -58,7 +58,7 @@ from .common import (
     wgmma_ss,
 )
 from .schedule import LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
-from .validate import validate_order
+from .validate import int_params, validate_order
 
 __all__ = ["OP", "TASKS", "default_chunk_scan_plan", "emit_chunk_scan", "run_chunk_scan", "validate_chunk_scan"]
 
@@ -88,15 +88,8 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
 
 
 def _params(p: Any) -> dict[str, Any]:
-    if not isinstance(p, dict):
-        raise CodegenError(f"plan.params must be a dict, got {type(p).__name__}")
-    extra = set(p) - set(PARAM_KEYS) - {"dtype"}
-    if extra:
-        raise CodegenError(f"unknown {OP} parameter(s) {sorted(map(str, extra))}; it takes {PARAM_KEYS}, dtype")
-    dt = p.get("dtype", "fp16")
-    if dt not in CTYPE:
-        raise CodegenError(f"dtype {dt!r} is not supported by the CUDA generator; use one of {sorted(CTYPE)}")
-    q = {k: _int(f"{OP} {k}", p.get(k, 1 if k == "groups" else None), 1, MAX_DIM) for k in PARAM_KEYS}
+    q = int_params(OP, p, PARAM_KEYS, {"groups": 1})
+    dt = q.pop("dtype")
     if q["head_dim"] != 64:
         raise CodegenError(f"{OP}: the CUDA generator supports head_dim 64, got {q['head_dim']}")
     if q["d_state"] % 64 or q["d_state"] > 256:

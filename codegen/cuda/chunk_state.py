@@ -45,7 +45,7 @@ from ptsolve.errors import CodegenError, DeviceError
 
 from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, SMEM_LIMIT, KernelSource, TensorMapSpec, consumer_regs
 from .schedule import SIM_EXTRA, LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
-from .validate import MAX_DIM, _int, validate_order
+from .validate import _int, int_params, validate_order
 
 OP = "mamba2_chunk_state"
 PARAM_KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
@@ -68,16 +68,8 @@ def validate_chunk_state(plan: KernelPlan) -> tuple[dict[str, Any], dict[str, in
         raise CodegenError(f"emit_chunk_state() takes a codegen.plan.KernelPlan, got {type(plan).__name__}")
     if plan.op != OP:
         raise CodegenError(f"emit_chunk_state() emits {OP!r} plans, not {plan.op!r}")
-    p = plan.params
-    if not isinstance(p, dict):
-        raise CodegenError("plan.params must be a dict")
-    extra = set(p) - set(PARAM_KEYS) - {"dtype"}
-    if extra:
-        raise CodegenError(f"unknown {OP} parameter(s) {sorted(map(str, extra))}; it takes {PARAM_KEYS}, dtype")
-    dt = p.get("dtype", "fp16")
-    if dt not in PTXTYPE:
-        raise CodegenError(f"dtype {dt!r} is not supported; use one of {sorted(PTXTYPE)}")
-    q = {k: _int(f"{OP} {k}", p.get(k, 1 if k == "groups" else None), 1, MAX_DIM) for k in PARAM_KEYS}
+    q = int_params(OP, plan.params, PARAM_KEYS, {"groups": 1})
+    dt = q.pop("dtype")
     if q["head_dim"] not in (64, 128):
         raise CodegenError(f"{OP}: head_dim must be 64 or 128, got {q['head_dim']}")
     if q["d_state"] % 64:

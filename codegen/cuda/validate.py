@@ -35,6 +35,21 @@ def _int(name: str, v: Any, lo: int, hi: int) -> int:
     return v
 
 
+def int_params(op: str, p: Any, keys: tuple[str, ...], defaults: dict[str, int] | None = None) -> dict[str, Any]:
+    """``p`` as a dict of positive ints for ``keys`` (``defaults`` fill missing ones) plus a supported
+    ``dtype``; CodegenError for anything else (not a dict, unknown keys, out-of-range numbers)."""
+    if not isinstance(p, dict):
+        raise CodegenError(f"plan.params must be a dict, got {type(p).__name__}")
+    extra = set(p) - set(keys) - {"dtype"}
+    if extra:
+        raise CodegenError(f"unknown {op} parameter(s) {sorted(map(str, extra))}; it takes {keys}, dtype")
+    dt = p.get("dtype", "fp16")
+    if dt not in DTYPES:
+        raise CodegenError(f"dtype {dt!r} is not supported by the CUDA generator; use one of {DTYPES}")
+    d = defaults or {}
+    return {k: _int(f"{op} {k}", p.get(k, d.get(k)), 1, MAX_DIM) for k in keys} | {"dtype": dt}
+
+
 def validate_params(op: str, p: dict[str, Any]) -> dict[str, Any]:
     """The operator's shape parameters, checked and normalised (ints, bool, dtype string)."""
     if not isinstance(p, dict):
