@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from baselines.timing import rel_err
+from codegen.bench import rel_err
 
 BACKENDS: tuple[str, ...] = ("flash", "cudnn")
 

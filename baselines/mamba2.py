@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from baselines.timing import rel_err
+from codegen.bench import rel_err
 
 
 def load_kernels() -> types.SimpleNamespace:
@@ -139,48 +139,19 @@ def chunk_state_fn(k: types.SimpleNamespace, inp: Inputs) -> Callable[[], Any]:
     return lambda: k.chunk_state_fwd(inp.B, inp.x, inp.dt, inp.dA_cumsum, states=out, states_in_fp32=True)
 
 
-def _padded(t: Any, chunk: int) -> Any:
-    """(b, L, ...) float32, zero-padded along L to a multiple of ``chunk``, reshaped to (b, c, Q, ...)."""
-    import torch.nn.functional as F
-
-    t = t.float()
-    pad = (-t.shape[1]) % chunk
-    if pad:
-        t = F.pad(t, (0, 0, 0, 0, 0, pad))
-    return t.reshape(t.shape[0], t.shape[1] // chunk, chunk, *t.shape[2:])
-
-
 def chunk_state_ref(inp: Inputs) -> Any:
-    """Float32 ChunkState: states[b,c,h,p,n] = sum_l B[l,n] * exp(dA[last] - dA[l]) * dt[l] * x[l,p]."""
-    import torch
+    """States from the formula (``codegen.mamba.chunk_state_reference``, float64)."""
+    from codegen.mamba import chunk_state_reference
 
-    chunk = inp.dt.shape[-1]
-    heads = inp.x.shape[2]
-    x = _padded(inp.x, chunk)
-    bm = _padded(inp.B, chunk).repeat_interleave(heads // inp.B.shape[2], dim=3)
-    w = torch.exp(inp.dA_cumsum[..., -1:] - inp.dA_cumsum) * inp.dt  # (b, h, c, l)
-    return torch.einsum("bclhn,bhcl,bclhp->bchpn", bm, w, x)
+    return chunk_state_reference(inp.x, inp.B, inp.dt, inp.dA_cumsum)
 
 
 def chunk_scan_ref(inp: Inputs) -> Any:
-    """Float32 ChunkScan: out[l] = sum_{s<=l} (C[l].B[s]) exp(dA[l]-dA[s]) dt[s] x[s] + exp(dA[l]) C[l].prev."""
-    import torch
+    """ChunkScan from the formula (``codegen.mamba.chunk_scan_reference``, float64) on the kernel's own inputs,
+    CB included."""
+    from codegen.mamba import chunk_scan_reference
 
-    chunk = inp.dt.shape[-1]
-    seq, heads = inp.x.shape[1], inp.x.shape[2]
-    rep = heads // inp.B.shape[2]
-    x = _padded(inp.x, chunk)
-    bm = _padded(inp.B, chunk).repeat_interleave(rep, dim=3)
-    cm = _padded(inp.C, chunk).repeat_interleave(rep, dim=3)
-    cb = torch.einsum("bclhn,bcshn->bchls", cm, bm)
-    seg = inp.dA_cumsum[..., :, None] - inp.dA_cumsum[..., None, :]  # (b, h, c, l, s)
-    causal = torch.ones(chunk, chunk, device=seg.device, dtype=torch.bool).tril()
-    decay = torch.exp(seg.masked_fill(~causal, float("-inf"))).permute(0, 2, 1, 3, 4)  # (b, c, h, l, s)
-    intra = torch.einsum("bchls,bhcs,bcshp->bclhp", cb * decay, inp.dt, x)
-    inter = torch.einsum("bclhn,bchpn->bclhp", cm, inp.prev_states.float())
-    inter = inter * torch.exp(inp.dA_cumsum).permute(0, 2, 3, 1)[..., None]
-    out = (intra + inter).reshape(x.shape[0], -1, heads, x.shape[-1])
-    return out[:, :seq]
+    return chunk_scan_reference(inp.CB, inp.x, inp.dt, inp.dA_cumsum, inp.C, inp.prev_states)
 
 
 def check(k: types.SimpleNamespace, kind: str, dtype: Any, seq: int = 700, seed: int = 1) -> float:

@@ -93,10 +93,3 @@ def bench(
 def tflops(flops: int, ms: float) -> float:
     """TFLOP/s for ``flops`` floating-point operations done in ``ms`` milliseconds."""
     return flops / (ms * 1e9)
-
-
-def rel_err(out: Any, ref: Any) -> float:
-    """Relative Frobenius error ||out - ref|| / ||ref||, computed in float64 (NaN if any NaN)."""
-    o = out.double()
-    r = ref.double()
-    return float((o - r).norm() / r.norm())

@@ -9,10 +9,13 @@ GPU side (one device call; no solver needed)::
     python3 -m codegen.round run --schedules results/schedules_h200 --out $OUT
 
 For each configuration the greedy and the CP-SAT program become kernels (codegen.plan.plan_from_program),
-next to the hand-written FA3-order plan of codegen.bench and the library baselines (SDPA cuDNN / FLASH,
-cuBLAS). Every kernel is first checked against a float32 reference on a reduced shape with the same plan
-(batch 1, fewer heads, the GQA ratio kept; outputs poisoned with NaN), then timed at the full shape with
-``codegen.bench.time_many`` (interleaved rounds, rotating inputs, median). Prints a markdown table last.
+next to a hand-picked plan (attention: the FA3-order plan of codegen.bench; Mamba2: the fastest tiling of our
+own earlier sweeps, see HAND) and the library baselines (SDPA cuDNN / FLASH, cuBLAS, mamba_ssm's Triton kernels,
+which need the wheel of baselines/build_mamba_wheel.sh on the path). Every kernel is first checked against a
+float32/float64 reference on a reduced shape with the same plan (batch 1, fewer heads, the GQA ratio kept;
+outputs poisoned with NaN), then timed at the full shape with ``codegen.bench.time_many`` (interleaved rounds,
+rotating inputs, median); Mamba2 kernels are also compared with the Triton output at the full shape. Prints a
+markdown table last.
 """
 from __future__ import annotations
 
@@ -26,7 +29,12 @@ from typing import Any
 
 # FA18c and FA19 have 2^31 elements per tensor: beyond the generated kernels' 32-bit indices
 CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1", "GEMM3")
+MAMBA = ("CS0", "CS3", "CS5", "CS8", "CS9", "ST0", "ST3", "ST5", "ST8", "ST9")
 SOLVERS = ("greedy", "cpsat")
+# Mamba2 hand plans (tiling, overlapped order): the fastest of our sweeps on the H200 (chunk_scan: two consumer
+# warpgroups, BK 64, textbook order; chunk_state: two CTAs per SM, the mma one stage behind the scale)
+HAND = {"mamba2_chunk_scan": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2}, False),
+        "mamba2_chunk_state": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True)}
 
 
 FIXED = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}  # FA3's tiling, for the same-tiling comparison
@@ -55,34 +63,64 @@ def prepare(hw: str, out: Path, names: tuple[str, ...] = CONFIGS, time_limit: fl
 
 
 def _small(p: dict[str, Any]) -> dict[str, Any]:
-    """The same schedule on a shape small enough for a float32 reference: batch 1, the GQA ratio kept."""
+    """The same schedule on a shape small enough for a float32 reference: batch 1, the GQA ratio kept (Mamba2:
+    8 heads, and a seq that leaves the last chunk ragged)."""
+    if "kv_heads" not in p:
+        return p | {"batch": 1, "heads": 8 * p.get("groups", 1), "seq": min(p["seq"], 2048) - 24}
     g = p["heads"] // p["kv_heads"]
     s = min(p["seq_q"], 2048)
     return p | {"batch": 1, "heads": 2 * g, "kv_heads": 2, "seq_q": s, "seq_kv": s}
 
 
-def run(schedules: Path, out: Path, persistent: bool = False) -> int:
+def _hand(op: str, params: dict[str, Any]) -> Any:
+    if op == "flash_attention":
+        from codegen.bench import fa3_order_plan
+        return fa3_order_plan(params, FIXED | {"persistent": 1})
+    t, ov = HAND[op]
+    if op == "mamba2_chunk_scan":
+        from codegen.cuda.chunk_scan import default_chunk_scan_plan
+        return default_chunk_scan_plan(params, t, ov)
+    from codegen.cuda.chunk_state import default_chunk_state_plan
+    return default_chunk_state_plan(params, t, ov)
+
+
+def _check(op: str, label: str, plan: Any) -> dict[str, Any]:
+    """Check ``plan``'s kernel on a reduced shape (see _small)."""
+    from codegen.bench import TOL, check_fa, check_gemm
+    if op == "flash_attention":
+        sp = _small(dict(plan.params))
+        return check_fa(sp, plan.tiling, dataclasses.replace(plan, params=sp), trials=1, label=label)
+    if op == "gemm":
+        return check_gemm(1000, 768, 1000, plan.params["dtype"], plan.tiling,
+                          dataclasses.replace(plan, params=plan.params | {"M": 1000, "N": 768, "K": 1000}), trials=1)
+    from codegen.mamba import check
+    err = check(dataclasses.replace(plan, params=_small(dict(plan.params))), trials=1)
+    return {"rel_err": err, "ok": bool(err <= TOL)}
+
+
+def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, ...] = ()) -> int:
     import torch
 
-    from codegen.bench import check_fa, check_gemm, fa3_order_plan, precompile, time_many
+    from codegen.bench import precompile
     from codegen.plan import plan_from_program
     from ptsolve.result import Result
 
     dev = torch.cuda.get_device_name()
     rows, checks = [], []
-    names = sorted({p.name.split("_", 1)[0] for p in schedules.glob("*.json")},
-                   key=lambda n: CONFIGS.index(n) if n in CONFIGS else 99)
+    order = CONFIGS + MAMBA
+    names = sorted({p.name.split("_", 1)[0] for p in schedules.glob("*.json")} & set(only or order),
+                   key=lambda n: order.index(n) if n in order else 99)
     res = {n: {p.stem.split("_", 1)[1]: Result.from_json(p.read_text()) for p in sorted(schedules.glob(f"{n}_*.json"))}
            for n in names}
     plans: dict[str, dict[str, Any]] = {}
     for n, rs in res.items():
         pl = {s: plan_from_program(r.program, "h200") for s, r in rs.items()}
         g = rs["cpsat"].program.graph
+        pl["hand"] = _hand(g.op, dict(g.params))
         if g.op == "flash_attention":
-            pl["fa3_hand"] = fa3_order_plan(dict(g.params), FIXED | {"persistent": 1})
             if persistent:  # the same schedules on persistent CTAs (one per SM, longest tiles first)
                 pl |= {f"{k}+persistent": dataclasses.replace(v, tiling=v.tiling | {"persistent": 1})
-                       for k, v in list(pl.items()) if k != "fa3_hand"}
+                       for k, v in list(pl.items()) if k != "hand"}
         plans[n] = pl
     t0 = time.time()
     precompile([pl for d in plans.values() for pl in d.values()])
@@ -90,13 +128,7 @@ def run(schedules: Path, out: Path, persistent: bool = False) -> int:
     for n, pl in plans.items():
         g = res[n]["cpsat"].program.graph
         for label, plan in pl.items():
-            if g.op == "flash_attention":
-                sp = _small(dict(plan.params))
-                c = check_fa(sp, plan.tiling, dataclasses.replace(plan, params=sp), trials=1, label=label)
-            else:
-                c = check_gemm(1000, 768, 1000, plan.params["dtype"], plan.tiling,
-                               dataclasses.replace(plan, params=plan.params | {"M": 1000, "N": 768, "K": 1000}),
-                               trials=1)
+            c = _check(g.op, label, plan)
             c["config"], c["label"] = n, label
             checks.append(c)
             print(f"check {n} {label}: rel err {c['rel_err']:.2e} {'PASS' if c['ok'] else 'FAIL'}", flush=True)
@@ -104,7 +136,7 @@ def run(schedules: Path, out: Path, persistent: bool = False) -> int:
         row = {"config": n, "op": g.op, "params": g.params, "flops": g.useful_flops,
                **{f"pred_{s}_us": r.predicted_us for s, r in res[n].items()},
                **{f"{s}_tiling": r.tiling for s, r in res[n].items()}}
-        row |= _time(g, {k: v for k, v in pl.items() if k in ok}, time_many)
+        row |= _time(g, {k: v for k, v in pl.items() if k in ok})
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
@@ -116,13 +148,22 @@ def run(schedules: Path, out: Path, persistent: bool = False) -> int:
     return 0 if all(c["ok"] for c in checks) else 1
 
 
-def _time(g: Any, plans: dict[str, Any], time_many: Any) -> dict[str, Any]:
+def _time(g: Any, plans: dict[str, Any]) -> dict[str, Any]:
     """Median µs of each plan's kernel and of the library baselines at the full shape."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from codegen.bench import time_many
     from codegen.cuda import emit
     from codegen.runtime import load
+    if g.op.startswith("mamba2"):
+        from codegen.mamba import compare
+        r = compare(plans, nsets=2) if plans else {"ms": {}, "rel_err_vs_triton": {}, "triton_error": "no plan passed"}
+        return ({f"{k}_us": v * 1e3 for k, v in r["ms"].items()}
+                | {f"{k}_tflops": g.useful_flops / (v * 1e9) for k, v in r["ms"].items()}
+                | {f"{k}_err_vs_triton": v for k, v in r["rel_err_vs_triton"].items()}
+                | {f"{k}_err_last_batch": v for k, v in r["rel_err_last_batch"].items()}
+                | {"triton_error": r["triton_error"]})
     p = g.params
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
     stream = torch.cuda.current_stream().cuda_stream
@@ -159,17 +200,17 @@ def _time(g: Any, plans: dict[str, Any], time_many: Any) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| config | greedy pred µs | exact pred µs | greedy µs | exact µs | exact / greedy (measured) | "
-             "FA3-order hand µs | library µs | exact TFLOP/s | library TFLOP/s | exact / library |",
+             "hand plan µs | library µs | exact TFLOP/s | library TFLOP/s | exact / library |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lib = "cublas" if r["op"] == "gemm" else "sdpa_cudnn"
+        lib = {"gemm": "cublas", "flash_attention": "sdpa_cudnn"}.get(r["op"], "triton")
 
         def f(k: str, r: dict[str, Any] = r) -> str:
             return f"{r[k]:.1f}" if k in r else "—"
         sp = f"{r['greedy_us'] / r['cpsat_us']:.3f}" if "greedy_us" in r and "cpsat_us" in r else "—"
         rel = f"{r[lib + '_us'] / r['cpsat_us']:.3f}" if "cpsat_us" in r and lib + "_us" in r else "—"
         lines.append(f"| {r['config']} | {r['pred_greedy_us']:.1f} | {r['pred_cpsat_us']:.1f} | {f('greedy_us')} | "
-                     f"{f('cpsat_us')} | {sp} | {f('fa3_hand_us')} | {lib} {f(lib + '_us')} | "
+                     f"{f('cpsat_us')} | {sp} | {f('hand_us')} | {lib} {f(lib + '_us')} | "
                      f"{f('cpsat_tflops')} | {f(lib + '_tflops')} | {rel} |")
     return "\n".join(lines)
 
@@ -186,11 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ru.add_argument("--schedules", default="results/schedules_h200")
     ru.add_argument("--out", default=".")
     ru.add_argument("--persistent", action="store_true", help="also time every attention plan on persistent CTAs")
+    ru.add_argument("--only", default="", help="comma-separated config names (default: all in --schedules)")
     a = ap.parse_args(argv)
     if a.cmd == "prepare":
-        prepare(a.hw, Path(a.out), tuple(a.only.split(",")) if a.only else CONFIGS, fixed=a.fixed)
+        prepare(a.hw, Path(a.out), tuple(a.only.split(",")) if a.only else CONFIGS + MAMBA, fixed=a.fixed)
         return 0
-    return run(Path(a.schedules), Path(a.out), a.persistent)
+    return run(Path(a.schedules), Path(a.out), a.persistent, tuple(a.only.split(",")) if a.only else ())
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ CPU (need nvcc, skip cleanly without): several plans compile for sm_90a with 0 s
 227 KB, the PTX holds wgmma and TMA, different loop orders give different sources, bad plans raise
 CodegenError. GPU (``pytest -m gpu tests/test_codegen_chunk_scan.py`` on an H100/H200): the kernel against a
 float32 torch reference of the ChunkScan formula on fresh random inputs, output poisoned with NaN (relative
-Frobenius error <= 1e-2; NaN never passes). ``bench_chunk_scan`` times our kernel (median ms) for the lead's
-side-by-side run with the official Triton kernel.
+Frobenius error <= 1e-2; NaN never passes); ``codegen.mamba.compare`` times it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -27,21 +27,6 @@ def params(batch: int = 2, seq: int = 1000, heads: int = 8, groups: int = 2, dty
            d_state: int = 128, chunk: int = 256) -> dict[str, Any]:
     return {"batch": batch, "seq": seq, "heads": heads, "head_dim": 64, "d_state": d_state, "chunk": chunk,
             "groups": groups, "dtype": dtype}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _experimental() -> Any:
-    """ctas > 1 is gated until it has run on a GPU; these tests exercise it (module scope: the compiled
-    fixture is module-scoped too)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PTSOLVE_EXPERIMENTAL", "1")
-        yield
-
-
-def test_multi_cta_is_gated_without_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PTSOLVE_EXPERIMENTAL")
-    with pytest.raises(CodegenError, match="not been checked on a GPU"):
-        emit_chunk_scan(default_chunk_scan_plan(params(), tiling(1, 64, ctas=2)))
 
 
 def tiling(W: int, BK: int, depth: int = 2, ctas: int = 1) -> dict[str, int]:
@@ -186,76 +171,12 @@ def _gpu() -> Any:
     return torch
 
 
-def make_inputs(batch: int, seq: int, heads: int, ngroups: int, dtype: Any, headdim: int = 64, dstate: int = 128,
-                chunk: int = 256, seed: int | None = None) -> dict[str, Any]:
-    """Fresh random ChunkScan inputs in the official layouts: x, C, B ~ randn, cb = C·Bᵀ per chunk,
-    dt = softplus(randn)·0.1, dA_cumsum = chunkwise cumsum of −exp(randn)·dt, states ~ randn·0.1."""
-    import torch
-    import torch.nn.functional as F
-
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed if seed is not None else int(torch.randint(0, 1 << 30, (1,)).item()))
-    dev = "cuda"
-    nc = -(-seq // chunk)
-    x = torch.randn(batch, seq, heads, headdim, device=dev, generator=g).to(dtype)
-    C = torch.randn(batch, seq, ngroups, dstate, device=dev, generator=g).to(dtype)
-    Bm = torch.randn(batch, seq, ngroups, dstate, device=dev, generator=g).to(dtype)
-    pad = nc * chunk - seq
-    Cp = F.pad(C.float(), (0, 0, 0, 0, 0, pad)).reshape(batch, nc, chunk, ngroups, dstate)
-    Bp = F.pad(Bm.float(), (0, 0, 0, 0, 0, pad)).reshape(batch, nc, chunk, ngroups, dstate)
-    cb = torch.einsum("bcmgn,bckgn->bcgmk", Cp, Bp).to(dtype)
-    dt = F.softplus(torch.randn(batch, heads, nc, chunk, device=dev, generator=g)) * 0.1
-    dA = torch.cumsum(-torch.exp(torch.randn(batch, heads, nc, chunk, device=dev, generator=g)) * dt, dim=-1)
-    states = (torch.randn(batch, nc, heads, headdim, dstate, device=dev, generator=g) * 0.1).to(dtype)
-    return {"cb": cb, "x": x, "dt": dt, "dA_cumsum": dA, "C": C, "states": states}
-
-
-def chunk_scan_reference(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any) -> Any:
-    """float32 ChunkScan from the formula: out[b, cQ+m, h, p] = exp(dA[m]) Σ_n C[m, n] states[p, n]
-    + Σ_{k <= m} cb[m, k] exp(dA[m] − dA[k]) dt[k] x[k, p], with g = h // (H/G); positions >= seq dropped."""
-    import torch
-    import torch.nn.functional as F
-
-    b, L, H, P = x.shape
-    nc, G, Q = cb.shape[1], cb.shape[2], cb.shape[3]
-    rep = H // G
-    pad = nc * Q - L
-    xf = F.pad(x.float(), (0, 0, 0, 0, 0, pad)).reshape(b, nc, Q, H, P)
-    Cf = F.pad(C.float(), (0, 0, 0, 0, 0, pad)).reshape(b, nc, Q, G, -1).repeat_interleave(rep, dim=3)
-    cbh = cb.float().repeat_interleave(rep, dim=2)                     # (b, c, h, m, k)
-    dA = dA_cumsum.permute(0, 2, 1, 3)                                 # (b, c, h, Q)
-    dtc = dt.permute(0, 2, 1, 3)
-    seg = dA[..., :, None] - dA[..., None, :]                          # (b, c, h, m, k)
-    causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
-    valid_k = (torch.arange(nc * Q, device=x.device) < L).reshape(nc, Q)[None, :, None, None, :]
-    decay = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dtc[..., None, :]
-    decay = torch.where(valid_k & causal, decay, torch.zeros((), device=x.device))
-    intra = torch.einsum("bchmk,bckhp->bcmhp", cbh * decay, xf)
-    inter = torch.einsum("bcmhn,bchpn->bcmhp", Cf, states.float()) * torch.exp(dA).permute(0, 1, 3, 2)[..., None]
-    return (intra + inter).reshape(b, nc * Q, H, P)[:, :L]
-
-
 def check_chunk_scan(batch: int, seq: int, heads: int, ngroups: int, dtype: str, t: dict[str, int],
                      overlap: bool = False, plan: KernelPlan | None = None, trials: int = 2) -> float:
     """Worst relative Frobenius error of our kernel over ``trials`` fresh inputs (NaN if any NaN/Inf)."""
-    import torch
-
-    from codegen.bench import rel_err
-    from codegen.cuda.chunk_scan import run_chunk_scan
-
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    plan = plan or default_chunk_scan_plan(params(batch, seq, heads, ngroups, dtype), t, overlap)
-    worst = 0.0
-    for _ in range(trials):
-        inp = make_inputs(batch, seq, heads, ngroups, tdt)
-        out = torch.full_like(inp["x"], float("nan"))
-        run_chunk_scan(**inp, plan=plan, out=out)
-        torch.cuda.synchronize()
-        err = rel_err(out, chunk_scan_reference(**inp))
-        if err != err:
-            return err
-        worst = max(worst, err)
-    return worst
+    from codegen.mamba import check
+    p = params(batch, seq, heads, ngroups, dtype)
+    return check(dataclasses.replace(plan, params=p) if plan else default_chunk_scan_plan(p, t, overlap), trials)
 
 
 GPU_CASES = [
@@ -293,10 +214,10 @@ def test_reference_detects_nan_and_shape_errors() -> None:
     """The poisoned output is really overwritten (not NaN-passing) and wrong shapes raise DeviceError."""
     torch = _gpu()
     from codegen.cuda.chunk_scan import run_chunk_scan
+    from codegen.mamba import scan_inputs
     from ptsolve.errors import DeviceError
-
     plan = default_chunk_scan_plan(params(1, 512, 4, 1), tiling(1, 64))
-    inp = make_inputs(1, 512, 4, 1, torch.float16)
+    inp = scan_inputs(plan.params)
     bad = dict(inp, x=inp["x"][:, :256].contiguous())
     with pytest.raises(DeviceError):
         run_chunk_scan(**bad, plan=plan)
@@ -306,54 +227,20 @@ def test_reference_detects_nan_and_shape_errors() -> None:
     assert torch.isfinite(out).all()
 
 
-# (tiling, overlap) candidates bench_chunk_scan times when none is given; (2 warpgroups, BK 64, default order)
-# measured 0.19 ms at b1 L8192 h64 (bf16, H200) against 0.24 ms for the overlapped order and for 1 warpgroup
-BENCH_CANDIDATES = [
-    (tiling(2, 64), False),
-    (tiling(1, 64, ctas=2), False),
-    (tiling(1, 32, ctas=3), False),
-    (tiling(2, 64), True),
-]
-
-
-def bench_chunk_scan_all(batch: int, seqlen: int, nheads: int = 64, headdim: int = 64, dstate: int = 128,
-                         chunk: int = 256, ngroups: int = 1, dtype: str = "bf16",
-                         candidates: list[tuple[dict[str, int], bool]] | None = None, nsets: int = 4
-                         ) -> dict[str, float]:
-    """Median milliseconds per call of our ChunkScan kernel for each (tiling, overlap) candidate, timed together
-    (``codegen.bench.time_many``: interleaved rounds, inputs rotating over ``nsets`` sets so that repeated runs
-    do not hit L2). Keys: ``w<groups>_bk<BK>_d<depth>_c<ctas>[_ov]``."""
-    import torch
-
-    from codegen.bench import time_many
-    from codegen.cuda.chunk_scan import run_chunk_scan
-
-    assert headdim == 64, "the generator supports head_dim 64"
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    p = params(batch, seqlen, nheads, ngroups, dtype, dstate, chunk)
-    sets = [make_inputs(batch, seqlen, nheads, ngroups, tdt, headdim, dstate, chunk) for _ in range(nsets)]
-    outs = [torch.empty_like(s["x"]) for s in sets]
-    fns = {}
-    for t, ov in candidates or BENCH_CANDIDATES:
-        plan = default_chunk_scan_plan(p, t, ov)
-        key = f"w{t['groups']}_bk{t['BK']}_d{t['depth']}_c{t.get('ctas', 1)}{'_ov' if ov else ''}"
-        fns[key] = lambda i, plan=plan: run_chunk_scan(**sets[i], plan=plan, out=outs[i])
-    return time_many(fns, nsets)
-
-
-def bench_chunk_scan(batch: int, seqlen: int, nheads: int = 64, headdim: int = 64, dstate: int = 128,
-                     chunk: int = 256, ngroups: int = 1, dtype: str = "bf16", t: dict[str, int] | None = None,
-                     overlap: bool = False, nsets: int = 4) -> float:
-    """Our median milliseconds per call: of tiling ``t`` (with ``overlap``) if given, else the best of
-    ``BENCH_CANDIDATES`` (the baseline Triton kernel is autotuned per shape as well). For the lead's run next to
-    the official ``_chunk_scan_fwd`` in the same GPU call."""
-    cands = [(t, overlap)] if t is not None else None
-    return min(bench_chunk_scan_all(batch, seqlen, nheads, headdim, dstate, chunk, ngroups, dtype, cands,
-                                    nsets).values())
-
-
 @pytest.mark.gpu
 def test_bench_chunk_scan_runs() -> None:
     _gpu()
-    ms = bench_chunk_scan(1, 2048, nheads=8)
-    assert ms > 0
+    from codegen.mamba import compare
+    plans = {"w2_bk64": default_chunk_scan_plan(params(1, 2048, 8, 1), tiling(2, 64)),
+             "w1_bk64_c2": default_chunk_scan_plan(params(1, 2048, 8, 1), tiling(1, 64, ctas=2))}
+    r = compare(plans, triton=False)
+    assert set(r["ms"]) == set(plans) and all(0 < ms < 100 for ms in r["ms"].values()), r
+
+
+def test_index_limits() -> None:
+    """The paper's largest shape (batch 64, seq 16k: x has 2^32 elements) emits, since x, C and the output are
+    addressed by TMA coordinates and 64-bit offsets; a shape whose dt row index passes 2^31 raises."""
+    big = params(64, 16384, 64, 1)
+    assert emit_chunk_scan(default_chunk_scan_plan(big, tiling(2, 64))).grid == (2, 64, 64 * 64)
+    with pytest.raises(CodegenError, match="32-bit"):
+        emit_chunk_scan(default_chunk_scan_plan(params(2048, 1 << 20, 8, 1), tiling(2, 64)))

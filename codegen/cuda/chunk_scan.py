@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,8 +100,11 @@ def _params(p: Any) -> dict[str, Any]:
         raise CodegenError(f"{OP}: heads={q['heads']} is not a multiple of groups={q['groups']}")
     nc = -(-q["seq"] // q["chunk"])
     B, L, H, P, N, Q, G = (q[k] for k in PARAM_KEYS)
-    if max(B * L * H * P, B * nc * G * Q * Q, B * L * G * N, B * nc * H * P * N, B * H * nc * Q) >= 1 << 31:
-        raise CodegenError(f"{OP}: tensor too large for 32-bit element indices in the generated kernel")
+    # large tensors go through TMA coordinates and 64-bit offsets; these are the 32-bit ints of the kernel: the
+    # dt / dA row, the output row, the cb and states TMA rows
+    if max(B * H * nc * Q, B * L, B * nc * G * Q, B * nc * H * P) >= 1 << 31:
+        raise CodegenError(f"{OP}: shape too large for the kernel's 32-bit indices (batch·heads·nchunks·chunk, "
+                           "batch·seq, and the cb / states TMA rows must stay below 2^31)")
     if B * nc > 65535:
         raise CodegenError(f"{OP}: batch·nchunks={B * nc} exceeds the grid's z limit 65535")
     return q | {"dtype": dt}
@@ -136,9 +138,6 @@ def _tiling(t: Any, p: dict[str, Any]) -> dict[str, int]:
     # optional: CTAs per SM the kernel is built for (launch bounds); 1 (default) rebalances registers with
     # setmaxnreg, 2-3 split the register file evenly instead (more CTAs in flight hide the short loop's latency)
     ctas = _int("tiling ctas", t.get("ctas", 1), 1, 3)
-    if ctas > 1 and os.environ.get("PTSOLVE_EXPERIMENTAL") != "1":
-        raise CodegenError(f"{OP}: ctas={ctas} compiles but has not been checked on a GPU yet; use ctas=1, or set "
-                           "PTSOLVE_EXPERIMENTAL=1 to try it")
     extra = set(t) - {"BM", "BK", "depth", "groups", "ctas"}
     if extra:
         raise CodegenError(f"unknown {OP} tiling key(s) {sorted(map(str, extra))}; it takes BM, BK, depth, groups, "

@@ -36,7 +36,6 @@ consumer groups, 128 at one; at most half the shared memory), so that two short 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,9 +78,11 @@ def validate_chunk_state(plan: KernelPlan) -> tuple[dict[str, Any], dict[str, in
     if q["heads"] % q["groups"]:
         raise CodegenError(f"{OP}: heads={q['heads']} is not a multiple of groups={q['groups']}")
     nchunks = -(-q["seq"] // q["chunk"])
-    if q["batch"] * nchunks * q["heads"] * q["head_dim"] * q["d_state"] >= 1 << 31 or \
-            q["batch"] * q["seq"] * q["heads"] * q["head_dim"] >= 1 << 31:
-        raise CodegenError(f"{OP}: tensors too large for 32-bit element indices in the generated kernel")
+    # x / B are addressed by per-dimension TMA coordinates and the output by 64-bit offsets; the one 32-bit
+    # element index is the dt / dA_cumsum row, batch·heads·nchunks·chunk
+    if q["batch"] * q["heads"] * nchunks * q["chunk"] >= 1 << 31:
+        raise CodegenError(f"{OP}: dt / dA_cumsum too large (batch·heads·nchunks·chunk >= 2^31) for the kernel's "
+                           "32-bit index")
     if q["batch"] > 65535:
         raise CodegenError(f"{OP}: batch={q['batch']} exceeds the grid's z limit (65535)")
     params = q | {"dtype": dt}
@@ -352,9 +353,6 @@ def emit_chunk_state(plan: KernelPlan) -> KernelSource:
     dependencies, more than two xs buffers)."""
     from . import plan_id as _plan_id
 
-    if os.environ.get("PTSOLVE_EXPERIMENTAL") != "1":
-        raise CodegenError(f"{OP}: this kernel compiles but has not been checked on a GPU yet; set "
-                           "PTSOLVE_EXPERIMENTAL=1 to try it (and run pytest -m gpu tests/test_codegen_chunk_state.py)")
     p, t, order = validate_chunk_state(plan)
     Bt, L, H, P, N, Q, G, dt = (p[k] for k in (*PARAM_KEYS, "dtype"))
     BM, BK, depth, W = t["BM"], t["BK"], t["depth"], t["groups"]
@@ -540,20 +538,6 @@ VARIANTS = {
 }
 
 
-def _random_inputs(batch: int, seqlen: int, nheads: int, headdim: int, dstate: int, chunk: int, ngroups: int,
-                   dtype: str) -> tuple[Any, Any, Any, Any]:
-    """x, B ~ randn; dt = softplus(randn) * 0.1; dA_cumsum = cumsum over the chunk of -exp(randn) * dt."""
-    import torch
-
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    nc = -(-seqlen // chunk)
-    x = torch.randn(batch, seqlen, nheads, headdim, device="cuda", dtype=tdt)
-    bm = torch.randn(batch, seqlen, ngroups, dstate, device="cuda", dtype=tdt)
-    dtv = torch.nn.functional.softplus(torch.randn(batch, nheads, nc, chunk, device="cuda")) * 0.1
-    da = torch.cumsum(-torch.exp(torch.randn(batch, nheads, nc, chunk, device="cuda")) * dtv, dim=-1)
-    return x, bm, dtv, da
-
-
 def bench_chunk_state(batch: int, seqlen: int, nheads: int = 64, headdim: int = 64, dstate: int = 128,
                       chunk: int = 256, ngroups: int = 1, dtype: str = "bf16", plan: KernelPlan | None = None,
                       nsets: int = 2) -> float:
@@ -567,48 +551,15 @@ def compare_chunk_state(batch: int, seqlen: int, nheads: int = 64, headdim: int 
                         chunk: int = 256, ngroups: int = 1, dtype: str = "bf16",
                         plans: dict[str, KernelPlan | None] | None = None, nsets: int = 2,
                         triton: bool = True) -> dict[str, Any]:
-    """Time our kernel(s) (``plans``: label -> plan, None = the default overlap plan on DEFAULT_TILING; default:
-    the plans of VARIANTS) next to
-    mamba_ssm's Triton ``_chunk_state_fwd`` (when ``triton`` and it imports; autotune reset for this shape)
-    in one ``time_many`` call on the same inputs (for head_dim 128 pass plans: some variants exceed the
-    registers of two CTAs per SM). Returns {"ms": {label: median ms}, "rel_err_vs_triton":
-    {label: err}, "triton_error": text or None}."""
-    import torch
-
-    from codegen.bench import rel_err, time_many
+    """``codegen.mamba.compare`` at this shape: our kernel(s) (``plans``: label -> plan, None = the default
+    overlap plan on DEFAULT_TILING; default: the plans of VARIANTS) next to mamba_ssm's Triton
+    ``_chunk_state_fwd`` (for head_dim 128 pass plans: some variants exceed the registers of two CTAs per SM).
+    Returns {"ms": {label: median ms}, "rel_err_vs_triton": {label: err}, "triton_error": text or None}."""
+    from codegen.mamba import compare
 
     params = {"batch": batch, "seq": seqlen, "heads": nheads, "head_dim": headdim, "d_state": dstate,
               "chunk": chunk, "groups": ngroups, "dtype": dtype}
     if plans is None:
         plans = {k: default_chunk_state_plan(params, t, overlap=ov) for k, (t, ov) in VARIANTS.items()}
-    plans = {k: v or default_chunk_state_plan(params, DEFAULT_TILING, overlap=True) for k, v in plans.items()}
-    nc = -(-seqlen // chunk)
-    sets = [_random_inputs(batch, seqlen, nheads, headdim, dstate, chunk, ngroups, dtype) for _ in range(nsets)]
-    outs = {k: [torch.empty(batch, nc, nheads, headdim, dstate, device="cuda") for _ in range(nsets)] for k in plans}
-    def ours(pl: KernelPlan, o: list[Any]) -> Any:
-        return lambda i: run_chunk_state(*sets[i], pl, out=o[i])
-
-    fns: dict[str, Any] = {k: ours(pl, outs[k]) for k, pl in plans.items()}
-    res: dict[str, Any] = {"ms": {}, "rel_err_vs_triton": {}, "triton_error": None}
-    if triton:
-        try:
-            from baselines.mamba2 import load_kernels, reset_autotune
-            kern = load_kernels()
-            reset_autotune(kern.chunk_state_kernel)
-            tout = [torch.empty(batch, nc, nheads, headdim, dstate, device="cuda") for _ in range(nsets)]
-
-            def tri(i: int) -> Any:
-                x, bm, dtv, da = sets[i]
-                return kern.chunk_state_fwd(bm, x, dtv, da, states=tout[i], states_in_fp32=True)
-            tri(0)
-            fns["triton"] = tri
-        except Exception as e:  # noqa: BLE001 - the baseline is optional; say why it is missing
-            res["triton_error"] = f"{type(e).__name__}: {e}"
-    for f in fns.values():
-        f(0)  # compile / load / autotune outside the timing
-    torch.cuda.synchronize()
-    if "triton" in fns:
-        for k in plans:
-            res["rel_err_vs_triton"][k] = rel_err(outs[k][0], tout[0])
-    res["ms"] = time_many(fns, nsets)
-    return res
+    full = {k: v or default_chunk_state_plan(params, DEFAULT_TILING, overlap=True) for k, v in plans.items()}
+    return compare(full, nsets, triton)
