@@ -82,13 +82,17 @@ def time_ms(fn: Callable[[int], Any], nsets: int) -> float:
 
 
 def time_many(fns: dict[str, Callable[[int], Any]], nsets: int, warmup: int = 5, rounds: int = 20,
-              ctxs: dict[str, Callable[[], Any]] | None = None, block_ms: float = 2.0) -> dict[str, float]:
+              ctxs: dict[str, Callable[[], Any]] | None = None, block_ms: float = 2.0,
+              graphs: bool = False) -> dict[str, float]:
     """Median milliseconds per call of each ``fn(i % nsets)``.
 
     Candidates are interleaved round by round (clock or temperature drift hits all alike). In a round each
     candidate runs ``reps`` back-to-back launches between two CUDA events (``reps`` sized so that a block
-    lasts about ``block_ms``), so host launch latency is hidden for short kernels; inputs rotate over
+    lasts about ``block_ms``), so host launch latency is hidden for kernels longer than it; inputs rotate over
     ``nsets`` sets. ``ctxs[k]()`` is a context entered around candidate k's block (e.g. an SDPA backend).
+    ``graphs`` captures each block once as a CUDA graph and replays it, so that the Python cost of a launch
+    (argument checks, a Triton wrapper's allocations) is not timed even where it exceeds the kernel's; the
+    warm-up (compilation, autotuning) runs before the capture.
     """
     import contextlib
 
@@ -107,14 +111,25 @@ def time_many(fns: dict[str, Callable[[int], Any]], nsets: int, warmup: int = 5,
             e1.record()
             e1.synchronize()
         reps[k] = max(1, min(100, int(block_ms / max(e0.elapsed_time(e1) / 3, 1e-3))))
+    def block(k: str) -> None:
+        for i in range(reps[k]):
+            fns[k](i % nsets)
+
+    blocks: dict[str, Callable[[], Any]] = {k: (lambda k=k: block(k)) for k in fns}
+    if graphs:
+        for k in fns:
+            g = torch.cuda.CUDAGraph()
+            with ctxs.get(k, contextlib.nullcontext)(), torch.cuda.graph(g):
+                block(k)
+            blocks[k] = g.replay
+        torch.cuda.synchronize()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
-        for k, fn in fns.items():
+        for k in fns:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with ctxs.get(k, contextlib.nullcontext)():
                 e0.record()
-                for i in range(reps[k]):
-                    fn(i % nsets)
+                blocks[k]()
                 e1.record()
             e1.synchronize()
             times[k].append(e0.elapsed_time(e1) / reps[k])

@@ -166,10 +166,12 @@ def check(plan: KernelPlan, trials: int = 2, poison_tail: bool = False) -> float
 TRITON_MAX_ELEMENTS = 1 << 31
 
 
-def compare(plans: dict[str, KernelPlan], nsets: int = 2, triton: bool = True) -> dict[str, Any]:
+def compare(plans: dict[str, KernelPlan], nsets: int = 2, triton: bool = True, graphs: bool = True
+            ) -> dict[str, Any]:
     """Median milliseconds per call of each plan's kernel (all plans of one op and shape) and, when ``triton``,
     of mamba_ssm's ``_chunk_scan_fwd`` / ``_chunk_state_fwd`` (autotune reset for this shape) in one
-    ``codegen.bench.time_many`` call on the same ``nsets`` input sets; the Triton kernel gets the same cb (in the
+    ``codegen.bench.time_many`` call on the same ``nsets`` input sets, replayed from CUDA graphs when ``graphs``
+    (at batch 1 both wrappers' Python costs more than the kernel); the Triton kernel gets the same cb (in the
     dtype) as ours. Every output at the full shape is checked too: its last batch element (the largest offsets)
     against the float64 reference of that element. Returns {"ms": {label: ms}, "rel_err_vs_triton": {label: error
     on set 0}, "rel_err_last_batch": {label: error vs the reference}, "triton_error": why the baseline is
@@ -222,5 +224,5 @@ def compare(plans: dict[str, KernelPlan], nsets: int = 2, triton: bool = True) -
         **{n: t[-1:] for n, t in sets[0].items()})
     res["rel_err_last_batch"] = {k: rel_err(outs[k][-1:], ref) for k in plans}
     del ref
-    res["ms"] = time_many(fns, nsets)
+    res["ms"] = time_many(fns, nsets, graphs=graphs)
     return res
