@@ -52,6 +52,7 @@ def cmd_optimize(a: argparse.Namespace) -> int:
     op = ops.make(OPS[a.op], **parse_params(a.params))
     res = optimize(op, hw=a.hw, solver=a.solver, time_limit=a.time_limit, cache=not a.no_cache,
                    placement=a.placement, executor=a.executor, jobs=a.jobs, decoupled=a.decoupled,
+                   fix=parse_params(a.fix) if a.fix else None,
                    progress=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
     hw = load(a.hw)
     print(res)
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--placement", default="even")
     o.add_argument("--executor", default="process", help="process | serial | ray")
     o.add_argument("--decoupled", action="store_true")
+    o.add_argument("--fix", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="search only tilings with these values, e.g. --fix ctas=1")
     o.add_argument("--out", default=".")
     o.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)

@@ -107,6 +107,20 @@ def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:
     return tm[src].latency + (0 if tm[src].stream == tm[dst].stream else grain(hw.barrier_cycles))
 
 
+SHARED = ("sfu", "tc", "tma")  # execution units all resident CTAs of an SM share (streams are per CTA)
+
+
+def shared_busy(tm: dict[str, Timing], phase: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Per shared unit: (occupancy of one loop iteration, occupancy of the pre and post phases), in the
+    unit of ``tm`` (cycles, or grains in a Problem)."""
+    out: dict[str, list[int]] = {}
+    for n, t in sorted(tm.items()):
+        for r, _, d in t.uses:
+            if r in SHARED:
+                out.setdefault(r, [0, 0])[0 if phase[n] == "loop" else 1] += d
+    return {r: (a, b) for r, (a, b) in sorted(out.items())}
+
+
 def resources(tm: dict[str, Timing]) -> list[str]:
     """All resources any task holds, sorted."""
     return sorted({r for t in tm.values() for r, _, _ in t.uses})

@@ -16,24 +16,26 @@ from .search import check_solver, search
 
 def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
-             jobs: int | None = None, decoupled: bool = False,
+             jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
              progress: Callable[[str], None] | None = None) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
     "exhaustive"). ``time_limit``: seconds for the whole search; a time-limited search returns its best
-    schedule with status TIME_LIMIT and its gap. Results are cached (see ptsolve.cache)."""
+    schedule with status TIME_LIMIT and its gap. ``fix`` pins tiling keys (e.g. ``{"ctas": 1}``: one CTA per
+    SM): only the operator's tilings with those values are searched. Results are cached (see ptsolve.cache)."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
     check_solver(solver)
     hwt = load(hw)
     from . import __version__
-    k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, GRAIN, __version__)
+    k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, GRAIN, __version__,
+                      *(sorted(fix.items()) if fix else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
         if hit is not None:
             return replace(hit, cached=True)
     res = search(op, hwt, solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
-                 decoupled=decoupled, progress=progress)
+                 decoupled=decoupled, fix=fix, progress=progress)
     if cache:
         cache_mod.put(k, time_limit, res)
     return res

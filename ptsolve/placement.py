@@ -1,7 +1,10 @@
 """Inter-EU placement: which SM runs which CTA, and the kernel's latency that follows.
 
-CTAs run one at a time per SM (warp-specialized kernels hold a whole SM's registers), so an SM's time
-is the sum of its CTAs' latencies and the kernel's is the busiest SM's (wave quantization included).
+CTAs run one at a time per SM slot, and an SM has ``ctas`` slots (tiling key ``ctas``, default 1: a
+warp-specialized kernel holds a whole SM's registers). A slot's time is the sum of its CTAs' latencies;
+co-resident slots overlap each other's latency but share the SM's execution units (``shared_floor``). The
+kernel's time is the busiest slot's or SM's (wave quantization included). Functions here take the number
+of slots (hw.sms · ctas) as ``sms``.
 """
 from __future__ import annotations
 
@@ -46,6 +49,16 @@ def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
     """No placement finishes sooner than the average SM load or the longest CTA, cycles."""
     total = sum(row_cycles) * rows
     return max(-(-total // sms), max(row_cycles))
+
+
+def shared_floor(pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]]) -> int:
+    """Lower bound on an SM's time from its shared units when ``ctas`` CTA slots share it: a slot with
+    pair (Σ(trip-1), n CTAs) keeps each shared unit busy (Σ(trip-1) + n)·loop + n·(pre + post); the SM's
+    ``ctas`` slots (about equally loaded) share the unit. With one slot it never exceeds the slot's own
+    latency (the schedule already serialises the unit), so it only binds for ``ctas`` > 1."""
+    if ctas == 1 or not busy:
+        return 0
+    return max(ctas * max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in pairs)
 
 
 def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",

@@ -15,7 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
 
-from .errors import InfeasibleError, SolverError
+from .errors import InfeasibleError, PtsolveError, SolverError
 from .hw import Hardware, load
 from .ir import STaskGraph
 from .ops.base import Operator
@@ -26,7 +26,7 @@ from .program import SProgram
 from .provenance import stamp
 from .report import features
 from .result import Result
-from .simulate import claimed_cycles
+from .simulate import claimed
 
 EXECUTORS = ("process", "serial", "ray")
 
@@ -45,6 +45,11 @@ def span_lower_bound(P: Problem) -> int:
 def lower_bound(P: Problem) -> int:
     """No schedule of this tiling beats this many kernel cycles."""
     return P.objective(P.ii_lb, span_lower_bound(P)) * P.grain
+
+
+def latency_lower_bound(P: Problem) -> int:
+    """No schedule of this tiling has a busiest SM slot under this many cycles (ptsolve.simulate.claimed)."""
+    return P.latency(P.ii_lb, span_lower_bound(P)) * P.grain
 
 
 def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None, ii_max: int | None,
@@ -73,6 +78,21 @@ def _worker(graph_json: str, hw: Hardware, solver: str, time_limit: float, place
     return (prog.to_json() if prog else None), st
 
 
+def _fixed(op: Operator, fix: dict[str, int] | None) -> list[dict[str, int]]:
+    tilings = op.tilings()
+    if not fix:
+        return tilings
+    keys = sorted(set().union(*tilings))
+    unknown = sorted(set(fix) - set(keys))
+    if unknown:
+        raise PtsolveError(f"fix: {op.op} tilings have no key(s) {unknown}; they have {keys}")
+    out = [t for t in tilings if all(t.get(k) == v for k, v in fix.items())]
+    if not out:
+        raise PtsolveError(f"fix {fix}: no tiling of {op.describe()} has these values; "
+                           f"e.g. {', '.join(str(t) for t in tilings[:3])}")
+    return out
+
+
 def check_solver(solver: str) -> None:
     """Raise SolverError for a solver name ptsolve does not know."""
     if solver not in (*SOLVERS, "milp-highs", "milp-cbc"):
@@ -82,9 +102,10 @@ def check_solver(solver: str) -> None:
 
 def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
-           progress: Callable[[str], None] | None = None) -> Result:
+           fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
-    bounds the whole search. A graph instead of an operator is scheduled as it is (one tiling)."""
+    bounds the whole search; ``fix`` keeps only the tilings with those key values. A graph instead of an
+    operator is scheduled as it is (one tiling)."""
     check_solver(solver)
     if not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}")
@@ -95,7 +116,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in op.tilings()]
+    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in _fixed(op, fix)]
     for g in graphs:
         t = g.tiling
         why = fits(g, hw)
@@ -104,7 +125,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
             continue
         P = build(g, hw, placement)
         gp, _ = greedy_mod.solve(P)
-        cands.append((lower_bound(P), t, P, gp, claimed_cycles(gp, hw)))
+        cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
     if not cands:
         what = op.name if isinstance(op, STaskGraph) else op.describe()
         raise InfeasibleError(f"no tiling of {what} fits {hw.name}: " + "; ".join(reasons[:4])
@@ -113,8 +134,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     if decoupled:
         cands = cands[:1]
     say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
-    best = min(cands, key=lambda c: (c[4], _key(c[1])))
-    inc_prog, inc_obj = best[3], best[4]
+    # ties in kernel time (a shared-unit floor) go to the smaller slot latency, then to the smaller tiling key
+    best = min(cands, key=lambda c: (c[4], c[5], _key(c[1])))
+    inc_prog, inc_obj, inc_lat = best[3], best[4], best[5]
     bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
     solved = len(cands)
     if solver != "greedy":
@@ -124,6 +146,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         # a deeper ring only removes constraints, so a tiling's optimum bounds every shallower twin from below;
         # solve the deepest first and let its optimum prune the rest
         lbs = {_key(c[1]): c[0] for c in cands}
+        lat_lbs = {_key(c[1]): c[6] for c in cands}
         todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), sorted(c[1].items())))
         pool: Any = None
         if executor == "ray":
@@ -135,7 +158,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
             while todo or running:
                 while todo and len(running) < (jobs if pool is not None else 1) and time.perf_counter() < deadline:
                     c = todo.pop(0)
-                    if lbs[_key(c[1])] >= inc_obj:
+                    if (lbs[_key(c[1])], lat_lbs[_key(c[1])]) >= (inc_obj, inc_lat):
                         bounds.append(lbs[_key(c[1])])
                         continue
                     left = max(0.2, deadline - time.perf_counter())
@@ -150,11 +173,11 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     pj, st = fut.result()
                     solved += 1
                     prog = SProgram.from_json(pj) if pj else None
-                    obj = claimed_cycles(prog, hw) if prog else None
-                    # equal objectives go to the smaller tiling key, so parallel solves finishing in any
-                    # order give the same answer
-                    if obj is not None and (obj, _key(c[1])) < (inc_obj, _key(inc_prog.graph.tiling)):
-                        inc_prog, inc_obj = prog, obj
+                    obj, lat = claimed(prog, hw) if prog else (None, None)
+                    # equal objectives go to the smaller slot latency, then the smaller tiling key, so parallel
+                    # solves finishing in any order give the same answer
+                    if obj is not None and (obj, lat, _key(c[1])) < (inc_obj, inc_lat, _key(inc_prog.graph.tiling)):
+                        inc_prog, inc_obj, inc_lat = prog, obj, lat
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
                     b = (obj if st["status"] == "OPTIMAL" and obj is not None else
                          max(c[0], st.get("bound") or 0) if st["status"] != "INFEASIBLE" else inc_obj)
@@ -162,6 +185,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     for o in todo:
                         if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
                             lbs[_key(o[1])] = max(lbs[_key(o[1])], b)
+                            if st["status"] == "OPTIMAL" and lat is not None:
+                                lat_lbs[_key(o[1])] = max(lat_lbs[_key(o[1])], lat)
                     say(f"tiling {c[1]}: {st['status']} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
         finally:
             if pool is not None:

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cost import Timing, timings
+import numpy as np
+
+from .cost import Timing, shared_busy, timings
 from .errors import InfeasibleError
 from .hw import Hardware, load
-from .placement import sm_loads
+from .ir import STaskGraph
+from .ops.base import ctas_of
+from .placement import per_sm_pairs, shared_floor, sm_loads
 from .program import SProgram, precedences
 
 
@@ -43,7 +47,7 @@ class Timeline:
     late: int                 # instances that started after their planned cycle (0 for a valid program)
     trip: int                 # trip count of ``events``
     placement: str = "even"
-    sm_busy: tuple[int, ...] = field(default=(), repr=False)
+    sm_busy: tuple[int, ...] = field(default=(), repr=False)  # per SM slot: hw.sms · ctas entries
 
     @property
     def cta(self) -> int:
@@ -123,11 +127,22 @@ def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
         if n == g.trip_count:
             events = ev
     pl = placement or p.placement
-    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms, pl)
-    kc = int(busy.max())
+    kc, busy = kernel_cycles(g, hw, cta, pl, tm)
     us = hw.cycles_to_us(kc) + hw.launch_us
     return Timeline(tuple(events), cta, kc, us, g.useful_flops / (us * 1e-6) / 1e12, late, g.trip_count, pl,
                     tuple(int(x) for x in busy))
+
+
+def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: str,
+                  tm: dict[str, Timing] | None = None) -> tuple[int, np.ndarray]:
+    """(kernel cycles, busy cycles of each SM slot) for CTAs of ``cta[trip]`` cycles: the busiest of the
+    hw.sms · ctas slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher."""
+    k = ctas_of(g.tiling)
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * k, placement)
+    tm = tm or timings(g, hw)
+    floor = shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k,
+                         shared_busy(tm, {t.name: t.phase for t in g.tasks}))
+    return max(int(busy.max()), floor), busy
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:
@@ -137,8 +152,16 @@ def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> flo
 
 def claimed_cycles(p: SProgram, hw: Hardware, placement: str | None = None) -> int:
     """Kernel cycles (busiest SM, no launch overhead) that the program's formula claims:
-    every CTA takes max(pre end, (trip-1)·ii + loop/post end); CTAs placed on SMs."""
+    every CTA takes max(pre end, (trip-1)·ii + loop/post end); CTAs placed on SM slots; at least the
+    shared units' floor."""
+    return claimed(p, hw, placement)[0]
+
+
+def claimed(p: SProgram, hw: Hardware, placement: str | None = None) -> tuple[int, int]:
+    """(claimed_cycles, the busiest SM slot's cycles): the second tells programs apart whose kernel time is
+    the same shared-unit floor (the one with more slack under the floor is the safer bet)."""
     g = p.graph
     pre, last = p.ends(hw)
     cta = {n: max(pre, (n - 1) * p.ii + last) for n in set(g.row)}
-    return int(sm_loads([cta[n] for n in g.row], g.rows, hw.sms, placement or p.placement).max())
+    kc, busy = kernel_cycles(g, hw, cta, placement or p.placement)
+    return kc, int(busy.max())

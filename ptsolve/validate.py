@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .cost import Timing, timings
 from .hw import Hardware, load
 from .ir import STaskGraph
-from .ops.base import consumer_reg_budget
+from .ops.base import consumer_reg_budget, ctas_of, smem_budget
 from .program import SProgram, precedences, required_barriers
 
 REG_OVERHEAD = 24  # registers per consumer thread for addresses, loop counters and barrier phases
@@ -190,11 +190,12 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                              + (f" (modulo ii={p.ii})" if kinds == {"loop"} else ""))
 
     # capacity
+    k = ctas_of(g.tiling)
     sm, names = smem_peak(g, p.rings)
-    if sm > hw.smem_per_block:
-        v.append(f"shared memory {sm} B exceeds {hw.smem_per_block} B per block on {hw.name} ({', '.join(names)}); "
-                 "use smaller tiles or a shallower ring")
-    budget = consumer_reg_budget(g.groups, hw)
+    if sm > smem_budget(hw, k):
+        v.append(f"shared memory {sm} B exceeds {smem_budget(hw, k)} B per block with {k} CTA(s) per SM on {hw.name} "
+                 f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
+    budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, p.copies, grp)
         if need > budget:

@@ -42,7 +42,7 @@ from typing import Any
 from codegen.plan import KernelPlan
 from ptsolve.errors import CodegenError, DeviceError
 
-from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, SMEM_LIMIT, KernelSource, TensorMapSpec, consumer_regs
+from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, KernelSource, TensorMapSpec
 from .schedule import SIM_EXTRA, LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
 from .validate import _int, int_params, validate_order
 
@@ -124,13 +124,17 @@ def validate_chunk_state(plan: KernelPlan) -> tuple[dict[str, Any], dict[str, in
 
 def thread_regs(W: int, ctas: int) -> int:
     """Registers per consumer thread: the setmaxnreg budget at one CTA per SM, else the even share of the
-    register file (65536) over ``ctas`` CTAs of 128 * (W + 1) threads, rounded down to 8."""
-    return consumer_regs(W) if ctas == 1 else 65536 // (ctas * 128 * (W + 1)) // 8 * 8
+    register file over ``ctas`` CTAs of 128 * (W + 1) threads (ptsolve.ops.base.consumer_reg_budget)."""
+    from ptsolve.hw import load
+    from ptsolve.ops.base import consumer_reg_budget
+    return consumer_reg_budget(W, load("h100"), ctas)  # every sm_90 part has the same register file
 
 
 def smem_limit(ctas: int) -> int:
-    """Dynamic shared memory one CTA may use when ``ctas`` CTAs share an SM (228 KB, 1 KB reserved per CTA)."""
-    return SMEM_LIMIT if ctas == 1 else (228 * 1024) // ctas - 1024
+    """Dynamic shared memory one CTA may use when ``ctas`` CTAs share an SM (ptsolve.ops.base.smem_budget)."""
+    from ptsolve.hw import load
+    from ptsolve.ops.base import smem_budget
+    return smem_budget(load("h100"), ctas)
 
 
 # ------------------------------------------------------------------------------------------------ plans
@@ -259,6 +263,7 @@ def _consumer(nxs: int, P: int, rows: int, bk: int) -> Callable[[str, str, int |
                              f"1024), make_desc(sb + {kk * 2048}, {bk * 128}, 1024));")
         lines += ["  wg_commit();",
                   "  wg_wait<1>();  // the previous step's group is done: its ring slot (B, x, dA, dt) is free",
+                  "  __syncwarp();  // all lanes' scale reads of the slot precede the arrival",
                   "  if (it_ > 0 && lane == 0) mbar_arrive(&empty_bar[(it_ - 1) % DEPTH]); }"]
         return "\n".join(lines)
     return body

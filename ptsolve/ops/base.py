@@ -46,12 +46,31 @@ def dtype_ok(dtype: str) -> None:
         raise ShapeError(f"dtype {dtype!r} is not supported; use 'fp16' or 'bf16'")
 
 
-def consumer_reg_budget(groups: int, hw: Hardware) -> int:
-    """Registers per consumer thread after setmaxnreg: the SM's file minus a 24-register producer
-    warpgroup, split over ``groups`` consumer warpgroups, rounded down to 8, at most MAX_CONSUMER_REGS and
-    hw.regs_per_thread. The code generator grants exactly this (codegen.cuda.common.consumer_regs)."""
-    per = (hw.regs_per_sm - 128 * PRODUCER_REGS) // (128 * groups)
+def ctas_of(tiling: dict[str, int]) -> int:
+    """CTAs of the kernel resident on one SM at once (tiling key ``ctas``, default 1)."""
+    return int(tiling.get("ctas", 1))
+
+
+def consumer_reg_budget(groups: int, hw: Hardware, ctas: int = 1) -> int:
+    """Registers per consumer thread. One CTA per SM: after setmaxnreg, the SM's file minus a 24-register
+    producer warpgroup, split over ``groups`` consumer warpgroups. ``ctas`` > 1 resident CTAs: no
+    setmaxnreg, every thread of the ``ctas``·(groups + 1) warpgroups gets an even share. Rounded down to 8,
+    at most MAX_CONSUMER_REGS and hw.regs_per_thread. The code generators grant exactly this
+    (codegen.cuda.common.consumer_regs, codegen.cuda.chunk_state.thread_regs)."""
+    if ctas == 1:
+        per = (hw.regs_per_sm - 128 * PRODUCER_REGS) // (128 * groups)
+    else:
+        per = hw.regs_per_sm // (ctas * 128 * (groups + 1))
     return min(hw.regs_per_thread, MAX_CONSUMER_REGS, per // 8 * 8)
+
+
+SMEM_RESERVED_PER_CTA = 1024  # CUDA reserves 1 KB of shared memory per resident block (compute capability 8.0+)
+
+
+def smem_budget(hw: Hardware, ctas: int = 1) -> int:
+    """Dynamic shared memory of one CTA, bytes, when ``ctas`` CTAs share an SM."""
+    return hw.smem_per_block if ctas == 1 else min(hw.smem_per_block,
+                                                   hw.smem_per_sm // ctas - SMEM_RESERVED_PER_CTA)
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,7 @@ class OpSpec:
     build: Callable[[dict[str, Any], dict[str, int]], STaskGraph]
     out_tile: Callable[[dict[str, int]], tuple[int, ...]]
     from_out_tile: Callable[[dict[str, Any], tuple[int, ...]], dict[str, int]]
+    optional: dict[str, int] = field(default_factory=dict)  # tiling keys a caller may leave out, with defaults
 
 
 REGISTRY: dict[str, OpSpec] = {}
@@ -84,7 +104,8 @@ class Operator:
         return sorted(self.spec.tilings(self.params), key=lambda t: sorted(t.items()))
 
     def graph(self, tiling: dict[str, int]) -> STaskGraph:
-        """The sTask-graph of one CTA under ``tiling``."""
+        """The sTask-graph of one CTA under ``tiling`` (optional keys such as ``ctas`` take their defaults)."""
+        tiling = {**self.spec.optional, **tiling}
         missing = set(self.tilings()[0]) - set(tiling)
         if missing:
             raise ShapeError(f"{self.op}: tiling {tiling} lacks {sorted(missing)}")

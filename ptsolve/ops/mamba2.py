@@ -36,13 +36,15 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _scan_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
-    # one 64-row wgmma block per consumer warpgroup: the tilings codegen.cuda.chunk_scan emits
+    # one 64-row wgmma block per consumer warpgroup, and up to 3 resident CTAs per SM with one warpgroup (two
+    # warpgroups in a share of the register file spill): the tilings codegen.cuda.chunk_scan emits
     for groups in (1, 2):
         bm = WG_ROWS * groups
         for bk in (32, 64, 128):
             for depth in (2, 3):
-                if bm <= p["chunk"] and bk <= p["chunk"] and p["chunk"] % bm == 0 and p["chunk"] % bk == 0:
-                    yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups}
+                for ctas in ((1, 2, 3) if groups == 1 else (1,)):
+                    if bm <= p["chunk"] and bk <= p["chunk"] and p["chunk"] % bm == 0 and p["chunk"] % bk == 0:
+                        yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups, "ctas": ctas}
 
 
 def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
@@ -98,12 +100,14 @@ def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
 
 
 def _state_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
+    # ctas: resident CTAs per SM (codegen.cuda.chunk_state builds 1 or 2); the model checks their budgets
     for groups in (1, 2):
         for bm in (64, 128):
             for bk in (32, 64, 128):
                 for depth in (2, 3, 4):
-                    if bm <= p["d_state"] and bk <= p["chunk"] and bm % (WG_ROWS * groups) == 0:
-                        yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups}
+                    for ctas in (1, 2):
+                        if bm <= p["d_state"] and bk <= p["chunk"] and bm % (WG_ROWS * groups) == 0:
+                            yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups, "ctas": ctas}
 
 
 def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
@@ -151,7 +155,7 @@ def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
 
 REGISTRY["mamba2_chunk_scan"] = OpSpec(
     _validate, _scan_tilings, _scan_build,
-    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]})
+    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1})
 REGISTRY["mamba2_chunk_state"] = OpSpec(
     _validate, _state_tilings, _state_build,
-    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]})
+    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1})

@@ -12,7 +12,8 @@ reported objective and bound are in cycles. For every initiation interval ii fro
   frame of the last iteration, the program's frame for epilogue tasks); pre/pre and post/post never overlap;
 - every start lies in [0, P.horizon].
 
-span = max over tasks of s_t + P.end(t), objective = max over P.weights of a·ii + b·span (grains).
+span = max over tasks of s_t + P.end(t), minimising P.latency = max over P.weights of a·ii + b·span (grains);
+the reported objective is P.objective, max(P.floor, latency).
 Unlike CP-SAT and the MILP, no symmetry breaking is added: the enumeration checks those cuts too.
 
 Two enumerations (see ``solve``): ``residues`` (default) branches on the loop tasks' slots modulo ii and
@@ -73,9 +74,9 @@ def span_of(P: Problem, start: dict[str, int]) -> int:
     return max(start[t] + P.end(t) for t in P.tasks)
 
 
-def objective_of(P: Problem, ii: int, start: dict[str, int]) -> int:
-    """The model's objective of a schedule in grains (max over P.weights of a·ii + b·span)."""
-    return P.objective(ii, span_of(P, start))
+def latency_of(P: Problem, ii: int, start: dict[str, int]) -> int:
+    """What the policies minimise for a schedule, grains (P.latency: max over P.weights of a·ii + b·span)."""
+    return P.latency(ii, span_of(P, start))
 
 
 def to_grains(P: Problem, prog: SProgram) -> tuple[int, dict[str, int]] | None:
@@ -145,8 +146,8 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     for p in seeds:
         h = to_grains(P, p)
         if h is not None and h[0] <= ii_hi and not violations(P, *h):
-            if best[0] is None or objective_of(P, *h) < best[0]:
-                best = [objective_of(P, *h), h[0], h[1]]
+            if best[0] is None or latency_of(P, *h) < best[0]:
+                best = [latency_of(P, *h), h[0], h[1]]
     min_span = max(end.values())
     counter = [0]
 
@@ -158,7 +159,7 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
                               "is too large for enumeration; use solver 'cpsat'")
 
     for ii in range(P.ii_lb, ii_hi + 1):
-        if best[0] is not None and P.objective(ii, min_span) >= best[0]:
+        if best[0] is not None and P.latency(ii, min_span) >= best[0]:
             break  # a larger ii only costs more (every weight a >= 0, span >= min_span)
         if any(P.phase[t] == "loop" and n_ > ii for t in P.tasks for _, _, n_ in P.tm[t].uses):
             continue  # a loop reservation longer than ii collides with itself
@@ -175,7 +176,7 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     if bad:  # pragma: no cover - would be a bug in this module
         raise SolverError(f"exhaustive produced an invalid schedule: {bad}")
     prog = P.program(ii, start, "exhaustive")
-    obj = best[0] * P.grain
+    obj = max(P.floor, best[0]) * P.grain
     return prog, stats | {"status": "OPTIMAL", "objective": obj, "bound": obj}
 
 
@@ -232,7 +233,7 @@ def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: A
             S = _least(P, ii, base + [pr[k] for pr, k in zip(pairs, pick)], slot)
             if S is None:
                 continue
-            obj = P.objective(ii, max(S[t] + end[t] for t in P.tasks))
+            obj = P.latency(ii, max(S[t] + end[t] for t in P.tasks))
             if best[0] is None or obj < best[0]:
                 best[0], best[1], best[2] = obj, ii, S
 
@@ -243,7 +244,7 @@ def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: A
         if best[0] is not None:
             # relaxation: the least starts with only the slots placed so far bound every completion from below
             S = _least(P, ii, base, slot)
-            if S is None or P.objective(ii, max(S[t] + end[t] for t in P.tasks)) >= best[0]:
+            if S is None or P.latency(ii, max(S[t] + end[t] for t in P.tasks)) >= best[0]:
                 return
         t = loop[i]
         for r in range(ii):
@@ -282,7 +283,7 @@ def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) 
 
     def dfs(i: int, span: int) -> None:
         if i == len(order):
-            obj = P.objective(ii, span)
+            obj = P.latency(ii, span)
             if best[0] is None or obj < best[0]:
                 best[0], best[1], best[2] = obj, ii, dict(S)
             return
@@ -292,7 +293,7 @@ def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) 
         lo = max([0] + [S[u] + lat - d * ii for u, d, lat in before_in[t] if u != t])
         hi = min([P.horizon] + [S[v] + d * ii - lat for v, d, lat in before_out[t]])
         for s in range(lo, hi + 1):
-            if best[0] is not None and P.objective(ii, max(span, s + tail[t])) >= best[0]:
+            if best[0] is not None and P.latency(ii, max(span, s + tail[t])) >= best[0]:
                 return  # every later start is at least as bad
             tick()
             if any(_clash(P.phase[t], s + o, m, P.phase[u], xu, nu, ii)

@@ -48,7 +48,7 @@ from typing import Any
 from ..errors import SolverError
 from ..program import SProgram
 from .cpsat import _symmetry_task
-from .exhaustive import objective_of, to_grains, violations
+from .exhaustive import latency_of, to_grains, violations
 from .model import Problem
 
 BACKENDS = ("highs", "cbc")
@@ -188,7 +188,7 @@ class _Model:
                         vals[self.order[(f"{ph}:{res}", a, b)].name] = float(S[t] < S[once[b]])
         span = max(S[t] + P.end(t) for t in P.tasks)
         vals[self.span.name] = span
-        vals[self.obj.name] = P.objective(ii, span)
+        vals[self.obj.name] = P.latency(ii, span)
         return vals
 
 
@@ -306,20 +306,22 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
                               f"(a ptsolve bug or a solver tolerance problem): {bad[:3]}")
         sol = ii, S
     if h is not None:
-        if sol is None or objective_of(P, *h) < objective_of(P, *sol):
+        if sol is None or latency_of(P, *h) < latency_of(P, *sol):
             if status == "OPTIMAL":
                 raise SolverError(f"milp ({backend}) claims an optimum of {P.graph.name} worse than the hint's "
-                                  f"({objective_of(P, *sol) if sol else None} > {objective_of(P, *h)} grains)")
+                                  f"({latency_of(P, *sol) if sol else None} > {latency_of(P, *h)} grains)")
             sol = h  # a time-limited run never answers worse than the hint it was given
     if sol is None:
-        return None, stats | {"status": "TIME_LIMIT", "bound": None if bound is None else bound * P.grain}
+        return None, stats | {"status": "TIME_LIMIT", "bound": None if bound is None else max(P.floor, bound) * P.grain}
     ii, S = sol
     prog = P.program(ii, S, f"milp-{backend}")
-    obj = objective_of(P, ii, S)
+    obj = latency_of(P, ii, S)
     if status == "TIME_LIMIT" and bound is not None and bound >= obj:
         status = "OPTIMAL"  # the bound proves it (CBC reports a run stopped on the gap as merely feasible)
     if status == "OPTIMAL":
         bound = obj if bound is None else min(obj, bound)
+    # reported: max(floor, latency), monotone in the latency the model minimises
+    obj, bound = max(P.floor, obj), None if bound is None else max(P.floor, bound)
     gap = (obj - bound) / obj if bound is not None and obj else None
     q = P.grain
     return prog, stats | {"status": status, "objective": obj * q, "bound": None if bound is None else bound * q,

@@ -8,20 +8,22 @@ For one sTask-graph on one EU: choose the initiation interval ``ii`` and a start
                  before the loop's first use of the resource, epilogue tasks start after its last;
   4. in-order issue: each stream is a resource (an async task holds it only for its issue cycles);
   5. memory:     shared memory and registers fit (fixed by the tiling and ``copies``; checked up front);
-minimising the kernel latency: max over SMs of Σ_CTA ((trip-1)·ii + span), where span covers the
-prologue, one iteration and the epilogue. This module builds that data and its bounds; greedy, cpsat,
+minimising the kernel latency: max over SM slots of Σ_CTA ((trip-1)·ii + span), where span covers the
+prologue, one iteration and the epilogue, and at least ``floor``: with ``ctas`` co-resident CTAs per SM
+(tiling key) an SM has that many slots, which share its tensor cores, copy engine and MUFU
+(ptsolve.placement.shared_floor; 0 with one CTA per SM). This module builds that data and its bounds; greedy, cpsat,
 milp and exhaustive read it, and check_valid / simulate verify what they return.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import GRAIN, Timing, lower_bound_ii, timings
+from ..cost import GRAIN, Timing, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
-from ..ops.base import consumer_reg_budget
-from ..placement import per_sm_pairs
+from ..ops.base import consumer_reg_budget, ctas_of, smem_budget
+from ..placement import per_sm_pairs, shared_floor
 from ..program import SProgram, make_program, precedences, ring_users
 from ..validate import regs_per_thread, smem_peak
 
@@ -44,6 +46,7 @@ class Problem:
     ii_ub: int
     horizon: int
     grain: int = GRAIN
+    floor: int = 0                                    # grains; the SM's shared units, see shared_floor
 
     def program(self, ii: int, start: dict[str, int], policy: str) -> SProgram:
         """The SProgram of a solution given in grains (ii and start times)."""
@@ -55,9 +58,15 @@ class Problem:
     def tasks(self) -> list[str]:
         return [t.name for t in self.graph.tasks]
 
-    def objective(self, ii: int, span_cycles: int) -> int:
-        """Busiest SM's cycles for a schedule with this ii and span (pre end <= span assumed)."""
-        return max(a * ii + b * span_cycles for a, b in self.weights)
+    def latency(self, ii: int, span: int) -> int:
+        """Busiest SM slot's time for a schedule with this ii and span (pre end <= span assumed), in the unit
+        of its arguments (grains in the solvers). What every policy minimises."""
+        return max(a * ii + b * span for a, b in self.weights)
+
+    def objective(self, ii: int, span: int) -> int:
+        """The kernel's time: max(floor, latency); monotone in the latency, so a schedule of least latency
+        is optimal for it, and a bound on the latency bounds it."""
+        return max(self.floor, self.latency(ii, span))
 
     def end(self, t: str) -> int:
         """Cycles from the start of ``t`` until it is done (result usable, resources released)."""
@@ -70,7 +79,7 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     FA's S tile is what FA3's intra-warpgroup overlap costs."""
     bufs = g.buffers()
     loop = sorted(n for n in ring_users(g) if bufs[n].space == "reg")
-    budget = consumer_reg_budget(g.groups, hw)
+    budget = consumer_reg_budget(g.groups, hw, ctas_of(g.tiling))
     out = dict.fromkeys(loop, 1)
     # symmetric warpgroups raise the same buffer together (s@0 and s@1)
     for base in sorted({n.split("@")[0] for n in loop}):
@@ -84,10 +93,11 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
     """None if the tiling fits the EU with one copy of every register buffer, else why not."""
     rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
              if b.space == "smem" and n in ring_users(g)}
+    k = ctas_of(g.tiling)
     sm, names = smem_peak(g, rings)
-    if sm > hw.smem_per_block:
-        return f"shared memory {sm} B > {hw.smem_per_block} B ({', '.join(names)})"
-    budget = consumer_reg_budget(g.groups, hw)
+    if sm > smem_budget(hw, k):
+        return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
+    budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, {}, grp)
         if need > budget:
@@ -98,13 +108,13 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
 
 
 def objective_weights(g: STaskGraph, hw: Hardware, placement: str, ratio: float = 0.25) -> tuple[tuple[int, int], ...]:
-    """(a, b) pairs such that the kernel's busiest SM takes max(a·ii + b·span) cycles.
+    """(a, b) pairs such that the kernel's busiest SM slot takes max(a·ii + b·span) cycles.
 
     A CTA with trip count n takes (n-1)·ii + span, so an SM running CTAs C takes Σ(n_c-1)·ii + |C|·span.
     The even split does not depend on ii or span, so its pairs are exact. LPT's assignment does: it is
     fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values.
     """
-    pairs = set(per_sm_pairs(g.row, g.rows, hw.sms, placement, ratio))
+    pairs = set(per_sm_pairs(g.row, g.rows, hw.sms * ctas_of(g.tiling), placement, ratio))
     keep = [p for p in pairs if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in pairs)]
     return tuple(sorted(keep))
 
@@ -130,8 +140,10 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     ii_lb = max(lower_bound_ii(tm, loop), _recurrence_bound(prec, phase))
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
+    weights = objective_weights(g, hw, placement)
+    floor = shared_floor(list(weights), ctas_of(g.tiling), shared_busy(tm, phase))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
-                   objective_weights(g, hw, placement), ii_lb, ii_ub, total + ii_ub, q)
+                   weights, ii_lb, ii_ub, total + ii_ub, q, floor)
 
 
 def _recurrence_bound(prec: list[tuple[str, str, int, int]], phase: dict[str, str]) -> int:
