@@ -354,8 +354,9 @@ def precompile(plans: list[KernelPlan]) -> None:
 
     from codegen.cuda import emit
     from codegen.runtime import compile_kernel
+    sources = {ks.source: ks for ks in map(emit, plans)}  # plans with equal kernels compile once
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 2)) as ex:
-        list(ex.map(lambda pl: compile_kernel(emit(pl)), plans))
+        list(ex.map(compile_kernel, sources.values()))
 
 
 def table(results: dict[str, Any]) -> str:

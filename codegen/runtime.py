@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def compile_kernel(ks: KernelSource, cache: bool = True) -> Compiled:
     cubin, rep = d / f"{key}.cubin", d / f"{key}.json"
     if cache and cubin.exists() and rep.exists():
         return Compiled(ks, cubin.read_bytes(), cubin, json.loads(rep.read_text()))
-    tmp = d / f"{key}.{os.getpid()}.tmp"
+    tmp = d / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp"  # threads of one process compile too
     log = _nvcc(ks, "-cubin", tmp)
     report = parse_ptxas(log) | {"log": log[-4000:]}
     rep.write_text(json.dumps(report))
