@@ -304,6 +304,8 @@ def _consumer(BK: int, dt: str, nbuf: int):
             "      }",
             "      wv[4 * j + 2 * hh] = w0; wv[4 * j + 2 * hh + 1] = w1;",
             "    }", "  }",
+            "  // generic-proxy reads of the slot before the producer's next bulk copy (async proxy) overwrites it",
+            '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
             "  __syncwarp();",
             "  if (lane == 0) mbar_arrive(&w_empty[s_]);  // this warp's reads of CB/dA/dt are done",
             "  // the fp32 accumulator layout of W is the wgmma A-fragment layout once packed in pairs",

@@ -263,7 +263,9 @@ def _consumer(nxs: int, P: int, rows: int, bk: int) -> Callable[[str, str, int |
                              f"1024), make_desc(sb + {kk * 2048}, {bk * 128}, 1024));")
         lines += ["  wg_commit();",
                   "  wg_wait<1>();  // the previous step's group is done: its ring slot (B, x, dA, dt) is free",
-                  "  __syncwarp();  // all lanes' scale reads of the slot precede the arrival",
+                  "  // the scale's generic reads of the slot (x, dA, dt) before the next async-proxy copy into it",
+                  '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+                  "  __syncwarp();",
                   "  if (it_ > 0 && lane == 0) mbar_arrive(&empty_bar[(it_ - 1) % DEPTH]); }"]
         return "\n".join(lines)
     return body
