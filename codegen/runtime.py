@@ -213,8 +213,10 @@ def encode_tensor_map(spec: Any, ptr: int) -> Any:
     if ptr % 16:
         raise DeviceError(f"tensor {spec.tensor!r} must be 16-byte aligned for TMA")
     dt = {"fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-          "bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}[spec.dtype]
-    sw = {128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[spec.swizzle]
+          "bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          "fp32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[spec.dtype]
+    sw = {128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+          0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[spec.swizzle]
     rank = len(spec.dims)
     return _check(driver.cuTensorMapEncodeTiled(
         dt, rank, ptr, [driver.cuuint64_t(x) for x in spec.dims],

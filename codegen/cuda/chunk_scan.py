@@ -115,14 +115,15 @@ def _smem_layout(p: dict[str, Any], t: dict[str, int]) -> dict[str, int]:
     BM, BK, depth = t["BM"], t["BK"], t["depth"]
     N, P = p["d_state"], p["head_dim"]
     cbw = max(64, BK)  # CB is loaded in 64-column (128-byte) boxes: the swizzle the reads assume
+    # dA / dt slots come by 1-D TMA: 128-byte aligned destinations
     lay = {"c": 0, "c_bytes": BM * N * 2, "st_bytes": P * N * 2, "cb_bytes": BM * cbw * 2, "x_bytes": BK * P * 2,
-           "f_bytes": BK * 4}
+           "f_bytes": BK * 4, "f_slot": -(-BK * 4 // 128) * 128}
     lay["st"] = lay["c"] + lay["c_bytes"]
     lay["cb"] = lay["st"] + lay["st_bytes"]
     lay["x"] = lay["cb"] + depth * lay["cb_bytes"]
     lay["da"] = lay["x"] + depth * lay["x_bytes"]
-    lay["dt"] = lay["da"] + depth * lay["f_bytes"]
-    lay["dacs"] = lay["dt"] + depth * lay["f_bytes"]
+    lay["dt"] = lay["da"] + depth * lay["f_slot"]
+    lay["dacs"] = lay["dt"] + depth * lay["f_slot"]
     lay["bar"] = (lay["dacs"] + BM * 4 + 15) // 16 * 16
     lay["total"] = lay["bar"] + (1 + 4 * depth) * 8 + 1024  # + alignment slack
     return lay
@@ -250,10 +251,10 @@ def _producer(name: str, it: str, parity: int | None, waits: Any) -> str:
                 "  for (int cc = 0; cc < CBCH; ++cc)\n"
                 "    tma_load_2d(cb_s + s_ * CB_BYTES + cc * BM * 128, &tm_cb, &w_full[s_], q_ * BK + 64 * cc, "
                 "cb_row); }")
-    src = "da_g" if name == "load_dA" else "dt_g"
-    dst = "da_s" if name == "load_dA" else "dt_s"
+    # 1-D TMA rather than a raw cp.async.bulk: same copy, and compute-sanitizer's racecheck models it
+    tm, dst = ("tm_da", "da_s") if name == "load_dA" else ("tm_dt", "dt_s")
     return (head + f"  mbar_expect_tx(&w_full[s_], F_BYTES);\n"
-            f"  bulk_load({dst} + s_ * BK, {src} + q_ * BK, F_BYTES, &w_full[s_]); }}")
+            f"  tma_load_1d({dst} + s_ * FS, &{tm}, &w_full[s_], vrow + q_ * BK); }}")
 
 
 def _consumer(BK: int, dt: str, nbuf: int):
@@ -278,7 +279,7 @@ def _consumer(BK: int, dt: str, nbuf: int):
             head, f"  wg_wait<{n}>();  // the mma that last read this fragment buffer is complete",
             f"  fence_regs({buf}_flat);",
             "  mbar_wait(&w_full[s_], ph_);",
-            "  const float* das = da_s + s_ * BK;", "  const float* dts = dt_s + s_ * BK;",
+            "  const float* das = da_s + s_ * FS;", "  const float* dts = dt_s + s_ * FS;",
             "  const uint8_t* cbt = cb_s + s_ * CB_BYTES;",
             "  const int kb = it_ * BK;",
             "  // tiles wholly below the diagonal and inside seq need no mask",
@@ -433,13 +434,15 @@ def emit_chunk_scan(plan: KernelPlan) -> KernelSource:
 extern "C" __global__ void __launch_bounds__({threads}, {ctas})
 {name}(const __grid_constant__ CUtensorMap tm_cb, const __grid_constant__ CUtensorMap tm_x,
        const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_states,
-       const float* __restrict__ dt_ptr, const float* __restrict__ da_ptr, {CTYPE[dt]}* __restrict__ out) {{
+       const __grid_constant__ CUtensorMap tm_dt, const __grid_constant__ CUtensorMap tm_da,
+       const float* __restrict__ da_ptr, {CTYPE[dt]}* __restrict__ out) {{
   using namespace pts;
   constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, Q = {Q}, NC = {nc}, NMB = {nmb};
   constexpr int BM = {BM}, BK = {BK}, DEPTH = {depth}, NCH = {N // 64}, CBCH = {max(1, BK // 64)};
   constexpr float LOG2E = {LOG2E!r}f;
   constexpr uint32_t C_BYTES = {lay['c_bytes']}, ST_BYTES = {lay['st_bytes']}, CB_BYTES = {lay['cb_bytes']};
   constexpr uint32_t X_BYTES = {lay['x_bytes']}, F_BYTES = {lay['f_bytes']};
+  constexpr int FS = {lay['f_slot'] // 4};  // floats between dA / dt ring slots
   // longest causal loop first: m-block NMB-1 visits the most k-blocks
   const int mb = NMB - 1 - (int)blockIdx.x, h = blockIdx.y, bz = blockIdx.z / NC, c = blockIdx.z % NC;
   const int m0 = mb * BM, CQ = c * Q;
@@ -449,9 +452,9 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
   {{ const int lim = (SEQ - CQ + BK - 1) / BK; T = lim < T ? lim : T; }}  // and k < seq
   const int cb_row = ((bz * NC + c) * G + grp) * Q + m0;
   const int st_row = ((bz * NC + c) * H + h) * P;
-  const float* da_g = da_ptr + ((size_t)(bz * H + h) * NC + c) * Q;
-  const float* dt_g = dt_ptr + ((size_t)(bz * H + h) * NC + c) * Q;
-  (void)cb_row; (void)st_row; (void)da_g; (void)dt_g; (void)grp;
+  const int vrow = ((bz * H + h) * NC + c) * Q;  // dt / dA_cumsum element of (batch, head, chunk)
+  const float* da_g = da_ptr + vrow;
+  (void)cb_row; (void)st_row; (void)da_g; (void)vrow; (void)grp;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* c_s = smem + {lay['c']};
@@ -475,6 +478,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
     }}
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     tma_prefetch_desc(&tm_cb); tma_prefetch_desc(&tm_x); tma_prefetch_desc(&tm_c); tma_prefetch_desc(&tm_states);
+    tma_prefetch_desc(&tm_dt); tma_prefetch_desc(&tm_da);
   }}
   __syncthreads();
   const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
@@ -499,10 +503,12 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
         TensorMapSpec("x", dt, (P, H, L, B), (P * e, H * P * e, L * H * P * e), (64, 1, BK, 1)),
         TensorMapSpec("c", dt, (N, G, L, B), (N * e, G * N * e, L * G * N * e), (64, 1, BM, 1)),
         TensorMapSpec("states", dt, (N, B * nc * H * P), (N * e,), (64, P)),
+        TensorMapSpec("dt", "fp32", (B * H * nc * Q,), (), (BK,), 0),
+        TensorMapSpec("dA", "fp32", (B * H * nc * Q,), (), (BK,), 0),
     )
     return KernelSource(source=src, name=name, op=OP, params=dict(p), grid=(nmb, H, B * nc),
                         block=(threads, 1, 1), smem_bytes=lay["total"], tensor_maps=maps,
-                        args=("tmap:cb", "tmap:x", "tmap:c", "tmap:states", "ptr:dt", "ptr:dA", "ptr:out"),
+                        args=("tmap:cb", "tmap:x", "tmap:c", "tmap:states", "tmap:dt", "tmap:dA", "ptr:dA", "ptr:out"),
                         info={"tiling": dict(t), "consumer_regs": creg, "w_buffers": [nbufs[r] for r in roles]})
 
 

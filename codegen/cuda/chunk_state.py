@@ -167,11 +167,12 @@ def _layout(p: dict[str, Any], t: dict[str, int], nxs: int) -> dict[str, int]:
     BM, BK, depth, W, P = t["BM"], t["BK"], t["depth"], t["groups"], p["head_dim"]
     b_bytes, x_bytes = BM * BK * 2, BK * P * 2
     da_off = b_bytes + x_bytes
-    stage = -(-(da_off + 2 * BK * 4) // 1024) * 1024
+    f_slot = -(-BK * 4 // 128) * 128  # dA / dt come by 1-D TMA: 128-byte aligned destinations
+    stage = -(-(da_off + 2 * f_slot) // 1024) * 1024
     xs_off = depth * stage
     bar_off = xs_off + W * nxs * x_bytes
     dal_off = bar_off + -(-(2 * depth + 1) * 8 // 16) * 16  # bulk copies need 16-byte aligned destinations
-    return {"b_bytes": b_bytes, "x_bytes": x_bytes, "x_off": b_bytes, "da_off": da_off, "dt_off": da_off + BK * 4,
+    return {"b_bytes": b_bytes, "x_bytes": x_bytes, "x_off": b_bytes, "da_off": da_off, "dt_off": da_off + f_slot,
             "stage": stage, "xs_off": xs_off, "bar_off": bar_off, "dal_off": dal_off, "total": dal_off + 16 + 1024}
 
 
@@ -215,10 +216,11 @@ def _producer(name: str, it: str, parity: int | None, waits: Any) -> str:
                        "  for (int c = 0; c < P / 64; ++c)\n"
                        "    tma_load_4d(smem + s_ * STAGE + X_OFF + c * BK * 128, &tm_x, &full_bar[s_], "
                        f"c * 64, hd, {row}, bz); }}")
-    off, src = ("DA_OFF", "da") if name == "load_dA" else ("DT_OFF", "dtp")
-    # dt / dA rows are full chunks in global memory (nchunks * chunk), so this copy never leaves the tensor
+    off, tm = ("DA_OFF", "tm_da") if name == "load_dA" else ("DT_OFF", "tm_dt")
+    # dt / dA rows are full chunks in global memory (nchunks * chunk), so this copy never leaves the tensor;
+    # 1-D TMA rather than a raw cp.async.bulk: same copy, and compute-sanitizer's racecheck models it
     return head + (f"  mbar_expect_tx(&full_bar[s_], BK * 4);\n"
-                   f"  bulk_load(smem + s_ * STAGE + {off}, {src} + vec0 + it_ * BK, BK * 4, &full_bar[s_]); }}")
+                   f"  tma_load_1d(smem + s_ * STAGE + {off}, &{tm}, &full_bar[s_], vec0 + it_ * BK); }}")
 
 
 def _consumer(nxs: int, P: int, rows: int, bk: int) -> Callable[[str, str, int | None, Any], str]:
@@ -424,7 +426,8 @@ __device__ __forceinline__ void scale8(uint4& u, float s) {{
 {PRELUDE_END}
 extern "C" __global__ void __launch_bounds__({threads}, {ctas})
 {name}(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_b,
-       const float* __restrict__ dtp, const float* __restrict__ da, float* __restrict__ out) {{
+       const __grid_constant__ CUtensorMap tm_dt, const __grid_constant__ CUtensorMap tm_da,
+       const float* __restrict__ da, float* __restrict__ out) {{
   using namespace pts;
   constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, N = {N}, Q = {Q}, NC = {NC};
   constexpr int BM = {BM}, BK = {BK}, DEPTH = {depth}, MT = P / 64, COLS = {rows};
@@ -450,7 +453,7 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
     for (int s = 0; s < DEPTH; ++s) {{ mbar_init(&full_bar[s], 4); mbar_init(&empty_bar[s], 4 * {W}); }}
     mbar_init(dal_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    tma_prefetch_desc(&tm_x); tma_prefetch_desc(&tm_b);
+    tma_prefetch_desc(&tm_x); tma_prefetch_desc(&tm_b); tma_prefetch_desc(&tm_dt); tma_prefetch_desc(&tm_da);
   }}
   __syncthreads();
   const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
@@ -475,10 +478,12 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
     maps = (
         TensorMapSpec("x", dt, (P, H, L, Bt), (P * e, H * P * e, L * H * P * e), (64, 1, BK, 1)),
         TensorMapSpec("b", dt, (N, G, L, Bt), (N * e, G * N * e, L * G * N * e), (64, 1, BK, 1)),
+        TensorMapSpec("dt", "fp32", (Bt * H * NC * Q,), (), (BK,), 0),
+        TensorMapSpec("da", "fp32", (Bt * H * NC * Q,), (), (BK,), 0),
     )
     return KernelSource(source=src, name=name, op=OP, params=dict(p), grid=(NC * H, N // BM, Bt),
                         block=(threads, 1, 1), smem_bytes=lay["total"], tensor_maps=maps,
-                        args=("tmap:x", "tmap:b", "ptr:dt", "ptr:da", "ptr:out"),
+                        args=("tmap:x", "tmap:b", "tmap:dt", "tmap:da", "ptr:da", "ptr:out"),
                         info={"tiling": dict(t), "consumer_regs": creg, "xs_buffers": nxss, "tc_turns": None})
 
 
