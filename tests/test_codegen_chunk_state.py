@@ -102,7 +102,7 @@ def test_ptx_has_wgmma_and_tma(compiled, name):
     ptx = ptx_text(compiled[name].kernel)
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor" in ptx
-    assert "cp.async.bulk.tensor.1d" in ptx  # dA / dt slices of the loop
+    assert "cp.async.bulk.tensor.2d" in ptx  # dA / dt slices of the loop (x and B tiles are 4-D)
     assert "cp.async.bulk.shared::cluster.global" in ptx  # the chunk's last dA, once
     assert "fence.proxy.async.shared::cta" in ptx
     assert "setmaxnreg" in ptx and "mbarrier" in ptx
@@ -154,10 +154,10 @@ def test_launch_metadata():
     assert ks.grid == (4 * 8, 1, 2)  # nchunks * heads, d_state blocks, batch
     assert ks.block == (384, 1, 1)
     assert ks.args == ("tmap:x", "tmap:b", "tmap:dt", "tmap:da", "ptr:da", "ptr:out")
-    assert {m.tensor: m.box for m in ks.tensor_maps} == {"x": (64, 1, 64, 1), "b": (64, 1, 64, 1), "dt": (64,),
-                                                          "da": (64,)}
-    assert {m.tensor: m.dims for m in ks.tensor_maps if m.dtype == "fp32"} == {"dt": (2 * 8 * 4 * 256,),
-                                                                               "da": (2 * 8 * 4 * 256,)}
+    assert {m.tensor: m.box for m in ks.tensor_maps} == {"x": (64, 1, 64, 1), "b": (64, 1, 64, 1), "dt": (64, 1),
+                                                          "da": (64, 1)}
+    assert {m.tensor: m.dims for m in ks.tensor_maps if m.dtype == "fp32"} == {"dt": (256, 2 * 8 * 4),
+                                                                               "da": (256, 2 * 8 * 4)}
 
 
 def _bad(**kw):

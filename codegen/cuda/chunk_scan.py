@@ -115,7 +115,7 @@ def _smem_layout(p: dict[str, Any], t: dict[str, int]) -> dict[str, int]:
     BM, BK, depth = t["BM"], t["BK"], t["depth"]
     N, P = p["d_state"], p["head_dim"]
     cbw = max(64, BK)  # CB is loaded in 64-column (128-byte) boxes: the swizzle the reads assume
-    # dA / dt slots come by 1-D TMA: 128-byte aligned destinations
+    # dA / dt slots come by TMA: 128-byte aligned destinations
     lay = {"c": 0, "c_bytes": BM * N * 2, "st_bytes": P * N * 2, "cb_bytes": BM * cbw * 2, "x_bytes": BK * P * 2,
            "f_bytes": BK * 4, "f_slot": -(-BK * 4 // 128) * 128}
     lay["st"] = lay["c"] + lay["c_bytes"]
@@ -251,10 +251,11 @@ def _producer(name: str, it: str, parity: int | None, waits: Any) -> str:
                 "  for (int cc = 0; cc < CBCH; ++cc)\n"
                 "    tma_load_2d(cb_s + s_ * CB_BYTES + cc * BM * 128, &tm_cb, &w_full[s_], q_ * BK + 64 * cc, "
                 "cb_row); }")
-    # 1-D TMA rather than a raw cp.async.bulk: same copy, and compute-sanitizer's racecheck models it
+    # a TMA tile of the (rows of chunk, chunk) view rather than a raw cp.async.bulk: the same bytes, and
+    # compute-sanitizer's racecheck follows the mbarriers of tensor copies
     tm, dst = ("tm_da", "da_s") if name == "load_dA" else ("tm_dt", "dt_s")
     return (head + f"  mbar_expect_tx(&w_full[s_], F_BYTES);\n"
-            f"  tma_load_1d({dst} + s_ * FS, &{tm}, &w_full[s_], vrow + q_ * BK); }}")
+            f"  tma_load_2d({dst} + s_ * FS, &{tm}, &w_full[s_], q_ * BK, vrow); }}")
 
 
 def _consumer(BK: int, dt: str, nbuf: int):
@@ -452,8 +453,8 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
   {{ const int lim = (SEQ - CQ + BK - 1) / BK; T = lim < T ? lim : T; }}  // and k < seq
   const int cb_row = ((bz * NC + c) * G + grp) * Q + m0;
   const int st_row = ((bz * NC + c) * H + h) * P;
-  const int vrow = ((bz * H + h) * NC + c) * Q;  // dt / dA_cumsum element of (batch, head, chunk)
-  const float* da_g = da_ptr + vrow;
+  const int vrow = (bz * H + h) * NC + c;  // dt / dA_cumsum row (chunk) of (batch, head, chunk)
+  const float* da_g = da_ptr + (size_t)vrow * Q;
   (void)cb_row; (void)st_row; (void)da_g; (void)vrow; (void)grp;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -503,8 +504,8 @@ extern "C" __global__ void __launch_bounds__({threads}, {ctas})
         TensorMapSpec("x", dt, (P, H, L, B), (P * e, H * P * e, L * H * P * e), (64, 1, BK, 1)),
         TensorMapSpec("c", dt, (N, G, L, B), (N * e, G * N * e, L * G * N * e), (64, 1, BM, 1)),
         TensorMapSpec("states", dt, (N, B * nc * H * P), (N * e,), (64, P)),
-        TensorMapSpec("dt", "fp32", (B * H * nc * Q,), (), (BK,), 0),
-        TensorMapSpec("dA", "fp32", (B * H * nc * Q,), (), (BK,), 0),
+        TensorMapSpec("dt", "fp32", (Q, B * H * nc), (Q * 4,), (BK, 1), 0),
+        TensorMapSpec("dA", "fp32", (Q, B * H * nc), (Q * 4,), (BK, 1), 0),
     )
     return KernelSource(source=src, name=name, op=OP, params=dict(p), grid=(nmb, H, B * nc),
                         block=(threads, 1, 1), smem_bytes=lay["total"], tensor_maps=maps,
