@@ -11,9 +11,10 @@ so a float32 ``prev_states`` must be converted by the caller (``run_chunk_scan``
 
 One CTA per (BM-block of chunk positions, head, batch·chunk); the m-blocks with the longest causal loop are
 launched first. Warpgroup 0 is the producer (one thread): pre ``load_c`` / ``load_states`` (TMA, 128-byte
-swizzle) and ``load_dacs`` (a 1-D bulk copy: the tensor-map encoder of ``codegen.runtime`` takes fp16/bf16
-only, and dA/dt are float32); loop ``load_cb`` / ``load_x`` (TMA) and ``load_dA`` / ``load_dt`` (bulk copies)
-into rings of ``depth`` stages. Consumer warpgroup g owns chunk rows 64g..64g+63 of the block:
+swizzle) and ``load_dacs`` (a 1-D bulk copy, read once); loop ``load_cb`` / ``load_x`` (TMA) and ``load_dA`` /
+``load_dt`` (TMA tiles of the float32 (chunk rows, chunk) view, unswizzled; a raw bulk copy into a reused slot
+trips compute-sanitizer's racecheck) into rings of ``depth`` stages. Consumer warpgroup g owns chunk rows
+64g..64g+63 of the block:
 pre ``mma_state`` (acc = C·statesᵀ, both operands K-major in smem), ``scale_state`` (acc *= exp(dA[m]));
 loop ``decay`` (reads the swizzled CB tile straight into the wgmma accumulator layout, multiplies by
 exp2((dA[m] − dA[k])·log2 e)·dt[k], zero where k > m or k ≥ seq, packs fp16/bf16 A fragments) and ``mma``

@@ -11,7 +11,8 @@ stages), groups (consumer warpgroups; each owns BM/groups d_state columns: 64 or
 
 Kernel: one CTA per (chunk x head, d_state block, batch) (grid x runs over heads first, so the heads of a
 group, which share B, run side by side); warpgroup 0 is the producer (one thread: x and B tiles by
-``cp.async.bulk.tensor`` with 128B swizzle, dA / dt slices by 1-D ``cp.async.bulk``, all into one ``depth``-stage
+``cp.async.bulk.tensor`` with 128B swizzle, dA / dt slices as unswizzled TMA tiles of the float32 (chunk rows,
+chunk) view, all into one ``depth``-stage
 ring, full/empty mbarriers; the chunk's last dA by a 16-byte bulk copy in the pre phase). Consumer warpgroups:
 ``scale`` multiplies the x tile by s_l = exp(dA_last - dA_l) * dt_l in shared memory, writing this warpgroup's xs
 buffer (same swizzled layout as x; s_l is forced to 0 for positions >= seq, so whatever dt/dA hold there cannot
