@@ -165,6 +165,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
 PRELUDE_END = "\n}  // namespace pts\n"
 
 
+def setup(inits: str, maps: tuple[str, ...]) -> str:
+    """The kernel lines every emitter shares between the shared-memory carve-up and the role branches: thread 0
+    runs ``inits`` (mbarrier initialisation, C++ lines indented four spaces), fences them for the async proxy
+    and prefetches the tensor maps ``tm_<name>``; then every thread learns its warpgroup ``wg`` and ``lane``."""
+    prefetch = " ".join(f"tma_prefetch_desc(&tm_{m});" for m in maps)
+    return ("  if (threadIdx.x == 0) {\n" + inits + "\n"
+            '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");\n'
+            f"    {prefetch}\n  }}\n  __syncthreads();\n"
+            "  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);\n"
+            "  const int lane = threadIdx.x & 31;")
+
+
 def wgmma_ss(n: int, dtype: str) -> str:
     """Device functions ``wgmma_ss_n{n}_{t}``: D[64 x n] (+)= A(smem) * B(smem), both K-major, and
     ``..._z``: D = A * B (scale-d 0) with D as a pure output, so the compiler does not keep the old
