@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from hopper import require_hopper
 
 from codegen.cuda.chunk_scan import default_chunk_scan_plan, emit_chunk_scan
 from codegen.plan import KernelPlan
@@ -162,14 +163,7 @@ def test_plan_json_roundtrip_emits_same_kernel() -> None:
 # ------------------------------------------------------------------------------------------------ GPU
 
 
-def _gpu() -> Any:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cuda.bindings")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("generated kernels need sm_90 (H100/H200)")
-    return torch
+_gpu = require_hopper
 
 
 def check_chunk_scan(batch: int, seq: int, heads: int, ngroups: int, dtype: str, t: dict[str, int],

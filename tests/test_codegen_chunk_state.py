@@ -15,6 +15,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from hopper import require_hopper
 
 from codegen.cuda.chunk_state import default_chunk_state_plan, emit_chunk_state
 from codegen.cuda.common import SMEM_LIMIT
@@ -237,13 +238,7 @@ def _check(shape, plan_fn, dtype, poison_tail=False, trials=2):
     assert err <= 1e-2, f"rel err {err}"  # NaN compares False: never passes
 
 
-def _gpu_ok():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cuda.bindings")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("generated kernels need sm_90 (H100/H200)")
+_gpu_ok = require_hopper
 
 
 @pytest.mark.gpu

@@ -4,18 +4,14 @@ NaN before every run (NaN never passes), ragged and GQA shapes, causal masks, se
 from __future__ import annotations
 
 import pytest
+from hopper import require_hopper
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _gpu():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("cuda.bindings")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("generated kernels need sm_90 (H100/H200)")
+    require_hopper()
 
 
 def _fa(B, H, Hkv, Sq, Skv, D, causal, dtype="bf16"):
