@@ -25,6 +25,9 @@ class KernelPlan:
     order: dict[str, dict[str, list[tuple[str, int]]]]  # phase -> role -> [(task, stage), ...]
     tc_order: list[str] = field(default_factory=list)
     ii: int = 0                               # predicted initiation interval, cycles (informational)
+    # register buffer -> copies the program was scheduled with (its register budget); an emitter that would
+    # keep more copies for this order (ChunkScan's W fragments) keeps these and waits instead
+    copies: dict[str, int] = field(default_factory=dict)
 
     @property
     def groups(self) -> int:
@@ -35,14 +38,18 @@ class KernelPlan:
         return 1 + max((s for ops in self.order.get("loop", {}).values() for _, s in ops), default=0)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        d = asdict(self)
+        if not d["copies"]:
+            del d["copies"]  # plans without it keep their JSON (and kernel names)
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, s: str) -> KernelPlan:
         d = json.loads(s)
         order = {ph: {r: [(str(t), int(st)) for t, st in ops] for r, ops in roles.items()}
                  for ph, roles in d["order"].items()}
-        return cls(d["op"], d["params"], d["tiling"], order, list(d.get("tc_order", [])), int(d.get("ii", 0)))
+        return cls(d["op"], d["params"], d["tiling"], order, list(d.get("tc_order", [])), int(d.get("ii", 0)),
+                   dict(d.get("copies", {})))
 
 
 def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overlap: bool = False) -> KernelPlan:
@@ -82,4 +89,4 @@ def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
              for ph, roles in streams.items()}
     mma = sorted((t.name for t in g.phase("loop") if t.kind == "mma"),
                  key=lambda n: (program.start[n] % program.ii, n))
-    return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii))
+    return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii), dict(program.copies))

@@ -239,3 +239,17 @@ def test_index_limits() -> None:
     assert emit_chunk_scan(default_chunk_scan_plan(big, tiling(2, 64))).grid == (2, 64, 64 * 64)
     with pytest.raises(CodegenError, match="32-bit"):
         emit_chunk_scan(default_chunk_scan_plan(params(2048, 1 << 20, 8, 1), tiling(2, 64)))
+
+
+def test_plan_copies_limit_fragment_buffers() -> None:
+    """An order with mma a stage behind decay gets two W fragment buffers, unless the program was scheduled
+    with one (its register budget): then one, and decay waits for the previous mma (wgmma.wait_group 0)."""
+    base = default_chunk_scan_plan(params(), tiling(1, 64, ctas=3))
+    late = with_loop(base, [("mma", 1), ("decay", 0)])
+    assert emit_chunk_scan(late).info["w_buffers"] == [2]
+    one = dataclasses.replace(late, copies={"w@0": 1})
+    ks = emit_chunk_scan(one)
+    assert ks.info["w_buffers"] == [1] and "wg_wait<0>();  // the mma that last read this fragment buffer" in ks.source
+    assert KernelPlan.from_json(one.to_json()) == one
+    with pytest.raises(CodegenError, match="copies"):
+        emit_chunk_scan(dataclasses.replace(late, copies={"w@0": 3}))

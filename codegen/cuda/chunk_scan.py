@@ -205,10 +205,19 @@ def default_chunk_scan_plan(params: dict[str, Any], tiling: dict[str, int], over
 
 
 def _nbuf(lo: LoopOrder) -> int:
-    """W fragment buffers: 2 when mma runs at a later stage than decay (decay(it+1) is computed while mma(it)
-    still reads its fragments), else 1 (decay(it+1) waits for mma(it))."""
+    """W fragment buffers the order can use: 2 when mma runs at a later stage than decay (decay(it+1) is
+    computed while mma(it) still reads its fragments), else 1 (decay(it+1) waits for mma(it)). The plan's
+    copies can lower 2 to 1 (decay then waits for mma: _needs)."""
     st = dict(lo.ops)
     return 2 if st["mma"] > st["decay"] else 1
+
+
+def _copies(plan: KernelPlan, buf: str) -> int:
+    """Copies of register buffer ``buf`` the plan allows (the program's, from its register budget): 1 or 2."""
+    c = getattr(plan, "copies", None) or {}
+    if not isinstance(c, dict):
+        raise CodegenError(f"plan.copies must be a dict, got {type(c).__name__}")
+    return _int(f"plan.copies[{buf!r}]", c.get(buf, 2), 1, 2)
 
 
 def _needs(nbuf: int) -> dict[str, list[tuple[str, int]]]:
@@ -387,7 +396,7 @@ def emit_chunk_scan(plan: KernelPlan) -> KernelSource:
     roles = [f"wg{g}" for g in range(W)]
     base = min(s for r in roles for _, s in order["loop"][r])
     loops = {r: LoopOrder(tuple((n, s - base) for n, s in order["loop"][r])) for r in roles}
-    nbufs = {r: _nbuf(lo) for r, lo in loops.items()}
+    nbufs = {r: min(_nbuf(lo), _copies(plan, f"w@{r[2:]}")) for r, lo in loops.items()}
     for r, lo in loops.items():
         check_deps(r, lo, {"mma": [("decay", 0)]})
     check_sync(prod, loops, depth)
