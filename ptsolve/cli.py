@@ -133,10 +133,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .cost import shared_busy, timings
     from .hw import load
     from .ops.base import ctas_of
-    from .placement import exact_loads, lower_bound, per_sm_pairs, shared_floor, sm_loads
+    from .placement import exact_loads, lower_bound, sm_loads
+    from .simulate import unit_floor
     from .suites import SUITES, operator
 
     hw = load(a.hw)
@@ -158,11 +158,9 @@ def cmd_placement(a: argparse.Namespace) -> int:
         if len(set(g.row)) < 2:
             continue
         costs = [p.cta_cycles(n, hw) for n in g.row]
-        k = ctas_of(g.tiling)
-        slots = hw.sms * k
-        busy = shared_busy(timings(g, hw), {t.name: t.phase for t in g.tasks})
-        fl = {x: shared_floor(per_sm_pairs(g.row, g.rows, slots, x), k, busy) for x in ("even", "lpt")}
-        floor = fl["lpt"]  # exact is approximated by longest-first's pairs (as in the model)
+        slots = hw.sms * ctas_of(g.tiling)
+        fl = {x: unit_floor(g, hw, x) for x in ("even", "lpt")}
+        floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "lpt"))
         ex, proven = exact_loads(costs, g.rows, slots, time_limit=a.time_limit)
         us = [hw.cycles_to_us(x) + hw.launch_us for x in (even, lpt, max(floor, int(ex.max())),

@@ -137,12 +137,17 @@ def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: s
                   tm: dict[str, Timing] | None = None) -> tuple[int, np.ndarray]:
     """(kernel cycles, busy cycles of each SM slot) for CTAs of ``cta[trip]`` cycles: the busiest of the
     hw.sms · ctas slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher."""
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * ctas_of(g.tiling), placement)
+    return max(int(busy.max()), unit_floor(g, hw, placement, tm)), busy
+
+
+def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing] | None = None) -> int:
+    """The SMs' shared-unit floor of ``g``'s kernel, cycles (ptsolve.placement.shared_floor; 0 with one CTA per
+    SM); ``exact`` placement is approximated by longest-first's slots, as in the model."""
     k = ctas_of(g.tiling)
-    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * k, placement)
     tm = tm or timings(g, hw)
-    floor = shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k,
-                         shared_busy(tm, {t.name: t.phase for t in g.tasks}))
-    return max(int(busy.max()), floor), busy
+    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k,
+                        shared_busy(tm, {t.name: t.phase for t in g.tasks}))
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:
