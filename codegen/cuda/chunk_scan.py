@@ -59,7 +59,7 @@ from .common import (
     wgmma_ss,
 )
 from .schedule import LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
-from .validate import int_params, validate_order
+from .validate import _int, int_params, int_tiling, validate_order
 
 __all__ = ["OP", "TASKS", "default_chunk_scan_plan", "emit_chunk_scan", "run_chunk_scan", "validate_chunk_scan"]
 
@@ -80,12 +80,6 @@ W_LOADS = ("load_cb", "load_dA", "load_dt")  # the three arrivals of the w ring'
 
 
 # ------------------------------------------------------------------------------------------------ validation
-
-
-def _int(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise CodegenError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
-    return v
 
 
 def _params(p: Any) -> dict[str, Any]:
@@ -132,19 +126,12 @@ def _smem_layout(p: dict[str, Any], t: dict[str, int]) -> dict[str, int]:
 
 
 def _tiling(t: Any, p: dict[str, Any]) -> dict[str, int]:
-    if not isinstance(t, dict):
-        raise CodegenError("plan.tiling must be a dict")
-    W = _int("tiling groups", t.get("groups"), 1, 2)
-    BM = _int("tiling BM", t.get("BM"), 64, 128)
-    BK = _int("tiling BK", t.get("BK"), 16, 128)
-    depth = _int("tiling depth", t.get("depth"), 2, 4)  # the x ring is released one mma late: depth 1 deadlocks
-    # optional: CTAs per SM the kernel is built for (launch bounds); 1 (default) rebalances registers with
-    # setmaxnreg, 2-3 split the register file evenly instead (more CTAs in flight hide the short loop's latency)
-    ctas = _int("tiling ctas", t.get("ctas", 1), 1, 3)
-    extra = set(t) - {"BM", "BK", "depth", "groups", "ctas"}
-    if extra:
-        raise CodegenError(f"unknown {OP} tiling key(s) {sorted(map(str, extra))}; it takes BM, BK, depth, groups, "
-                           "ctas")
+    # depth >= 2: the x ring is released one mma late, so depth 1 deadlocks. Optional ctas: CTAs per SM the
+    # kernel is built for (launch bounds); 1 (default) rebalances registers with setmaxnreg, 2-3 split the
+    # register file evenly instead (more CTAs in flight hide the short loop's latency)
+    q = int_tiling(OP, t, {"BM": (64, 128, None), "BK": (16, 128, None), "depth": (2, 4, None),
+                           "groups": (1, 2, None), "ctas": (1, 3, 1)}, closed=True)
+    BM, BK, depth, W, ctas = q.values()
     if BM != 64 * W:
         raise CodegenError(f"{OP}: BM={BM} must be 64 rows per consumer warpgroup (64·groups={64 * W})")
     if BK not in (16, 32, 64, 128):

@@ -45,7 +45,7 @@ from ptsolve.errors import CodegenError, DeviceError
 
 from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, KernelSource, TensorMapSpec, setup
 from .schedule import SIM_EXTRA, LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
-from .validate import _int, int_params, validate_order
+from .validate import int_params, int_tiling, validate_order
 
 OP = "mamba2_chunk_state"
 PARAM_KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
@@ -88,22 +88,13 @@ def validate_chunk_state(plan: KernelPlan) -> tuple[dict[str, Any], dict[str, in
         raise CodegenError(f"{OP}: batch={q['batch']} exceeds the grid's z limit (65535)")
     params = q | {"dtype": dt}
 
-    t = plan.tiling
-    if not isinstance(t, dict):
-        raise CodegenError("plan.tiling must be a dict")
-    W = _int("tiling groups", t.get("groups"), 1, 2)
-    BM = _int("tiling BM", t.get("BM"), 64, 256)
-    BK = _int("tiling BK", t.get("BK"), 16, 256)
-    depth = _int("tiling depth", t.get("depth"), 1, 8)
-    # optional: CTAs per SM the kernel is built for. 1 (default): setmaxnreg moves the registers to the consumers
-    # (the ptsolve model's budget). 2: no setmaxnreg, __launch_bounds__(threads, 2), every thread gets
+    # optional ctas: CTAs per SM the kernel is built for. 1 (default): setmaxnreg moves the registers to the
+    # consumers (the ptsolve model's budget). 2: no setmaxnreg, __launch_bounds__(threads, 2), every thread gets
     # 65536 / (2 * threads) registers and each CTA at most half the shared memory: two CTAs share an SM, so
     # one's loads and stores overlap the other's work (this kernel is short per CTA and memory bound)
-    ctas = _int("tiling ctas", t.get("ctas", 1), 1, 2)
-    extra = set(t) - {"BM", "BK", "depth", "groups", "ctas"}
-    if extra:
-        raise CodegenError(f"unknown {OP} tiling key(s) {sorted(map(str, extra))}; it takes BM, BK, depth, groups "
-                           "(and optional ctas)")
+    q_t = int_tiling(OP, plan.tiling, {"BM": (64, 256, None), "BK": (16, 256, None), "depth": (1, 8, None),
+                                       "groups": (1, 2, None), "ctas": (1, 2, 1)}, closed=True)
+    BM, BK, depth, W, ctas = q_t.values()
     if BM % W or (BM // W) not in (64, 128):
         raise CodegenError(f"{OP}: BM={BM} over {W} warpgroup(s) must give 64 or 128 d_state columns each")
     if q["d_state"] % BM:

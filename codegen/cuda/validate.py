@@ -85,20 +85,32 @@ def validate_params(op: str, p: dict[str, Any]) -> dict[str, Any]:
     return q | {"causal": causal, "dtype": dt}
 
 
-def validate_tiling(op: str, t: dict[str, Any], p: dict[str, Any]) -> dict[str, int]:
-    """Tiling checked against what the emitter can generate (shapes of wgmma, TMA boxes, registers, smem)."""
+def int_tiling(op: str, t: Any, ranges: dict[str, tuple[int, int, int | None]], closed: bool = False
+               ) -> dict[str, int]:
+    """``t`` read as ints: ``ranges`` maps each key to (lo, hi, default; None = required); ``closed`` rejects any
+    other key. CodegenError for anything else (not a dict, a missing or out-of-range value)."""
     if not isinstance(t, dict):
         raise CodegenError("plan.tiling must be a dict")
-    W = _int("tiling groups", t.get("groups"), 1, 3)
-    BM = _int("tiling BM", t.get("BM"), 64, 256)
-    BN = _int("tiling BN", t.get("BN"), 16, 256)
-    depth = _int("tiling depth", t.get("depth"), 1, 8)
+    extra = set(t) - set(ranges)
+    if closed and extra:
+        raise CodegenError(f"unknown {op} tiling key(s) {sorted(map(str, extra))}; it takes {', '.join(ranges)}")
+    return {k: _int(f"tiling {k}", t.get(k, d), lo, hi) for k, (lo, hi, d) in ranges.items()}
+
+
+def validate_tiling(op: str, t: dict[str, Any], p: dict[str, Any]) -> dict[str, int]:
+    """Tiling checked against what the emitter can generate (shapes of wgmma, TMA boxes, registers, smem)."""
+    # optional persistent: gemm 1 (default) = a persistent grid of one CTA per SM looping over tiles, 0 = one CTA
+    # per tile; attention 0 (default) = one CTA per (query block, head, batch), 1 = persistent CTAs
+    ranges = {"groups": (1, 3, None), "BM": (64, 256, None), "BN": (16, 256, None), "depth": (1, 8, None),
+              "persistent": (0, 1, 1 if op == "gemm" else 0)}
+    q = int_tiling(op, t, ranges | ({"BK": (64, 64, 64)} if op == "gemm" else {}))
+    W, BM, BN, depth, persistent = (q[k] for k in ranges)
     if BM % (64 * W):
         raise CodegenError(f"BM={BM} over {W} warpgroups must give a multiple of 64 rows per warpgroup")
     rows = BM // W
     regs = consumer_regs(W)
     if op == "gemm":
-        BK = _int("tiling BK", t.get("BK", 64), 64, 64)
+        BK = q["BK"]
         if BN % 8:
             raise CodegenError(f"gemm BN={BN} must be a multiple of 8 (wgmma N)")
         acc = rows // 64 * BN // 2
@@ -106,8 +118,6 @@ def validate_tiling(op: str, t: dict[str, Any], p: dict[str, Any]) -> dict[str, 
             raise CodegenError(f"gemm accumulator needs {acc} registers per thread, over the {regs - 40} left of "
                                f"{regs} for {W} consumer warpgroup(s); use a smaller BN or fewer rows per group")
         smem = depth * (BM + BN) * BK * 2
-        # optional: 1 (default) = persistent grid of one CTA per SM looping over tiles; 0 = one CTA per tile
-        persistent = _int("tiling persistent", t.get("persistent", 1), 0, 1)
         out = {"BM": BM, "BN": BN, "BK": BK, "depth": depth, "groups": W, "persistent": persistent}
     else:
         if rows != 64:
@@ -118,8 +128,6 @@ def validate_tiling(op: str, t: dict[str, Any], p: dict[str, Any]) -> dict[str, 
             raise CodegenError(f"flash_attention depth={depth}: at most 4 K/V stages")
         D = p["head_dim"]
         smem = (BM + 2 * depth * BN) * D * 2
-        # optional: 0 (default) = one CTA per (query block, head, batch); 1 = persistent CTAs looping over them
-        persistent = _int("tiling persistent", t.get("persistent", 0), 0, 1)
         out = {"BM": BM, "BN": BN, "depth": depth, "groups": W, "persistent": persistent}
     if smem + 2048 > SMEM_LIMIT:
         raise CodegenError(f"{op} tiling {out} needs {smem} B of shared memory, over the {SMEM_LIMIT} B limit")
