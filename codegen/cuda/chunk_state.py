@@ -43,7 +43,7 @@ from typing import Any
 from codegen.plan import KernelPlan
 from ptsolve.errors import CodegenError, DeviceError
 
-from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, PTXTYPE, KernelSource, TensorMapSpec, setup
+from .common import PRELUDE, PRELUDE_END, PRODUCER_REGS, KernelSource, TensorMapSpec, setup, wgmma_smem
 from .schedule import SIM_EXTRA, LoopOrder, Op, check_deps, emit_loop, role_steps, simulate, wait_depths
 from .validate import int_params, int_tiling, validate_order
 
@@ -170,19 +170,7 @@ def _layout(p: dict[str, Any], t: dict[str, int], nxs: int) -> dict[str, int]:
 
 def _wgmma_tt(n: int, dtype: str) -> str:
     """``wgmma_tt_n{n}``: D[64 x n] += A * B, both from shared memory and both MN-major (trans-a = trans-b = 1)."""
-    t = PTXTYPE[dtype]
-    nreg = n // 2
-    regs = ", ".join(f"%{i}" for i in range(nreg))
-    inout = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
-    return (
-        f"__device__ __forceinline__ void wgmma_tt_n{n}(float (&d)[{nreg}], uint64_t da, uint64_t db) {{\n"
-        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, 1, 0;\\n"\n'
-        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 1, 1;'
-        f'\\n}}"\n'
-        f"    : {inout}\n"
-        f'    : "l"(da), "l"(db));\n'
-        f"}}\n"
-    )
+    return wgmma_smem(f"wgmma_tt_n{n}", n, dtype, 1)
 
 
 BULK = r"""

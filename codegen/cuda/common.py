@@ -177,32 +177,33 @@ def setup(inits: str, maps: tuple[str, ...]) -> str:
             "  const int lane = threadIdx.x & 31;")
 
 
+def wgmma_smem(name: str, n: int, dtype: str, trans: int, scale: str = "1") -> str:
+    """Device function ``name``: D[64 x n] (+)= A(smem) * B(smem) by descriptors, ``trans`` 1 = both operands
+    MN-major (0: K-major). ``scale``: "1" accumulates, "0" writes D as a pure output (the compiler then keeps no
+    old values alive), "arg" takes an ``int scale_d`` argument."""
+    t = PTXTYPE[dtype]
+    nreg = n // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    outs = ", ".join(f'"{"=" if scale == "0" else "+"}f"(d[{i}])' for i in range(nreg))
+    arg, pred, ins = (", int scale_d", f"%{nreg + 2}", ', "r"(scale_d)') if scale == "arg" else ("", scale, "")
+    head = f"__device__ __forceinline__ void {name}(float (&d)[{nreg}], uint64_t da, uint64_t db{arg}) {{\n"
+    return (
+        head +
+        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, {pred}, 0;\\n"\n'
+        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, '
+        f'{trans}, {trans};\\n}}"\n'
+        f"    : {outs}\n"
+        f'    : "l"(da), "l"(db){ins});\n'
+        f"}}\n"
+    )
+
+
 def wgmma_ss(n: int, dtype: str) -> str:
     """Device functions ``wgmma_ss_n{n}_{t}``: D[64 x n] (+)= A(smem) * B(smem), both K-major, and
     ``..._z``: D = A * B (scale-d 0) with D as a pure output, so the compiler does not keep the old
     accumulator values alive across the loop (they would double the registers of a score buffer)."""
-    t = PTXTYPE[dtype]
-    nreg = n // 2
-    regs = ", ".join(f"%{i}" for i in range(nreg))
-    inout = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
-    outs = ", ".join(f'"=f"(d[{i}])' for i in range(nreg))
-    return (
-        f"__device__ __forceinline__ void wgmma_ss_n{n}_{t}(float (&d)[{nreg}], uint64_t da, uint64_t db, "
-        f"int scale_d) {{\n"
-        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{nreg + 2}, 0;\\n"\n'
-        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;'
-        f'\\n}}"\n'
-        f"    : {inout}\n"
-        f'    : "l"(da), "l"(db), "r"(scale_d));\n'
-        f"}}\n"
-        f"__device__ __forceinline__ void wgmma_ss_n{n}_{t}_z(float (&d)[{nreg}], uint64_t da, uint64_t db) {{\n"
-        f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, 0, 0;\\n"\n'
-        f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;'
-        f'\\n}}"\n'
-        f"    : {outs}\n"
-        f'    : "l"(da), "l"(db));\n'
-        f"}}\n"
-    )
+    name = f"wgmma_ss_n{n}_{PTXTYPE[dtype]}"
+    return wgmma_smem(name, n, dtype, 0, "arg") + wgmma_smem(name + "_z", n, dtype, 0, "0")
 
 
 def wgmma_rs(n: int, dtype: str, trans_b: int) -> str:
