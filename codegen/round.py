@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codegen.cuda.chunk_state import DEFAULT_TILING as STATE_TILING
+
 # FA18c and FA19 have 2^31 elements per tensor: beyond the generated kernels' 32-bit indices
 CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1", "GEMM3")
 MAMBA = ("CS0", "CS3", "CS5", "CS8", "CS9", "ST0", "ST3", "ST5", "ST8", "ST9")
@@ -34,7 +36,7 @@ SOLVERS = ("greedy", "cpsat")
 # Mamba2 hand plans (tiling, overlapped order): the fastest of our sweeps on the H200 (chunk_scan: two consumer
 # warpgroups, BK 64, textbook order; chunk_state: two CTAs per SM, the mma one stage behind the scale)
 HAND = {"mamba2_chunk_scan": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2}, False),
-        "mamba2_chunk_state": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True)}
+        "mamba2_chunk_state": (STATE_TILING, True)}
 
 
 FIXED = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}  # FA3's tiling, for the same-tiling comparison

@@ -145,6 +145,8 @@ def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing
     """The SMs' shared-unit floor of ``g``'s kernel, cycles (ptsolve.placement.shared_floor; 0 with one CTA per
     SM); ``exact`` placement is approximated by longest-first's slots, as in the model."""
     k = ctas_of(g.tiling)
+    if k == 1:
+        return 0  # one CTA per SM: the schedule already serialises the shared units (and claimed() stays cheap)
     tm = tm or timings(g, hw)
     return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k,
                         shared_busy(tm, {t.name: t.phase for t in g.tasks}))
