@@ -138,11 +138,14 @@ def _out(plan: KernelPlan, inp: dict[str, Any], fill: float = float("nan")) -> A
 def check(plan: KernelPlan, trials: int = 2, poison_tail: bool = False) -> float:
     """Worst relative Frobenius error of the kernel emitted for ``plan`` (either Mamba2 op, at the plan's shape)
     against the float64 reference over ``trials`` fresh inputs, the output poisoned with NaN before each run;
-    NaN if any output is NaN/Inf (so it never passes a ``<=`` test)."""
+    NaN if any output is NaN/Inf (so it never passes a ``<=`` test). ``poison_tail`` (ChunkState only) puts
+    inf / NaN in dt / dA_cumsum past seq (see state_inputs)."""
     import torch
 
     from codegen.bench import rel_err
     run = _runner(plan)
+    if poison_tail and plan.op != STATE:
+        raise ValueError(f"poison_tail applies to {STATE} plans, not {plan.op}")
     worst = 0.0
     for _ in range(trials):
         if plan.op == SCAN:
