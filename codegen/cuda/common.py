@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Register budget after setmaxnreg: a 128-thread producer keeps this many registers per thread.
-from ptsolve.ops.base import PRODUCER_REGS  # noqa: F401  (re-exported: the emitters' setmaxnreg.dec value)
+PRODUCER_REGS = 24  # setmaxnreg.dec of the producer (the old emitters; ptsolve.hw.Target.producer_regs)
 
 SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may opt into on sm_90
 SWIZZLE_128B = 128

@@ -135,10 +135,12 @@ def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         tasks += [
             task("zero" + s, "vector", phase="pre", tile=(rows, P), dtype="fp32", flops=rows * P, group=g,
                  allocs=(reg("acc" + s, rows * P * 4),)),
+            # every warpgroup scales the whole x tile into its own xs (no cross-group barrier); the scale is the
+            # last reader of x / dA / dt, so their slot is free when it ends
             task("scale" + s, "vector", tile=(BK, P), dtype="fp32", flops=3 * BK * P // W, sfu=BK // W, group=g,
-                 reads=("x", "da", "dt", "dalast"), allocs=(smem("xs" + s, BK * P * E),)),
+                 reads=("x", "da", "dt", "dalast"), frees=("x", "da", "dt"), allocs=(smem("xs" + s, BK * P * E),)),
             task("mma" + s, "mma", tile=(rows, P, BK), flops=2 * rows * BK * P, is_async=True, group=g,
-                 reads=("b", "xs" + s, "acc" + s), frees=("b", "x", "da", "dt", "xs" + s)),
+                 reads=("b", "xs" + s, "acc" + s), frees=("b", "xs" + s)),
             task("store" + s, "store", phase="post", tile=(rows, P), dtype="fp32", bytes=rows * P * 4, is_async=True,
                  group=g, reads=("acc" + s,)),
         ]
