@@ -260,13 +260,21 @@ def _torch_dtype(dt: str):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
 
 
-def _need(t: Any, name: str, shape: tuple[int, ...], dt: str) -> None:
+def _need(t: Any, name: str, shape: tuple[int, ...], dt: str, convert: bool = False) -> Any:
+    """``t`` checked against the shape and dtype the kernel was built for (DeviceError otherwise; ``convert``
+    casts another float dtype instead) and 16-byte aligned for TMA / bulk copies; returns it."""
     import torch
+    want = torch.float32 if dt == "fp32" else _torch_dtype(dt)
     if not isinstance(t, torch.Tensor) or not t.is_cuda:
         raise DeviceError(f"{name} must be a CUDA torch tensor")
-    if tuple(t.shape) != shape or t.dtype != _torch_dtype(dt) or not t.is_contiguous():
+    if convert and t.dtype != want and t.dtype.is_floating_point:
+        t = t.to(want)
+    if tuple(t.shape) != shape or t.dtype != want or not t.is_contiguous():
         raise DeviceError(f"kernel was built for {name} of shape {shape} {dt} contiguous; got {tuple(t.shape)} "
                           f"{t.dtype}{'' if t.is_contiguous() else ' non-contiguous'}: emit a plan for this shape")
+    if t.data_ptr() % 16:
+        raise DeviceError(f"{name} must be 16-byte aligned (a view with an odd storage offset?); pass a copy")
+    return t
 
 
 def _stream() -> int:
@@ -301,4 +309,52 @@ def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     o = out if out is not None else torch.empty_like(q)
     _need(o, "out", tuple(q.shape), p["dtype"])
     load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()}, _stream())
+    return o
+
+
+def _mamba(p: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
+
+
+def run_chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, plan: Any, out: Any = None) -> Any:
+    """Mamba2 ChunkScan with the kernel emitted for ``plan`` (mamba_ssm layouts): cb (b, nc, g, Q, Q), x (b, L, h, p),
+    dt / dA_cumsum (b, h, nc, Q) float32, C (b, L, g, n), states (b, nc, h, p, n) -> out (b, L, h, p). cb, x, C,
+    out in the plan's dtype; states and cb of another float dtype (the float32 that mamba_ssm's state passing and
+    ``_bmm_chunk_fwd`` may return) are converted to it (a wgmma operand)."""
+    import torch
+
+    ks = _emit_cached(plan)
+    p = ks.params
+    B, L, H, P, N, Q, G = _mamba(p)
+    nc, d = -(-L // Q), p["dtype"]
+    cb = _need(cb, "cb", (B, nc, G, Q, Q), d, convert=True)
+    _need(x, "x", (B, L, H, P), d)
+    _need(dt, "dt", (B, H, nc, Q), "fp32")
+    _need(dA_cumsum, "dA_cumsum", (B, H, nc, Q), "fp32")
+    _need(C, "C", (B, L, G, N), d)
+    states = _need(states, "states", (B, nc, H, P, N), d, convert=True)
+    o = out if out is not None else torch.empty_like(x)
+    _need(o, "out", (B, L, H, P), d)
+    load(ks).launch({"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
+                     "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": o.data_ptr()}, _stream())
+    return o
+
+
+def run_chunk_state(x: Any, B: Any, dt: Any, dA_cumsum: Any, plan: Any, out: Any = None) -> Any:
+    """Mamba2 ChunkState with the kernel emitted for ``plan``: states (b, nc, h, p, n) float32 from x (b, L, h, p),
+    B (b, L, g, n) in the plan's dtype and dt, dA_cumsum (b, h, nc, Q) float32; ``out`` is written in place."""
+    import torch
+
+    ks = _emit_cached(plan)
+    p = ks.params
+    Bt, L, H, P, N, Q, G = _mamba(p)
+    nc, d = -(-L // Q), p["dtype"]
+    _need(x, "x", (Bt, L, H, P), d)
+    _need(B, "B", (Bt, L, G, N), d)
+    _need(dt, "dt", (Bt, H, nc, Q), "fp32")
+    _need(dA_cumsum, "dA_cumsum", (Bt, H, nc, Q), "fp32")
+    o = out if out is not None else torch.empty(Bt, nc, H, P, N, dtype=torch.float32, device=x.device)
+    _need(o, "out", (Bt, nc, H, P, N), "fp32")
+    load(ks).launch({"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(),
+                     "out": o.data_ptr()}, _stream())
     return o

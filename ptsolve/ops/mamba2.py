@@ -16,15 +16,16 @@ from typing import Any
 
 from ..errors import ShapeError
 from ..ir import Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
 KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
 E = 2  # fp16/bf16 activations; dA cumsum and dt are fp32
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
-    p = check_keys("mamba2", p, KEYS[:-1], {"groups": 1})
-    positive(**p)
+    p = check_keys("mamba2", p, KEYS[:-1], {"groups": 1, "dtype": "fp16"})
+    dtype_ok(p["dtype"])  # fp16 and bf16 move the same bytes: the model does not depend on which
+    positive(**{k: p[k] for k in KEYS})
     if p["heads"] % p["groups"]:
         raise ShapeError(f"mamba2: heads={p['heads']} is not divisible by groups={p['groups']}")
     for k in ("head_dim", "d_state", "chunk"):
@@ -65,8 +66,9 @@ def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
              allocs=(smem("states", N * P * E),)),
         task("load_dacs", "load", phase="pre", tile=(BM,), dtype="fp32", bytes=BM * 4, is_async=True,
              allocs=(smem("dacs", BM * 4),)),
-        task("load_cb", "load", tile=(BM, BK), bytes=BM * BK * E, reuse=share, is_async=True,
-             allocs=(smem("cb", BM * BK * E),)),
+        # CB comes in 64-column (128-byte swizzled) boxes whatever BK: that many bytes move and sit in the slot
+        task("load_cb", "load", tile=(BM, BK), bytes=BM * max(BK, 64) * E, reuse=share, is_async=True,
+             allocs=(smem("cb", BM * max(BK, 64) * E),)),
         task("load_dA", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("da", BK * 4),)),
         task("load_dt", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("dt", BK * 4),)),
         task("load_x", "load", tile=(BK, P), bytes=BK * P * E, is_async=True, allocs=(smem("x", BK * P * E),)),
@@ -121,7 +123,8 @@ def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     nchunks = cdiv(L, Q)
     trip = cdiv(Q, BK)
     tasks = [
-        task("load_dalast", "load", phase="pre", tile=(1,), dtype="fp32", bytes=4, is_async=True,
+        # the chunk's last dA_cumsum comes as the 16-byte bulk copy that ends on it
+        task("load_dalast", "load", phase="pre", tile=(1,), dtype="fp32", bytes=16, is_async=True,
              allocs=(smem("dalast", 16),)),
         task("load_b", "load", tile=(BK, BM), bytes=BK * BM * E, reuse=share, is_async=True,
              allocs=(smem("b", BK * BM * E),)),
