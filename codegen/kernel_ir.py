@@ -126,6 +126,7 @@ class KernelIR:
     persistent: bool
     sms: int
     predicted_ii: int = 0
+    trips: int = 1  # the largest trip count of a tile (the profiler sizes its buffers by it)
     model_regs: int = 0  # registers per consumer thread the model counts (ptsolve.validate.regs_per_thread)
     profile: bool = False
     schema: int = field(default=SCHEMA)
@@ -174,7 +175,7 @@ class KernelIR:
                        smem=tuple(Smem(**x) for x in d["smem"]), barriers=int(d["barriers"]),
                        smem_bytes=int(d["smem_bytes"]), threads=int(d["threads"]), ctas=int(d["ctas"]),
                        persistent=bool(d["persistent"]), sms=int(d["sms"]), predicted_ii=int(d["predicted_ii"]),
-                       model_regs=int(d["model_regs"]), profile=bool(d["profile"]))
+                       trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             if isinstance(e, SchemaError):
                 raise

@@ -266,5 +266,6 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         tc_order=tuple(plan.tc_order), turns=enforce, turns_note=note,
         copies={b: copies[b] for b in protocol.copy_buffers(g)}, smem=smem, barriers=lay.barriers,
         smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
-        predicted_ii=int(plan.ii), model_regs=max(regs_per_thread(g, copies, k)[0] for k in range(W)),
+        predicted_ii=int(plan.ii), trips=g.trip_count,
+        model_regs=max(regs_per_thread(g, copies, k)[0] for k in range(W)),
         profile=profile)

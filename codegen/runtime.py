@@ -358,3 +358,36 @@ def run_chunk_state(x: Any, B: Any, dt: Any, dA_cumsum: Any, plan: Any, out: Any
     load(ks).launch({"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(),
                      "out": o.data_ptr()}, _stream())
     return o
+
+
+def random_args(ks: KernelSource, seed: int = 0) -> dict[str, Any]:
+    """Fresh random device tensors for every pointer a launch of ``ks`` takes, keyed as ``Loaded.launch`` wants them
+    (outputs included, poisoned with NaN; the profile buffer excluded): what the profiler and the timing drivers
+    launch on."""
+    import torch
+
+    p, op = ks.params, ks.op
+    torch.manual_seed(seed)
+    if op == "gemm":
+        t = _torch_dtype(p["dtype"])
+        return {"a": torch.randn(p["M"], p["K"], device="cuda", dtype=t),
+                "b": torch.randn(p["N"], p["K"], device="cuda", dtype=t),
+                "c": torch.full((p["M"], p["N"]), float("nan"), device="cuda", dtype=t)}
+    if op == "flash_attention":
+        t = _torch_dtype(p["dtype"])
+        B, D = p["batch"], p["head_dim"]
+        q = torch.randn(B, p["seq_q"], p["heads"], D, device="cuda", dtype=t)
+        return {"q": q, "k": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
+                "v": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
+                "o": torch.full_like(q, float("nan"))}
+    from .mamba import scan_inputs, state_inputs
+    if op == "mamba2_chunk_scan":
+        s = scan_inputs(p, seed)
+        return {"cb": s["cb"], "x": s["x"], "dt": s["dt"], "dA": s["dA_cumsum"], "c": s["C"], "states": s["states"],
+                "out": torch.full_like(s["x"], float("nan"))}
+    if op == "mamba2_chunk_state":
+        s = state_inputs(p, seed)
+        b, L, h, P = s["x"].shape
+        out = torch.full((b, s["dt"].shape[2], h, P, s["B"].shape[3]), float("nan"), device="cuda")
+        return {"x": s["x"], "b": s["B"], "dt": s["dt"], "da": s["dA_cumsum"], "out": out}
+    raise DeviceError(f"no random inputs for operator {op!r}")

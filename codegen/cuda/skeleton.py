@@ -71,6 +71,48 @@ class OpKernel:
 
 REGISTRY: dict[str, OpKernel] = {}
 
+# The instrumented build (KernelIR.profile, codegen.profile): PROF_CTAS sampled CTAs (the first tile of each), one
+# region per (CTA, role): a header of PROF_HDR words (SM id, %globaltimer ns and clock64 when the role starts) and
+# up to cap records of PROF_REC words (meta, clock64 before the task's waits, after them, after its body); meta =
+# 1<<63 | phase<<56 | task index<<32 | iteration. One elected thread per role writes.
+PROF_CTAS = 4
+PROF_HDR = 4
+PROF_REC = 4
+PROF_CAP_MAX = 4096
+PHASE_CODE = {"pre": 0, "loop": 1, "post": 2}
+
+
+def prof_cap(ir: KernelIR) -> int:
+    """Records per (sampled CTA, role): every task instance of the longest tile, at most PROF_CAP_MAX."""
+    per = max(len(r.pre) + len(r.post) + len(r.loop) * ir.trips for r in ir.roles)
+    return min(PROF_CAP_MAX, per)
+
+
+def prof_words(ir: KernelIR) -> int:
+    """uint64 words of the profile buffer of ``ir``'s instrumented kernel."""
+    return PROF_CTAS * len(ir.roles) * (PROF_HDR + PROF_REC * prof_cap(ir))
+
+
+PROF_FNS = r"""
+__device__ __forceinline__ uint64_t pts_clock() {
+  uint64_t t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) :: "memory"); return t;
+}
+__device__ __forceinline__ uint64_t pts_gtime() {
+  uint64_t t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+__device__ __forceinline__ uint32_t pts_smid() {
+  uint32_t s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s;
+}
+__device__ __forceinline__ void pts_rec(uint64_t* pr, int& n, int cap, uint64_t meta, uint64_t t0, uint64_t t1,
+                                        uint64_t t2) {
+  if (pr != nullptr && n < cap) {
+    uint64_t* r = pr + 4 + 4 * n;
+    r[0] = meta; r[1] = t0; r[2] = t1; r[3] = t2;
+    ++n;
+  }
+}
+"""
+
 
 def _cname(buf: str) -> str:
     return buf.split("@")[0]
@@ -121,6 +163,18 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 out.append(f"  uint8_t* const {_cname(b)}_cur = {_ptr(ir, b, f'(it_) % {ir.buffer(b).slots}')};")
         return out
 
+    task_id = {t.name: k for k, t in enumerate(ir.tasks)}
+
+    def probe(var: str) -> str:
+        return f"  const uint64_t {var} = pts_clock();" if ir.profile else ""
+
+    def record(name: str, phase: str, it: str = "it_") -> str:
+        if not ir.profile:
+            return ""
+        meta = f"(1ull << 63) | ({PHASE_CODE[phase]}ull << 56) | ({task_id[name]}ull << 32)"
+        return (f"  {probe('p2_').strip()}\n"
+                f"  pts_rec(pr_, pn_, PROF_CAP, {meta} | (uint32_t)({it}), p0_, p1_, p2_);")
+
     def release(r: Ring, slot: str, generic: bool) -> str:
         fence = '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if generic else ""
         return f"{fence}    __syncwarp();\n    if (lane == 0) mbar_arrive(&{r.name}_empty[({slot}) % {r.depth}]);"
@@ -130,11 +184,11 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         r = fill_of[name]
         nbytes = dict(r.fills)[name]
         lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
-                 f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);",
+                 probe("p0_"), f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);", probe("p1_"),
                  f"  mbar_expect_tx(&{r.name}_full[s_], {nbytes});",
                  f"  uint64_t* const fbar_ = &{r.name}_full[s_];", *pointers(name, "q_"),
-                 opk.body(Task(name, ir.role("producer"), "it_", None, "loop", ir)), "}"]
-        return "\n".join(lines)
+                 opk.body(Task(name, ir.role("producer"), "it_", None, "loop", ir)), record(name, "loop"), "}"]
+        return "\n".join(x for x in lines if x)
 
     prod = ir.role("producer")
     prod_pre = []
@@ -143,10 +197,24 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                         f"{', '.join(pre.buffers)}")
         for name, _ in prod.pre:
             if name in dict(pre.fills):
-                prod_pre.append(f"// pre: {name}\n{{ mbar_expect_tx(pre_full, {dict(pre.fills)[name]});\n"
-                                f"  uint64_t* const fbar_ = pre_full;\n"
-                                f"{opk.body(Task(name, prod, '0', None, 'pre', ir))}\n}}")
+                prod_pre.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
+                                      f"  mbar_expect_tx(pre_full, {dict(pre.fills)[name]});",
+                                      "  uint64_t* const fbar_ = pre_full;",
+                                      opk.body(Task(name, prod, "0", None, "pre", ir)), record(name, "pre", "0"),
+                                      "}"))
     prod_code = emit_loop(lo["producer"], trips, prod_body, 1, {}, min_trips=opk.min_trips)
+    roles_idx = {r.name: k for k, r in enumerate(ir.roles)}
+
+    def prof_head(role: str, recorder: str) -> str:
+        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds)."""
+        if not ir.profile:
+            return ""
+        return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
+                "if (lt == 0 && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
+                f"{recorder}) {{\n"
+                f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {roles_idx[role]}) * "
+                f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
+                "  pr_[0] = pts_smid(); pr_[1] = pts_gtime(); pr_[2] = pts_clock(); pr_[3] = tile;\n}")
 
     # ---- consumers
     branches = []
@@ -163,7 +231,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
                  role: Role = role, commits: set[str] = commits, needs: dict = needs,  # noqa: B008
                  waiter_of: dict = waiter_of, rel: dict = rel) -> str:
-            lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;"]
+            lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;", probe("p0_")]
             depth = (0 if waits is None else waits.get("depth")) if name in needs else None
             if depth is not None and name not in commits:
                 lines.append(f"  wg_wait<{depth}>();")
@@ -176,6 +244,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 lines.append(f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
                              f"// {', '.join(r.buffers)} of iteration it_ landed")
             lines += pointers(name, "q_")
+            lines.append(probe("p1_"))
             lines.append(opk.body(Task(name, role, "it_", parity, "loop", ir)))
             if depth is not None and name in commits:
                 lines.append(f"  wg_wait<{depth}>();")
@@ -186,22 +255,23 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 elif x.mode == "end":
                     lines.append(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
                                  f"{release(r, 'q_', x.generic)}\n  }}")
-            lines.append("}")
-            return "\n".join(lines)
+            lines += [record(name, "loop"), "}"]
+            return "\n".join(x for x in lines if x)
 
         code = [f"// ---- consumer warpgroup {role.group}"
                 + "".join(f"; {b}: {c} copies" for b, c in sorted(ir.copies.items())
                           if b.endswith(f"@{role.group}") and c > 1),
                 f"constexpr int WG_BAR = {W + 1 + role.group};  // a named barrier of this warpgroup alone",
                 "(void)WG_BAR;", opk.decls(ir, role)]
-        tile = []
+        tile = [prof_head(rn, "(threadIdx.x & 127) == 0")]
         pw = dict(pre.waiters).get(rn) if pre is not None else None
         for name, _ in role.pre:
             if pw == name:
                 tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
             if any(ir.task(a).is_async and ir.task(a).phase == "pre" for a in ir.task(name).after):
                 tile.append("wg_wait<0>();  // the prologue's wgmma it reads is complete")
-            tile.append(f"// pre: {name}\n{{\n{opk.body(Task(name, role, '0', None, 'pre', ir))}\n}}")
+            tile.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
+                              opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
         if pw == "":
             tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
         turn = None if tn is None else tn.code(rn, 256)
@@ -218,7 +288,9 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                         f"{release_pre(pre, rn)}\n}}")
         tile += tail
         for name, _ in role.post:
-            tile.append(f"// post: {name}\n{{\n{opk.body(Task(name, role, 'T - 1', None, 'post', ir))}\n}}")
+            tile.append(block(f"// post: {name}", "{", probe("p0_"), probe("p1_"),
+                              opk.body(Task(name, role, "T - 1", None, "post", ir)), record(name, "post", "T - 1"),
+                              "}"))
         branches.append((role.group, "\n".join(code), "\n".join(tile)))
 
     first_turn = "" if tn is None or tn.first is None else (
@@ -244,8 +316,13 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     pre_ptrs = [f"  uint8_t* const {_cname(b)}_s = smem + {ir.buffer(b).offset}; (void){_cname(b)}_s;"
                 for b in (pre.buffers if pre else ())]
     maps = opk.maps(ir)
+    extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
     sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opk.signature(ir)]
-    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in opk.signature(ir))
+    sig += [c for _, c in extra]
+    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opk.signature(ir), *extra))
+    grid_x = min(ntiles, ir.sms) if ir.persistent else ntiles
+    prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
+                   f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
     name = _kernel_name(ir, pid)
     prod_regs = next(r.regs for r in ir.roles if r.group < 0)
     cons_regs = next((r.regs for r in ir.roles if r.group >= 0), 0)
@@ -262,7 +339,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         end = "}"
     src = f"""// generated by ptsolve codegen.cuda.skeleton ({ir.op}, plan {pid}); see the KernelIR for the protocol
 {PRELUDE}
-{opk.device(ir)}
+{opk.device(ir)}{PROF_FNS if ir.profile else ""}
 {PRELUDE_END}
 extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {name}({', '.join(sig)}) {{
@@ -270,6 +347,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {opk.consts(ir)}
   constexpr int NTILES = {ntiles}; (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
+{prof_consts}
   extern __shared__ uint8_t smem_raw[];
   // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -280,6 +358,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
     {dec}
     if (threadIdx.x == 0) {{
       TILE_LOOP {{
+{prof_head("producer", "true")}
 {chr(10).join(prod_pre)}
 {prod_code}
       TILE_END
@@ -302,8 +381,14 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
                         smem_bytes=ir.smem_bytes, tensor_maps=maps, args=args,
                         persistent_tiles=ntiles if ir.persistent else 0,
                         info={"tiling": dict(ir.tiling), "consumer_regs": cons_regs, "copies": dict(ir.copies),
+                              "profile_words": prof_words(ir) if ir.profile else 0,
                               "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
                               **opk.info(ir)})
+
+
+def block(*lines: str) -> str:
+    """Lines joined, the empty ones (switched-off probes) left out."""
+    return "\n".join(x for x in lines if x)
 
 
 def release_pre(pre: Ring, role: str) -> str:
