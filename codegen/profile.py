@@ -178,10 +178,10 @@ def gantt(predicted: Any, measured: Profile, path: str | Path, title: str = "", 
     return path
 
 
-def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> Profile:
+def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> tuple[Profile, Any]:
     """Profile a schedule (SProgram, KernelPlan or KernelIR) on this machine's GPU: the plain kernel and the
     instrumented one, timed back to back (CUDA graphs, interleaved rounds), and the instrumented one's buffer
-    parsed. Needs torch and cuda-python and an sm_90 GPU."""
+    parsed. Returns the Profile and the raw buffer (uint64 words). Needs torch, cuda-python and an sm_90 GPU."""
     import dataclasses
 
     import numpy as np
@@ -196,8 +196,7 @@ def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> P
     plain, inst = emit_ir(dataclasses.replace(ir, profile=False)), emit_ir(dataclasses.replace(ir, profile=True))
     kp, ki = load(plain), load(inst)
     sets = [random_args(plain, seed + i) for i in range(nsets)]
-    words = inst.info["profile_words"]
-    buf = torch.zeros(words, dtype=torch.int64, device="cuda")
+    buf = torch.zeros(inst.info["profile_words"], dtype=torch.int64, device="cuda")
     stream = int(torch.cuda.current_stream().cuda_stream)
     ptrs = [{k: v.data_ptr() for k, v in s.items()} for s in sets]
     ms = time_many({"plain": lambda i: kp.launch(ptrs[i], stream),
@@ -205,7 +204,57 @@ def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> P
     buf.zero_()
     ki.launch(ptrs[0] | {"prof": buf.data_ptr()}, stream)
     torch.cuda.synchronize()
-    ev, sm = parse(buf.cpu().numpy().view(np.uint64), ir)
+    words = buf.cpu().numpy().view(np.uint64)
+    ev, sm = parse(words, ir)
     return Profile(inst.name, ir.op, tuple(ev), measured_ii(ev), span(ev), ms["plain"] * 1e3, ms["inst"] * 1e3,
                    tuple(sm), {"params": ir.params, "tiling": ir.tiling, "predicted_ii": ir.predicted_ii,
-                               "device": torch.cuda.get_device_name()})
+                               "device": torch.cuda.get_device_name()}), words
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python3 -m codegen.profile --schedules DIR --only NAME,... --out DIR: profile committed schedules (Result JSON,
+    solved on the CPU) on this GPU; writes <name>.profile.json, <name>.npz (the raw buffer and the KernelIR) and a
+    predicted-vs-measured Gantt chart <name>.png; prints a table last."""
+    import argparse
+
+    import numpy as np
+
+    from ptsolve.hw import load as load_hw
+    from ptsolve.result import Result
+    from ptsolve.simulate import simulate
+
+    from .lower import lower
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("--schedules", default="results/schedules_h200", help="folder of Result JSON files")
+    ap.add_argument("--only", required=True, help="comma-separated file stems, e.g. FA3_cpsat,FA3_greedy")
+    ap.add_argument("--hw", default="h200", help="hardware table the schedules were solved for")
+    ap.add_argument("--out", required=True, help="output folder")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hw = load_hw(a.hw)
+    rows = []
+    for name in a.only.split(","):
+        r = Result.from_json((Path(a.schedules) / f"{name}.json").read_text())
+        ir = lower(r.program, hw)
+        prof, words = measure(ir, a.hw)
+        (out / f"{name}.profile.json").write_text(prof.to_json())
+        np.savez_compressed(out / f"{name}.npz", words=words, ir=np.array(ir.to_json()))
+        pred = simulate(r.program, hw)
+        gantt(pred, prof, out / f"{name}.png", name)
+        rows.append((name, ir.predicted_ii, prof.ii, pred.cta, prof.span, r.predicted_us, prof.kernel_us,
+                     prof.overhead))
+        print(f"{name}: predicted ii {ir.predicted_ii} measured {prof.ii:.0f} cycles; kernel {prof.kernel_us:.1f} us, "
+              f"probes +{100 * prof.overhead:.1f}%", flush=True)
+    print("| schedule | pred ii | measured ii | pred CTA cycles | measured span | pred µs | measured µs | "
+          "probe overhead |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, pi, mi, pc, ms_, pu, mu, ov in rows:
+        print(f"| {n} | {pi} | {mi:.0f} | {pc} | {ms_:.0f} | {pu:.1f} | {mu:.1f} | {100 * ov:+.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
