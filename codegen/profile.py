@@ -197,12 +197,15 @@ def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> t
     kp, ki = load(plain), load(inst)
     sets = [random_args(plain, seed + i) for i in range(nsets)]
     buf = torch.zeros(inst.info["profile_words"], dtype=torch.int64, device="cuda")
-    stream = int(torch.cuda.current_stream().cuda_stream)
     ptrs = [{k: v.data_ptr() for k, v in s.items()} for s in sets]
-    ms = time_many({"plain": lambda i: kp.launch(ptrs[i], stream),
-                    "inst": lambda i: ki.launch(ptrs[i] | {"prof": buf.data_ptr()}, stream)}, nsets, graphs=True)
+
+    def stream() -> int:  # read at each launch: a CUDA graph captures on a side stream of its own
+        return int(torch.cuda.current_stream().cuda_stream)
+
+    ms = time_many({"plain": lambda i: kp.launch(ptrs[i], stream()),
+                    "inst": lambda i: ki.launch(ptrs[i] | {"prof": buf.data_ptr()}, stream())}, nsets, graphs=True)
     buf.zero_()
-    ki.launch(ptrs[0] | {"prof": buf.data_ptr()}, stream)
+    ki.launch(ptrs[0] | {"prof": buf.data_ptr()}, stream())
     torch.cuda.synchronize()
     words = buf.cpu().numpy().view(np.uint64)
     ev, sm = parse(words, ir)

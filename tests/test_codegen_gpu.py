@@ -169,7 +169,7 @@ def test_chunk_scan(case):
 def test_chunk_scan_other_orders():
     from codegen.mamba import check
     base = default_plan("mamba2_chunk_scan", _ms(2, 1000, 8, 2, "fp16"), cs_tiling(2, 64))
-    late = with_loop(base, [("decay", 0), ("mma", 1)])
+    late = dataclasses.replace(with_loop(base, [("decay", 0), ("mma", 1)]), copies={})  # the order needs two W
     lag = with_loop(base, [("mma", 1), ("decay", 0)], [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 1)])
     for plan in (late, dataclasses.replace(lag, copies={"w@0": 2, "w@1": 2})):
         err = check(plan, trials=1)
