@@ -224,7 +224,11 @@ def run(src: HipSource, arrays: dict[str, np.ndarray], blocks: int | None = None
             p = Path(tmp) / f"{n}.bin"
             np.ascontiguousarray(arrays[n]).tofile(p)
             paths.append(str(p))
-        r = subprocess.run([str(exe), str(nb), *paths], capture_output=True, text=True, timeout=timeout)
+        try:
+            r = subprocess.run([str(exe), str(nb), *paths], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise CodegenError(f"emulated {src.name} ran past {timeout:.0f} s: its roles deadlock (a semaphore "
+                               "that is never arrived on) or the shape is too large for the emulation") from e
         if r.returncode != 0:
             raise CodegenError(f"emulated {src.name} exited {r.returncode}: {r.stderr[-2000:]}")
         out: dict[str, Any] = {}
