@@ -110,6 +110,8 @@ def check_target(ir: KernelIR) -> None:
         raise CodegenError(f"{ir.op}: {ir.groups} consumer groups need {GROUP_LANES * (ir.groups + 1)} threads, over "
                            f"the {hw.max_threads} of a gfx942 workgroup; use at most "
                            f"{hw.max_threads // GROUP_LANES - 1}")
+    if ir.profile:
+        raise CodegenError("the HIP skeleton has no instrumented (profile) build; lower with profile=False")
     if ir.ctas != 1:
         raise CodegenError(f"{ir.op}: ctas={ir.ctas}; the HIP skeleton runs one workgroup per CU (ctas=1)")
 
