@@ -45,6 +45,10 @@ def check_build(ir: KernelIR) -> tuple[hip.HipSource, hip.HipReport]:
         assert f"ring {r.name}: {r.depth} LDS stages" in s
         if r.phase == "loop":
             assert f"{r.name}_full[q_ % {r.depth}]" in s and f"{r.name}_empty[s_]" in s
+            assert f"u32* const {r.name}_empty = {r.name}_full + {r.depth};" in s  # one semaphore pair per stage
+            for b in r.buffers:  # the slot of iteration q is stage q % depth of the KernelIR's layout
+                buf = ir.buffer(b)
+                assert f"smem + {buf.offset} + ((q_) % {r.depth}) * {buf.stride}" in s
             for x in r.releases:  # an arrival on the empty semaphore at each release point of the KernelIR
                 slot = {"end": "q_", "wait": f"q_ - {x.dist}", "commit": "q_ - 1"}[x.mode]
                 assert f"sem_arrive(&{r.name}_empty[({slot}) % {r.depth}], lane)" in s, (r.name, x)
