@@ -45,7 +45,9 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
 def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
     for groups in (1, 2, 3):
         for rows in (64, 128):
-            for bn in (64, 128, 176, 192, 256):
+            # BN=32: MI300X's 64 KB of LDS holds no head_dim-128 tiling with 64-key K/V blocks (Q 16 KB + two
+            # stages of K and V at 16 KB each); 32-key blocks fit (codegen.hip)
+            for bn in (32, 64, 128, 176, 192, 256):
                 for depth in (2, 3):
                     yield {"BM": rows * groups, "BN": bn, "depth": depth, "groups": groups}
 
