@@ -24,7 +24,7 @@ from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Role
 from .common import BULK, CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
-from .skeleton import REGISTRY, OpKernel, Task
+from .skeleton import LAST_READ, REGISTRY, OpKernel, Task
 
 OP = "mamba2_chunk_scan"
 LOG2E = math.log2(math.e)
@@ -149,7 +149,7 @@ def _body(t: Task) -> str:
             "        w1 = (k + 1 <= m && CQ + k + 1 < SEQ) ? w1 : 0.f;",
             "      }",
             "      wv[4 * j + 2 * hh] = w0; wv[4 * j + 2 * hh + 1] = w1;",
-            "    }", "  }",
+            "    }", "  }", LAST_READ,
             "  // the fp32 accumulator layout of W is the wgmma A-fragment layout once packed in pairs",
             "#pragma unroll", "  for (int kk = 0; kk < BK / 16; ++kk)", "#pragma unroll",
             "    for (int rr = 0; rr < 4; ++rr)",

@@ -19,7 +19,7 @@ from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Role
 from .common import BULK, TensorMapSpec, check_dtype, wgmma_smem
-from .skeleton import REGISTRY, OpKernel, Task
+from .skeleton import LAST_READ, REGISTRY, OpKernel, Task
 
 OP = "mamba2_chunk_state"
 LOG2E = 1.4426950408889634
@@ -102,7 +102,7 @@ def _body(t: Task) -> str:
             "    uint4 u = *reinterpret_cast<const uint4*>(x_cur + 16 * v);", "    scale8(u, sl);",
             "    *reinterpret_cast<uint4*>(xs_cur + 16 * v) = u;", "  }",
             "  // generic-proxy stores -> wgmma (async proxy) reads; all 128 threads before any wgmma",
-            '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+            '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', LAST_READ,
             '  asm volatile("bar.sync %0, 128;" :: "r"(WG_BAR) : "memory");'])
     if b == "mma":
         lines = ["  const uint32_t sa = smem_u32(xs_cur), sb = smem_u32(b_cur) + COL0 / 64 * BK * 128;",

@@ -28,6 +28,10 @@ from .common import PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, setup
 from .schedule import emit_loop, wait_depths
 
 Body = Callable[["Task"], str]
+# A task body may mark where it has done its last read of the shared memory it frees: an "end" release (the slot is
+# free once a synchronous task no longer reads it) is emitted there instead of after the whole body, so the
+# producer can refill the slot while the task finishes work in registers.
+LAST_READ = "  /*pts:last-read*/"
 
 
 @dataclass(frozen=True)
@@ -245,16 +249,20 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                              f"// {', '.join(r.buffers)} of iteration it_ landed")
             lines += pointers(name, "q_")
             lines.append(probe("p1_"))
-            lines.append(opk.body(Task(name, role, "it_", parity, "loop", ir)))
+            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir))
+            # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
+            ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
+                              f"{release(r, 'q_', x.generic)}\n  }}" for r, x in rel[name] if x.mode == "end")
+            if LAST_READ in body_:
+                body_, ends = body_.replace(LAST_READ, ends), ""
+            lines.append(body_)
             if depth is not None and name in commits:
                 lines.append(f"  wg_wait<{depth}>();")
             for r, x in rel[name]:
                 if x.mode == "commit":
                     lines.append(f"  if (it_ >= 1) {{  // {', '.join(r.buffers)} of iteration it-1 released\n"
                                  f"{release(r, 'q_ - 1', x.generic)}\n  }}")
-                elif x.mode == "end":
-                    lines.append(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
-                                 f"{release(r, 'q_', x.generic)}\n  }}")
+            lines.append(ends)
             lines += [record(name, "loop"), "}"]
             return "\n".join(x for x in lines if x)
 
