@@ -89,8 +89,9 @@ def _hand(op: str, params: dict[str, Any]) -> Any:
     return default_plan(op, params, t, ov)
 
 
-def _check(op: str, label: str, plan: Any) -> dict[str, Any]:
-    """Check ``plan``'s kernel on a reduced shape (see _small)."""
+def check(op: str, label: str, plan: Any) -> dict[str, Any]:
+    """Check ``plan``'s kernel on a reduced shape (see _small): the same plan, smaller sizes, a float32 / float64
+    reference, the output poisoned with NaN."""
     from codegen.bench import TOL, check_fa, check_gemm
     if op == "flash_attention":
         sp = _small(dict(plan.params))
@@ -98,8 +99,8 @@ def _check(op: str, label: str, plan: Any) -> dict[str, Any]:
     if op == "gemm":
         return check_gemm(1000, 768, 1000, plan.params["dtype"], plan.tiling,
                           dataclasses.replace(plan, params=plan.params | {"M": 1000, "N": 768, "K": 1000}), trials=1)
-    from codegen.mamba import check
-    err = check(dataclasses.replace(plan, params=_small(dict(plan.params))), trials=1)
+    from codegen.mamba import check as check_mamba
+    err = check_mamba(dataclasses.replace(plan, params=_small(dict(plan.params))), trials=1)
     return {"rel_err": err, "ok": bool(err <= TOL)}
 
 
@@ -133,7 +134,7 @@ def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, .
     for n, pl in plans.items():
         g = res[n]["cpsat"].program.graph
         for label, plan in pl.items():
-            c = _check(g.op, label, plan)
+            c = check(g.op, label, plan)
             c["config"], c["label"] = n, label
             checks.append(c)
             print(f"check {n} {label}: rel err {c['rel_err']:.2e} {'PASS' if c['ok'] else 'FAIL'}", flush=True)

@@ -17,6 +17,7 @@ from typing import Any
 from .hw import Hardware
 
 GROUP = "ptsolve.kernel_checkers"
+RUNNERS = "ptsolve.kernel_runners"  # name: arch -> callable(programs, hw) -> kernel times (µs) on this machine
 STATUSES = ("ok", "rejected", "unsupported", "not compile-checked")
 
 
@@ -45,9 +46,18 @@ class KernelCheck:
 Checker = Callable[[Any, Hardware], KernelCheck]
 
 
-def checker(hw: Hardware) -> Checker | None:
-    """The registered checker for ``hw.arch``, or None."""
-    for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+def _plugin(group: str, hw: Hardware) -> Any:
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         if ep.name == hw.arch:
             return ep.load()
     return None
+
+
+def checker(hw: Hardware) -> Checker | None:
+    """The registered checker for ``hw.arch``, or None."""
+    return _plugin(GROUP, hw)
+
+
+def runner(hw: Hardware) -> Callable[[Any, Hardware], Any] | None:
+    """The registered runner that times kernels of ``hw.arch`` on this machine (ptsolve.tune), or None."""
+    return _plugin(RUNNERS, hw)
