@@ -132,7 +132,7 @@ def _check(P: model.Problem, prog: Any, stats: dict[str, Any], who: str, hw: Any
     sol = exhaustive.to_grains(P, prog)
     assert sol is not None, f"{who}: times off the {P.grain}-cycle grain"
     assert not exhaustive.violations(P, *sol), who
-    obj = P.objective(sol[0], exhaustive.span_of(P, sol[1])) * P.grain
+    obj = exhaustive.objective_of(P, *sol) * P.grain
     if "objective" in stats:
         assert stats["objective"] == obj, f"{who}: claims {stats['objective']}, program gives {obj}"
     tl = simulate(prog, hw)
