@@ -78,7 +78,7 @@ def test_bad_input_errors() -> None:
     op = CASES[1]
     with pytest.raises(SolverError, match="unknown solver 'annealing'"):
         optimize(op, solver="annealing")
-    with pytest.raises(SolverError, match="time_limit must be > 0"):
+    with pytest.raises(SolverError, match="time_limit must be"):
         optimize(op, time_limit=0)
     with pytest.raises(HardwareError, match="known: a100, h100, h200, mi300x"):
         optimize(op, hw="b200")
