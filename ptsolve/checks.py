@@ -19,7 +19,7 @@ GRAIN_MAX = 1024      # cycles; a coarser grain rounds every task of a kernel to
 # Size guard: the placement keeps a few int64 arrays of one entry per CTA, and simulate() replays every distinct
 # trip count instance by instance; past these a replay takes gigabytes and minutes, not what a 2-core,
 # 24 GB machine (or a time limit) can give it.
-MAX_CTAS = 1 << 26        # CTAs of one kernel (about 1.5 GB of placement arrays)
+MAX_CTAS = 1 << 24        # CTAs of one kernel (a few hundred MB of placement arrays)
 MAX_EVENTS = 1 << 22      # task instances simulate() replays over all distinct trip counts
 
 
