@@ -67,11 +67,13 @@ def test_cache_is_shared_between_processes(tmp_path, monkeypatch) -> None:
 
 
 def test_time_limited_search_returns_best_with_gap() -> None:
+    # 0.01 s cannot even cover greedy's pass over the tilings, so no exact solve starts: the search stops with
+    # greedy's best and the roofline bounds (deterministically TIME_LIMIT)
     op = ops.flash_attention(batch=64, heads=64, kv_heads=8, seq=8192, head_dim=128, causal=True)
-    r = optimize(op, hw="h100", solver="cpsat", time_limit=0.5, cache=False, jobs=1)
-    assert r.program is not None and r.status in ("TIME_LIMIT", "OPTIMAL")
-    if r.status == "TIME_LIMIT":
-        assert r.gap is not None and r.gap > 0
+    r = optimize(op, hw="h100", solver="cpsat", time_limit=0.01, cache=False, jobs=1)
+    assert r.program is not None and r.status == "TIME_LIMIT" and r.solved == 0
+    assert r.gap is not None and 0 < r.gap < 1 and r.bound < r.objective
+    assert r.program.policy == "cpsat (greedy's schedule, not improved, status TIME_LIMIT)"
 
 
 def test_bad_input_errors() -> None:
