@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import ptsolve.hw as H
 from ptsolve.cost import GRAIN
@@ -174,13 +175,13 @@ def _agree(g: STaskGraph, hw: Any) -> None:
             assert prog.ii == P.ii_lb * P.grain and _check(P, prog, stats, who, hw) == want
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_graphs())
 def test_exact_policies_agree(g: STaskGraph) -> None:
     _agree(g, TINY)
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_exact_policies_agree_shared_strategy(data: st.DataObject) -> None:
     """The same properties on the shared strategy of tests/strategies.py (MUFU work, two warpgroups)."""
@@ -188,14 +189,14 @@ def test_exact_policies_agree_shared_strategy(data: st.DataObject) -> None:
     _agree(data.draw(strategies.graphs()), strategies.tiny_hw())
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(mirrored_graphs())
 def test_symmetry_breaking_keeps_an_optimum(g: STaskGraph) -> None:
     assert cpsat._symmetry_task(model.build(g, TINY)), "the strategy should produce symmetric warpgroups"
     _agree(g, TINY)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_graphs())
 def test_exhaustive_methods_agree(g: STaskGraph) -> None:
     """Slot enumeration with least starts and the plain grid of every start find the same optimum (the grid,
