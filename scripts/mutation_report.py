@@ -18,13 +18,16 @@ def main() -> int:
         m = re.match(r"\s*([\w.]+?)\.x[ǁ_]?.*__mutmut_\d+:\s*(\w[\w ]*)$", line)
         if m:
             per[m.group(1)][m.group(2).strip()] += 1
+    sample = "--sample" in sys.argv[1:]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Mutation score of ptsolve's core modules", "",
              "- command: `scripts/mutate.sh` (mutmut, config in pyproject.toml `[tool.mutmut]`)",
              f"- date: {date}", f"- commit: {commit}", "",
-             "Score = (killed + timeout) / (all mutants - skipped). Survivors: `mutmut results`; one diff: "
-             "`mutmut show <name>`.", "",
+             ("- sample: the mutants numbered ...0 (1 in 10 of each function's); `scripts/mutate.sh` without "
+              "--sample runs all" if sample else "- all mutants"), "",
+             "Score = (killed + timeout) / (mutants checked, less skipped). 'no tests': no selected test runs the "
+             "mutated function. Survivors: `mutmut results`; one diff: `mutmut show <name>`.", "",
              "| module | mutants | killed | timeout | survived | no tests | other | score |",
              "|---|---|---|---|---|---|---|---|"]
     tot: collections.Counter[str] = collections.Counter()
@@ -38,7 +41,7 @@ def main() -> int:
 
 
 def _row(mod: str, c: collections.Counter[str]) -> str:
-    n = sum(c.values()) - c["skipped"]
+    n = sum(c.values()) - c["skipped"] - c["not checked"]
     k = sum(c[x] for x in KILLED)
     other = n - k - c["survived"] - c["no tests"]
     return (f"| {mod} | {n} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['no tests']} | {other} | "
