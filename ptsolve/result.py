@@ -49,6 +49,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["program"] = self.program.to_dict() if self.program else None
+        d["gap"] = self.gap  # saved for readers of the file; derived, so from_json drops it
         return d
 
     def to_json(self) -> str:
@@ -58,6 +59,7 @@ class Result:
     def from_json(cls, s: str) -> Result:
         d = loads(s, "Result")
         check_schema(d, "Result")
+        d.pop("gap", None)
         names = {f.name for f in fields(cls)}
         missing, extra = sorted(names - set(d) - {"cached"}), sorted(set(d) - names)
         if missing or extra:

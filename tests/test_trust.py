@@ -94,7 +94,9 @@ def test_time_limited_search_is_labelled_so(monkeypatch: pytest.MonkeyPatch) -> 
     assert r.status == "TIME_LIMIT" and r.bound < r.objective and r.gap > 0
     assert r.program.policy == "cpsat (greedy's schedule, not improved, status TIME_LIMIT)"
     assert f"gap {100 * r.gap:.2f}%" in str(r) and f"bound {r.bound} cycles" in str(r)
-    assert Result.from_json(r.to_json()).status == "TIME_LIMIT"
+    saved = json.loads(r.to_json())
+    assert saved["status"] == "TIME_LIMIT" and saved["gap"] == r.gap and saved["bound"] == r.bound
+    assert Result.from_json(r.to_json()) == r
 
 
 def test_cache_hit_says_when_it_was_solved() -> None:
