@@ -87,3 +87,35 @@ def test_gap_is_objective_minus_bound_over_objective() -> None:
     assert r.gap == pytest.approx(10 / 110)
     assert Result(**{**r.__dict__, "bound": 120}).gap == 0.0  # a bound above the objective is no gap
     assert Result(**{**r.__dict__, "bound": None}).gap is None
+
+
+def test_validity_lists_each_violation_on_its_own_line() -> None:
+    from ptsolve.validate import Validity
+    assert str(Validity(())) == "valid" and Validity(())
+    v = Validity(("a is late", "b overlaps c"))
+    assert not v and str(v) == "invalid:\n  a is late\n  b overlaps c"
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "milp", "milp-highs", "exhaustive"])
+def test_search_hands_each_solver_greedys_hint(solver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """search runs the named back-end and gives it greedy's program as the hint (what makes a time-limited run
+    never worse than greedy)."""
+    from test_trust import TINY1, lone_prologue
+
+    import ptsolve.policies.cpsat as C
+    import ptsolve.policies.exhaustive as E
+    import ptsolve.policies.milp as M
+    seen = []
+    mod = {"cpsat": C, "exhaustive": E}.get(solver, M)
+    real = mod.solve
+
+    def spy(P, **kw):
+        seen.append(kw.get("hint"))
+        return real(P, **kw)
+
+    monkeypatch.setattr(mod, "solve", spy)
+    r = optimize(lone_prologue(), hw=TINY1, solver=solver, cache=False, executor="serial")
+    assert len(seen) == 1 and r.status == "OPTIMAL" and r.objective == (40 + 42) * 8
+    if solver != "exhaustive":  # exhaustive seeds itself with greedy
+        assert seen[0] is not None and seen[0].policy == "greedy"
+    assert r.program.policy.split(" ")[0] == solver
