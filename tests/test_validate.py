@@ -94,3 +94,12 @@ def test_simulate_tflops(trip: int) -> None:
     g = replace(g, row=(trip,), useful_flops=10**9)
     tl = simulate(make_program(g, hw, 184, {"load": 0, "mma": 200}), hw)
     assert tl.tflops == pytest.approx(1e9 / (tl.kernel_us * 1e-6) / 1e12)
+
+
+def test_exact_solver_keeping_greedys_optimal_program_says_so() -> None:
+    from ptsolve import optimize
+    g, hw = two_stage_gemm()  # greedy's program (ii 184, mma at 200) is already optimal: 912 cycles
+    r = optimize(g, hw=hw, solver="cpsat", cache=False, executor="serial")
+    assert r.status == "OPTIMAL" and r.objective == 912 and r.bound == 912 and r.gap == 0.0
+    assert r.program.policy == "cpsat (greedy's schedule, proven optimal)"
+    assert str(r).startswith("cpsat: OPTIMAL (proven: gap 0%)")
