@@ -119,3 +119,17 @@ def test_search_hands_each_solver_greedys_hint(solver: str, monkeypatch: pytest.
     if solver != "exhaustive":  # exhaustive seeds itself with greedy
         assert seen[0] is not None and seen[0].policy == "greedy"
     assert r.program.policy.split(" ")[0] == solver
+
+
+def test_exact_placement_beats_longest_first_by_hand() -> None:
+    from ptsolve.placement import exact_loads
+    from ptsolve.placement import lower_bound as placement_bound
+    # CTAs of 5, 4, 3, 3, 3 cycles on 2 SMs: longest first gives 5+3 and 4+3+3 = 10; {5, 4} and {3, 3, 3} is 9,
+    # which meets the bound max(ceil(18 / 2), 5) = 9
+    assert sorted(sm_loads([5, 4, 3, 3, 3], 1, 2, "lpt").tolist()) == [8, 10]
+    assert placement_bound([5, 4, 3, 3, 3], 1, 2) == 9 and placement_bound([20, 1], 1, 2) == 20
+    loads, proven = exact_loads([5, 4, 3, 3, 3], 1, 2, time_limit=10)
+    assert sorted(loads.tolist()) == [9, 9] and proven
+    assert sorted(sm_loads([5, 4, 3, 3, 3], 1, 2, "exact").tolist()) == [9, 9]
+    loads, proven = exact_loads([2, 2, 2, 2], 1, 2)  # longest first already meets the bound
+    assert loads.tolist() == [4, 4] and proven
