@@ -95,21 +95,21 @@ def _hw(a: argparse.Namespace) -> Any:
 
 
 def op_help(name: str | None = None) -> str:
-    """Each operator's parameters (from ptsolve.ops' builders), defaults and tiling keys."""
+    """Each operator's parameters (from the signatures of ptsolve.ops' builders), with defaults and aliases."""
     from . import ops
 
-    out = []
-    for short, full in sorted({v: k for k, v in OPS.items() if len(k) < len(v) or k == v}.items()):
-        if name and name not in (short, full) and OPS.get(name) != short:
-            continue
-        fn = getattr(ops, short)
-        sig = inspect.signature(fn)
-        ps = [k + ("" if v.default is inspect.Parameter.empty else f"={v.default}") for k, v in sig.parameters.items()]
-        alias = [k for k, v in OPS.items() if v == short and k != short]
-        out.append(f"{short}" + (f" (also: {', '.join(alias)})" if alias else "") + f": {' '.join(ps)}\n  "
-                   f"{(fn.__doc__ or '').strip()}")
-    if not out:
+    if name is not None and name not in OPS:
         raise PtsolveError(f"unknown operator {name!r}; use one of {sorted(OPS)}")
+    out = []
+    for full in sorted(set(OPS.values())):
+        if name is not None and OPS[name] != full:
+            continue
+        fn = getattr(ops, full)
+        ps = [k + ("" if v.default is inspect.Parameter.empty else f"={v.default}")
+              for k, v in inspect.signature(fn).parameters.items()]
+        alias = sorted(k for k, v in OPS.items() if v == full and k != full)
+        out.append(full + (f" (also: {', '.join(alias)})" if alias else "") + f": {' '.join(ps)}\n  "
+                   + (fn.__doc__ or "").strip())
     return "\n".join(out) + "\nParameters without a default are required; write them as key=value."
 
 
