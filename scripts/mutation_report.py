@@ -1,4 +1,5 @@
-"""Summarise a finished ``mutmut run`` (the ``mutants/`` folder) as markdown: score per module, date, commit."""
+"""Summarise a finished ``mutmut run`` (the ``mutants/`` folder) as markdown: score per module, date, commit.
+Usage: python scripts/mutation_report.py [--sample] [--note=TEXT ...] > results/mutation.md"""
 from __future__ import annotations
 
 import collections
@@ -19,11 +20,12 @@ def main() -> int:
         if m:
             per[m.group(1)][m.group(2).strip()] += 1
     sample = "--sample" in sys.argv[1:]
+    notes = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--note=")]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Mutation score of ptsolve's core modules", "",
              "- command: `scripts/mutate.sh` (mutmut, config in pyproject.toml `[tool.mutmut]`)",
-             f"- date: {date}", f"- commit: {commit}", "",
+             f"- date: {date}", f"- commit: {commit}", *[f"- note: {n}" for n in notes], "",
              ("- sample: the mutants numbered ...0 (1 in 10 of each function's); `scripts/mutate.sh` without "
               "--sample runs all" if sample else "- all mutants"), "",
              "Score = (killed + timeout) / (mutants checked, less skipped). 'no tests': no selected test runs the "
