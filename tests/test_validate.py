@@ -73,9 +73,13 @@ def test_prologue_and_epilogue_do_not_overlap_on_a_stream() -> None:
         STask("post", "vector", phase="post", flops=64, group=0)), (), (1,), 1, 1)
     bad = make_program(g, HW, 8, {"pre": 0, "body": 0, "post": 8})
     v = check_valid(bad, HW)
-    assert "wg0 holds pre [0,40) and post [8,16) at once" in str(v)
+    assert v.violations == ("wg0 holds pre [0,40) and post [8,16) at once",)
     good = make_program(g, HW, 8, {"pre": 0, "body": 0, "post": 40})
     assert check_valid(good, HW) and simulate(good, HW).late == 0
+    # the replay records what each instance holds: (resource, from, to) cycles
+    ev = {(e.task, e.iteration): e for e in simulate(good, HW).events}
+    assert ev[("pre", 0)].holds == (("wg0", 0, 40),) and ev[("post", 0)].holds == (("wg0", 40, 48),)
+    assert ev[("body", 0)].holds == (("wg1", 0, 8),)
 
 
 def test_lower_bounds_by_hand() -> None:
