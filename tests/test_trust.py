@@ -186,8 +186,8 @@ def test_search_checks_each_answer_against_the_replay(monkeypatch: pytest.Monkey
     monkeypatch.setattr(S, "solve_one", liar)
     g = ops.gemm(4096, 1024, 4096).graph({"BM": 128, "BN": 128, "BK": 64, "depth": 2, "groups": 1})
     r = optimize(g, hw="h100", solver="cpsat", executor="serial", cache=False)
-    assert r.status != "OPTIMAL" and r.objective == simulate(r.program, "h100").kernel_cycles
-    assert r.bound < r.objective
+    assert r.status == "FEASIBLE" and r.objective == simulate(r.program, "h100").kernel_cycles
+    assert r.bound < r.objective and r.solved == r.tilings == 1
 
 
 def test_greedy_program_replays_to_its_claim() -> None:
@@ -201,3 +201,26 @@ def test_every_hw_load_is_checked_first() -> None:
     assert load("h100").name == "h100"
     hw = dataclasses.replace(load("h100"), name="x")
     assert optimize(ops.gemm(1024, 1024, 1024), hw=hw, solver="greedy", cache=False).hw == "x"
+
+
+def test_one_stopped_solve_makes_the_search_time_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first tiling's solve runs out of time (its bound stands), the others finish: the search is TIME_LIMIT,
+    with the stopped solve's bound, whatever order the rest finish in."""
+    import ptsolve.search as S
+
+    calls: list[int] = []
+    real = S.solve_one
+
+    def first_stops(P, solver, time_limit, hint, ii_max, workers=1):
+        calls.append(1)
+        if len(calls) == 1:
+            return hint, {"status": "TIME_LIMIT", "bound": S.lower_bound(P) + 8, "solve_s": 0.0}
+        return real(P, solver, time_limit, hint, ii_max, workers)
+
+    monkeypatch.setattr(S, "solve_one", first_stops)
+    op = ops.gemm(4096, 1024, 4096)
+    r = optimize(op, hw="h100", executor="serial", cache=False, fix={"BM": 128, "BN": 128, "groups": 1})
+    assert len(calls) >= 2 and r.status == "TIME_LIMIT"
+    first = min((t for t in op.tilings() if t["BM"] == 128 and t["BN"] == 128 and t["groups"] == 1),
+                key=lambda t: (S.lower_bound(model.build(op.graph(t), load("h100"))), -t["depth"]))
+    assert r.bound == S.lower_bound(model.build(op.graph(first), load("h100"))) + 8
