@@ -1,5 +1,6 @@
 """Apply each mutation listed in issue 10 ('tests that cannot fail') to a copy of this checkout and run the CPU
-tests: every one must make at least one test fail. Usage: python scripts/listed_mutations.py (about 10 minutes)."""
+tests: every one must make at least one test fail.
+Usage: python scripts/listed_mutations.py > results/listed_mutations.txt (about 10 minutes)."""
 from __future__ import annotations
 
 import shutil
@@ -39,6 +40,10 @@ MUTATIONS = [  # (name, file, text, replacement)
 
 
 def main() -> int:
+    import datetime
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    print(f"# scripts/listed_mutations.py, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"commit {commit.strip()}", flush=True)
     survived = []
     for name, rel, old, new in MUTATIONS:
         with tempfile.TemporaryDirectory() as d:
