@@ -1,19 +1,36 @@
-"""The ``ptsolve`` command line: optimize one operator, or compare the policies over a suite."""
+"""The ``ptsolve`` command line: optimize one operator, compare the policies over a suite, place CTAs.
+
+Every error is one line on stderr and exit status 2 (1 for a broken pipe, 130 for an interrupt); every
+file written is announced with a ``wrote <path>`` line. Outputs go under ``--out`` (default
+``$PTSOLVE_OUT_DIR`` or ``~/ptsolve-out``), never into the current folder or the repository's ``results/``
+unless asked for with ``--out``.
+"""
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import inspect
 import json
+import os
+import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import PtsolveError
+from .checks import PLACEMENTS, SOLVER_NAMES
+from .errors import ConfigError, PtsolveError
 from .provenance import stamp
 
 OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
        "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
        "chunk_state": "mamba2_chunk_state", "mamba2_chunk_state": "mamba2_chunk_state"}
+LEGEND = """notation: one line per phase (pre = prologue, once; loop = steady state, one iteration every ii
+  cycles; post = epilogue, once after the last iteration) and warp role (producer = the TMA warp, wgN =
+  consumer warpgroup N), tasks in issue order. task[sK]@C: the task starts at cycle C (loop tasks: in
+  iteration 0; C mod ii is its slot in the steady state), K = C // ii its pipeline stage, omitted when 0
+  (the emitted loop's iteration j runs it for reduction iteration j - K)."""
 
 
 def _value(v: str) -> Any:
@@ -29,9 +46,12 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     """``["batch=64", "causal=true"]`` -> {"batch": 64, "causal": True}."""
     out = {}
     for it in items:
-        if "=" not in it:
-            raise PtsolveError(f"parameter {it!r} is not key=value (e.g. batch=64)")
+        if "=" not in it or not it.split("=", 1)[0]:
+            raise PtsolveError(f"parameter {it!r} is not key=value (e.g. batch=64); `ptsolve ops` lists each "
+                               "operator's parameters")
         k, v = it.split("=", 1)
+        if k in out:
+            raise PtsolveError(f"parameter {k!r} given twice")
         out[k] = _value(v)
     return out
 
@@ -41,57 +61,139 @@ def provenance() -> dict[str, str]:
     return stamp() | {"command": "ptsolve " + " ".join(sys.argv[1:])}
 
 
+def default_out() -> Path:
+    """Where outputs go without --out: $PTSOLVE_OUT_DIR, else ~/ptsolve-out (outside any checkout)."""
+    return Path(os.environ.get("PTSOLVE_OUT_DIR") or Path.home() / "ptsolve-out")
+
+
+def out_dir(a: argparse.Namespace) -> Path:
+    """The --out folder, created; a PtsolveError naming it when it is a file or cannot be created."""
+    d = Path(a.out) if a.out else default_out()
+    if d.exists() and not d.is_dir():
+        raise PtsolveError(f"--out {str(d)!r} is a file, not a folder; name a folder (it is created if missing)")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PtsolveError(f"--out {str(d)!r} cannot be created ({e.strerror or e}); name a writable folder") from e
+    return d
+
+
+def _safe(name: str) -> str:
+    """A hardware or graph name as one file-name component (a table path becomes its name, no separators)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "hw"
+
+
+def _wrote(*paths: Path) -> None:
+    for p in paths:
+        print(f"wrote {p}", flush=True)
+
+
+def _hw(a: argparse.Namespace) -> Any:
+    from .hw import load
+
+    return load(a.hw)
+
+
+def op_help(name: str | None = None) -> str:
+    """Each operator's parameters (from the signatures of ptsolve.ops' builders), with defaults and aliases."""
+    from . import ops
+
+    if name is not None and name not in OPS:
+        raise PtsolveError(f"unknown operator {name!r}; use one of {sorted(OPS)}")
+    out = []
+    for full in sorted(set(OPS.values())):
+        if name is not None and OPS[name] != full:
+            continue
+        fn = getattr(ops, full)
+        ps = [k + ("" if v.default is inspect.Parameter.empty else f"={v.default}")
+              for k, v in inspect.signature(fn).parameters.items()]
+        alias = sorted(k for k, v in OPS.items() if v == full and k != full)
+        out.append(full + (f" (also: {', '.join(alias)})" if alias else "") + f": {' '.join(ps)}\n  "
+                   + (fn.__doc__ or "").strip())
+    return "\n".join(out) + "\nParameters without a default are required; write them as key=value."
+
+
+def cmd_ops(a: argparse.Namespace) -> int:
+    print(op_help(a.name))
+    return 0
+
+
 def cmd_optimize(a: argparse.Namespace) -> int:
     from . import ops, optimize
-    from .hw import load
     from .report import gantt
     from .simulate import simulate
 
     if a.op not in OPS:
-        raise PtsolveError(f"unknown operator {a.op!r}; use one of {sorted(OPS)}")
+        raise PtsolveError(f"unknown operator {a.op!r}; use one of {sorted(OPS)} (`ptsolve ops` lists their "
+                           "parameters)")
     op = ops.make(OPS[a.op], **parse_params(a.params))
-    res = optimize(op, hw=a.hw, solver=a.solver, time_limit=a.time_limit, cache=not a.no_cache,
+    hw = _hw(a)
+    out = out_dir(a)
+    res = optimize(op, hw=hw, solver=a.solver, time_limit=a.time_limit, cache=not a.no_cache,
                    placement=a.placement, executor=a.executor, jobs=a.jobs, decoupled=a.decoupled,
                    fix=parse_params(a.fix) if a.fix else None,
                    progress=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
-    hw = load(a.hw)
     print(res)
     for f in res.features:
         print("  " + f)
     print(res.program.summary(hw))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{res.program.graph.name}_{a.hw}_{a.solver}"
-    stem.with_suffix(".json").write_text(res.to_json())
+    print(LEGEND)
+    stem = str(out / f"{_safe(res.program.graph.name)}_{_safe(hw.name)}_{a.solver}")
+    Path(stem + ".json").write_text(res.to_json())
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(14, 4.5))
     gantt(simulate(res.program, hw), ax=ax, title=f"{res.program.graph.name} — {res.solver}, {res.predicted_us:.1f} µs")
     fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=110)
-    print(f"wrote {stem}.json and {stem}.png")
+    fig.savefig(stem + ".png", dpi=110)
+    plt.close(fig)
+    _wrote(Path(stem + ".json"), Path(stem + ".png"))
     return 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from . import optimize
-    from .hw import load
+    from .cache import code_fingerprint
     from .simulate import claimed_cycles, simulate
     from .suites import SUITES, operator
 
-    if a.suite not in SUITES:
-        raise PtsolveError(f"unknown suite {a.suite!r}; use one of {sorted(SUITES)}")
-    hw = load(a.hw)
-    solvers = [s.strip() for s in a.solvers.split(",") if s.strip()]
-    cfgs = [c for c in SUITES[a.suite]() if not a.only or any(c["name"].startswith(x) for x in a.only.split(","))]
+    hw = _hw(a)
+    solvers = list(dict.fromkeys(x.strip() for x in a.solvers.split(",") if x.strip()))
+    bad = [x for x in solvers if x not in SOLVER_NAMES]
+    if bad or not solvers:
+        raise PtsolveError(f"--solvers {a.solvers!r}: unknown {bad}; use a comma-separated list of {SOLVER_NAMES}")
+    every = SUITES[a.suite]()
+    prefixes = [x.strip() for x in a.only.split(",") if x.strip()]
+    cfgs = [c for c in every if not prefixes or any(c["name"].startswith(x) for x in prefixes)]
+    if not cfgs:
+        raise PtsolveError(f"--only {a.only!r} matches no configuration of suite {a.suite!r}; its names are "
+                           f"{', '.join(c['name'] for c in every[:6])}, ... (prefixes match, e.g. --only FA1,GEMM)")
+    out = out_dir(a)
+    stem = out / f"compare_{_safe(hw.name)}"
+    part = Path(str(stem) + ".partial.json")
+    sig = hashlib.sha256(json.dumps([a.suite, hw.to_dict(), solvers, a.time_limit, a.decoupled,
+                                     [c["name"] for c in cfgs], code_fingerprint()], sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    done: dict[str, dict[str, Any]] = {}
+    if part.exists():
+        try:
+            saved = json.loads(part.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("signature") == sig:
+            done = {r["config"]: r for r in saved.get("rows", [])}
+            print(f"resuming: {len(done)}/{len(cfgs)} configurations already in {part}", file=sys.stderr)
     try:
         from tqdm import tqdm
         it = tqdm(cfgs, desc="compare", unit="config", file=sys.stderr)
     except ImportError:  # pragma: no cover
         it = cfgs
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in it:
+        if c["name"] in done:
+            rows.append(done[c["name"]])
+            continue
         op = operator(c)
         row: dict[str, Any] = {"config": c["name"], "op": c["op"], "params": json.dumps(c["params"], sort_keys=True)}
         for s in solvers:
@@ -99,11 +201,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
                 it.set_postfix_str(f"{c['name']} {s}")
             r = optimize(op, hw=hw, solver=s, time_limit=a.time_limit, cache=not a.no_cache, jobs=a.jobs)
             tl = simulate(r.program, hw)
-            if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late:
+            if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
                 raise PtsolveError(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy "
                                    f"claims {r.objective}: a ptsolve bug, please report it")
             row |= {f"{s}_us": round(r.predicted_us, 3), f"{s}_tflops": round(r.tflops, 1), f"{s}_status": r.status,
                     f"{s}_gap": round(r.gap, 4) if r.gap is not None else "", f"{s}_solve_s": round(r.solve_s, 2),
+                    f"{s}_cached": r.cached,
                     f"{s}_tiling": json.dumps(r.tiling, sort_keys=True), f"{s}_solved": f"{r.solved}/{r.tilings}"}
             if s != "greedy":
                 row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
@@ -115,33 +218,41 @@ def cmd_compare(a: argparse.Namespace) -> int:
                 if s != "greedy":
                     row[f"speedup_{s}"] = round(row["greedy_us"] / row[f"{s}_us"], 4)
         rows.append(row)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"compare_{a.hw}"
+        # partial results as they complete: a CSV to look at and a file to resume from after an interrupt
+        _write_csv(Path(str(stem) + ".csv"), rows)
+        part.write_text(json.dumps({"signature": sig, "rows": rows}, sort_keys=True))
+    _write_csv(Path(str(stem) + ".csv"), rows)
+    prov = provenance()
+    Path(str(stem) + ".md").write_text(compare_markdown(rows, solvers, a, prov, hw.name))
+    written = [Path(str(stem) + ".csv"), Path(str(stem) + ".md")]
+    if _bar_chart(rows, solvers, Path(str(stem) + ".png"), hw.name):
+        written.append(Path(str(stem) + ".png"))
+    part.unlink(missing_ok=True)
+    print(Path(str(stem) + ".md").read_text())
+    _wrote(*written)
+    return 0
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    prov = provenance()
-    stem.with_suffix(".md").write_text(compare_markdown(rows, solvers, a, prov))
-    _bar_chart(rows, solvers, stem.with_suffix(".png"), a.hw)
-    print(stem.with_suffix(".md").read_text())
-    return 0
 
 
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .hw import load
     from .ops.base import ctas_of
     from .placement import exact_loads, lower_bound, sm_loads
     from .simulate import unit_floor
     from .suites import SUITES, operator
 
-    hw = load(a.hw)
+    hw = _hw(a)
+    out = out_dir(a)
     prov = provenance()
-    lines = [f"# Inter-EU placement on {a.hw}: even split vs longest-first vs exact (predicted)", "",
+    lines = [f"# Inter-EU placement on {hw.name}: even split vs longest-first vs exact (predicted)", "",
              f"- command: `{prov['command']}`", f"- date: {prov['date']}", f"- commit: {prov['commit']}",
              f"- machine: {prov['machine']}", "",
              "Kernel latency (µs, busiest SM + launch) of the CP-SAT schedule of each configuration whose CTAs have "
@@ -151,9 +262,10 @@ def cmd_placement(a: argparse.Namespace) -> int:
              "floor.", "",
              "| config | CTAs | even µs | lpt µs | exact µs | exact proven | bound µs | even / lpt |",
              "|---|---|---|---|---|---|---|---|"]
+    path = out / f"placement_{_safe(hw.name)}.md"
     for c in SUITES[a.suite]():
         op = operator(c)
-        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache)
+        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs)
         g, p = r.program.graph, r.program
         if len(set(g.row)) < 2:
             continue
@@ -168,47 +280,54 @@ def cmd_placement(a: argparse.Namespace) -> int:
         lines.append(f"| {c['name']} | {g.n_ctas} | {us[0]:.2f} | {us[1]:.2f} | {us[2]:.2f} | {proven} | {us[3]:.2f} "
                      f"| {even / lpt:.3f} |")
         print(lines[-1], flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"placement_{a.hw}.md").write_text("\n".join(lines) + "\n")
+        path.write_text("\n".join(lines) + "\n")  # partial results as they complete
+    path.write_text("\n".join(lines) + "\n")
+    _wrote(path)
     return 0
 
 
 def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse.Namespace,
-                     prov: dict[str, str]) -> str:
-    lines = [f"# Greedy vs exact schedules, {a.suite} suite on {a.hw} (predicted by the ptsolve cost model)", "",
-             f"- command: `{prov['command']}`", f"- date: {prov['date']}", f"- commit: {prov['commit']}",
+                     prov: dict[str, str], hw_name: str | None = None) -> str:
+    """The compare table: one column per solver for latency, status/gap (exact solvers) and solve time, a speedup
+    column per exact solver when greedy ran, then the exact schedule's tiling and features."""
+    exact = [s for s in solvers if s != "greedy"]
+    speed = exact if "greedy" in solvers else []
+    lines = [f"# Greedy vs exact schedules, {a.suite} suite on {hw_name or a.hw} (predicted by the ptsolve cost model)",
+             "", f"- command: `{prov['command']}`", f"- date: {prov['date']}", f"- commit: {prov['commit']}",
              f"- machine: {prov['machine']}", f"- time limit per configuration and solver: {a.time_limit} s", "",
              "Latencies are the cost model's predictions (µs), not GPU measurements; `simulate()` replayed every "
-             "schedule and reproduced its claimed latency. Speedup = greedy latency / exact latency.", ""]
-    head = ["config"] + [f"{s} µs" for s in solvers] + [f"{s} status/gap" for s in solvers if s != "greedy"]
-    head += [f"{s} solve s" for s in solvers] + [f"speedup {s}" for s in solvers if s != "greedy"]
+             "schedule and reproduced its claimed latency. Speedup = greedy latency / exact latency. Status: OPTIMAL "
+             "= proven (gap 0), TIME_LIMIT = stopped by the time limit with the gap shown, FEASIBLE = no proof. "
+             "A solve time marked * comes from the schedule cache (the time of the search that produced it).", ""]
+    head = ["config"] + [f"{s} µs" for s in solvers] + [f"{s} status/gap" for s in exact]
+    head += [f"{s} solve s" for s in solvers] + [f"speedup {s}" for s in speed]
     head += (["decoupled µs"] if a.decoupled else []) + ["exact tiling", "schedule"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ex = next((s for s in solvers if s != "greedy"), solvers[0])
+    ex = exact[0] if exact else solvers[0]
     for r in rows:
         cells = [r["config"]] + [f"{r[f'{s}_us']:.2f}" for s in solvers]
         cells += [f"{r[f'{s}_status']} {100 * r[f'{s}_gap']:.1f}%" if r[f"{s}_gap"] != "" else r[f"{s}_status"]
-                  for s in solvers if s != "greedy"]
-        cells += [f"{r[f'{s}_solve_s']:.2f}" for s in solvers]
-        cells += [f"{r[f'speedup_{s}']:.3f}" for s in solvers if s != "greedy" and f"speedup_{s}" in r]
+                  for s in exact]
+        cells += [f"{r[f'{s}_solve_s']:.2f}" + ("*" if r.get(f"{s}_cached") else "") for s in solvers]
+        cells += [f"{r[f'speedup_{s}']:.3f}" for s in speed]
         cells += ([f"{r['decoupled_us']:.2f}"] if a.decoupled else [])
         cells += [r[f"{ex}_tiling"].replace('"', ""), r.get(f"{ex}_features", "")]
+        assert len(cells) == len(head)
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
-    for s in solvers:
-        if s == "greedy":
-            continue
-        sp = [r[f"speedup_{s}"] for r in rows if f"speedup_{s}" in r]
+    for s in exact:
         st = [r[f"{s}_solve_s"] for r in rows]
         opt = sum(r[f"{s}_status"] == "OPTIMAL" for r in rows)
-        if sp:
-            lines += ["", f"**{s}**: speedup over greedy mean {sum(sp) / len(sp):.3f}×, max {max(sp):.3f}×, min "
-                      f"{min(sp):.3f}×; proven optimal {opt}/{len(rows)}; solve time median "
-                      f"{sorted(st)[len(st) // 2]:.2f} s, max {max(st):.2f} s."]
+        line = f"**{s}**: proven optimal {opt}/{len(rows)}; solve time median {sorted(st)[len(st) // 2]:.2f} s, max " \
+               f"{max(st):.2f} s"
+        if s in speed:
+            sp = [r[f"speedup_{s}"] for r in rows]
+            line += f"; speedup over greedy mean {sum(sp) / len(sp):.3f}×, max {max(sp):.3f}×, min {min(sp):.3f}×"
+        lines += ["", line + "."]
     return "\n".join(lines) + "\n"
 
 
-def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: str) -> None:
+def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: str) -> bool:
+    """The speedup bars of every exact solver over greedy; False (nothing written) when greedy did not run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -216,7 +335,7 @@ def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: s
 
     ex = [s for s in solvers if s != "greedy" and f"speedup_{s}" in rows[0]]
     if not ex:
-        return
+        return False
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.28), 4))
     x = np.arange(len(rows))
     w = 0.8 / len(ex)
@@ -229,43 +348,116 @@ def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: s
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+class _Fmt(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's line breaks and appends every option's default (unless None/False or already said)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        h = action.help or ""
+        if (action.default not in (None, argparse.SUPPRESS) and action.nargs != 0 and "default" not in h
+                and action.option_strings):
+            h += " (default: %(default)s)"
+        return h
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (ptsolve's rule for every refusal)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ConfigError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive_int(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a whole number >= 1")
+    return n
+
+
+def _seconds(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = -1.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number of seconds > 0")
+    return x
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .hw import known
+    from .suites import SUITES
+
+    fmt = _Fmt
+    p = _Parser(prog="ptsolve", description=__doc__, formatter_class=fmt)
+    p.add_argument("--version", action="version", version=f"ptsolve {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    o = sub.add_parser("optimize", formatter_class=fmt, epilog=op_help() + "\n\n" + LEGEND,
+                       help="schedule one operator; print the schedule, write its JSON and a Gantt PNG")
+    o.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))} (`ptsolve ops OP` lists its "
+                   "parameters)")
+    o.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape, e.g. batch=64 heads=32 kv_heads=8 seq=4096")
+    c = sub.add_parser("compare", formatter_class=fmt,
+                       help="greedy vs exact over a suite; writes CSV, markdown and a bar chart as configurations "
+                            "complete, resumes an interrupted run")
+    c.add_argument("--suite", default="paper", choices=sorted(SUITES), help="benchmark suite")
+    c.add_argument("--solvers", default="greedy,cpsat,milp",
+                   help=f"comma-separated solvers, of {', '.join(SOLVER_NAMES)}")
+    c.add_argument("--only", default="", help="comma-separated config name prefixes, e.g. FA1,GEMM (default: all)")
+    c.add_argument("--no-decoupled", dest="decoupled", action="store_false",
+                   help="skip the decoupled (tile by roofline, then schedule) ablation column")
+    pl = sub.add_parser("placement", formatter_class=fmt,
+                        help="even vs longest-first vs exact CTA placement of the suite's unequal tiles")
+    pl.add_argument("--suite", default="paper", choices=sorted(SUITES), help="benchmark suite")
+    ls = sub.add_parser("ops", formatter_class=fmt, help="list the operators and their parameters")
+    ls.add_argument("name", nargs="?", default=None, help="one operator (default: all)")
+    for q in (o, c, pl):
+        q.add_argument("--hw", default="h100", metavar="NAME|PATH",
+                       help=f"hardware: {', '.join(known())}, or the path of a .json table")
+        q.add_argument("--time-limit", type=_seconds, default=30.0,
+                       help="seconds per search" + (" (placement: per exact placement)" if q is pl else ""))
+        q.add_argument("--no-cache", action="store_true", help="ignore and do not fill the schedule cache")
+        q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")
+        q.add_argument("--out", default=None, metavar="DIR",
+                       help="output folder (default: $PTSOLVE_OUT_DIR or ~/ptsolve-out)")
+    o.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
+    o.add_argument("--placement", default="even", choices=PLACEMENTS,
+                   help="CTAs over SMs: the paper's even split, longest first, or exact")
+    o.add_argument("--executor", default="process", choices=("process", "serial", "ray"),
+                   help="where tilings are solved")
+    o.add_argument("--decoupled", action="store_true", help="pick the tiling by its roofline bound, then schedule it")
+    o.add_argument("--fix", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="search only tilings with these values, e.g. --fix ctas=1")
+    o.add_argument("-v", "--verbose", action="store_true", help="print the search's progress on stderr")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ptsolve", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    o = sub.add_parser("optimize", help="schedule one operator; print the schedule, write its JSON and a Gantt PNG")
-    o.add_argument("op", help=f"operator: {', '.join(sorted(OPS))}")
-    o.add_argument("params", nargs="*", help="shape as key=value, e.g. batch=64 heads=32 kv_heads=8 seq=4096")
-    c = sub.add_parser("compare", help="greedy vs exact over a suite; writes CSV, markdown and a bar chart")
-    c.add_argument("--suite", default="paper")
-    c.add_argument("--solvers", default="greedy,cpsat,milp")
-    c.add_argument("--only", default="", help="comma-separated config name prefixes (e.g. FA1,GEMM)")
-    c.add_argument("--no-decoupled", dest="decoupled", action="store_false",
-                   help="skip the decoupled (tile by roofline, then schedule) ablation column")
-    c.add_argument("--out", default="results")
-    pl = sub.add_parser("placement", help="even vs longest-first vs exact CTA placement for unequal tiles")
-    pl.add_argument("--suite", default="paper")
-    pl.add_argument("--out", default="results")
-    for q in (o, c, pl):
-        q.add_argument("--hw", default="h100")
-        q.add_argument("--time-limit", type=float, default=30.0, help="seconds per search (default 30)")
-        q.add_argument("--no-cache", action="store_true")
-        q.add_argument("--jobs", type=int, default=None, help="parallel solves (default: all cores)")
-    o.add_argument("--solver", default="cpsat")
-    o.add_argument("--placement", default="even")
-    o.add_argument("--executor", default="process", help="process | serial | ray")
-    o.add_argument("--decoupled", action="store_true")
-    o.add_argument("--fix", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="search only tilings with these values, e.g. --fix ctas=1")
-    o.add_argument("--out", default=".")
-    o.add_argument("-v", "--verbose", action="store_true")
-    a = p.parse_args(argv)
+    # a library warning (e.g. the cache rebuilt itself) is one line, like an error
+    warnings.formatwarning = lambda m, c, *_a, **_k: f"ptsolve: warning: {m}\n"
     try:
-        return {"optimize": cmd_optimize, "compare": cmd_compare, "placement": cmd_placement}[a.cmd](a)
+        a = parser().parse_args(argv)
+        return {"optimize": cmd_optimize, "compare": cmd_compare, "placement": cmd_placement,
+                "ops": cmd_ops}[a.cmd](a)
     except PtsolveError as e:
         print(f"ptsolve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ptsolve: interrupted (solver workers stopped; `compare` resumes from its .partial.json)",
+              file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (``| head``): no traceback; stdout is closed, so flush into /dev/null
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

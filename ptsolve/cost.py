@@ -17,15 +17,31 @@ import math
 import os
 from dataclasses import dataclass
 
+from . import checks
+from .errors import ConfigError
 from .hw import Hardware
 from .ir import STask, STaskGraph
 
-GRAIN = max(1, int(os.environ.get("PTSOLVE_GRAIN", "8")))
+# An invalid PTSOLVE_GRAIN must not break ``import ptsolve`` (the CLI could not print its one-line error): it is
+# kept here and raised by grain(), which every duration of the cost model goes through.
+try:
+    GRAIN = checks.env_grain(os.environ.get("PTSOLVE_GRAIN"))
+    GRAIN_ERROR: ConfigError | None = None
+except ConfigError as _e:
+    GRAIN, GRAIN_ERROR = checks.GRAIN_DEFAULT, _e
+
+
+def check_grain() -> int:
+    """GRAIN, or the ConfigError of an invalid PTSOLVE_GRAIN."""
+    if GRAIN_ERROR is not None:
+        raise GRAIN_ERROR
+    return GRAIN
 
 
 def grain(x: float) -> int:
     """``x`` cycles rounded up to a whole number of grains, in cycles."""
-    return max(1, math.ceil(x / GRAIN)) * GRAIN
+    q = check_grain()
+    return max(1, math.ceil(x / q)) * q
 
 
 @dataclass(frozen=True)

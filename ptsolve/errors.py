@@ -36,3 +36,11 @@ class CodegenError(PtsolveError):
 
 class DeviceError(PtsolveError, RuntimeError):
     """No GPU, the wrong architecture, or a launch for a shape the kernel was not built for."""
+
+
+class ConfigError(PtsolveError, ValueError):
+    """A PTSOLVE_* environment variable or a CLI option with a value ptsolve cannot use."""
+
+
+class CacheError(PtsolveError):
+    """The schedule cache cannot be used (its folder is not writable, or it cannot be rebuilt)."""

@@ -9,10 +9,12 @@ carry its index in ``group``; tasks shared by the CTA (TMA loads) have ``group =
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .errors import GraphError, SchemaError
+from . import checks
+from .errors import GraphError, PtsolveError, SchemaError
 
 SCHEMA_VERSION = 1
 KINDS = ("load", "store", "mma", "vector", "barrier")
@@ -150,12 +152,13 @@ class STaskGraph:
             raise GraphError(f"graph {self.name!r}: duplicate task names {dup}; every sTask needs a unique name")
         known = set(names)
         for t in self.tasks:
+            _check_task(t)
             if t.kind not in KINDS:
                 raise GraphError(f"task {t.name!r}: kind {t.kind!r} is not one of {KINDS}")
             if t.phase not in PHASES:
                 raise GraphError(f"task {t.name!r}: phase {t.phase!r} is not one of {PHASES}")
             for b in t.allocs:
-                if b.space not in SPACES or b.bytes <= 0:
+                if b.space not in SPACES or not _count(b.bytes) or b.bytes <= 0:
                     raise GraphError(f"task {t.name!r}: buffer {b.name!r} needs space in {SPACES} and bytes > 0")
         allocated = [b.name for t in self.tasks for b in t.allocs]
         if len(set(allocated)) != len(allocated):
@@ -168,15 +171,27 @@ class STaskGraph:
         for e in self.edges:
             if e.src not in known or e.dst not in known:
                 raise GraphError(f"edge {e.src}->{e.dst}: unknown task (known: {sorted(known)})")
-            if e.dist < 0:
+            if not _count(e.dist) or e.dist < 0:
                 raise GraphError(f"edge {e.src}->{e.dst}: negative iteration distance {e.dist}")
             if e.dist and not (ph[e.src] == ph[e.dst] == 1):
                 raise GraphError(f"edge {e.src}->{e.dst}: only loop tasks may have loop-carried edges")
             if ph[e.src] > ph[e.dst]:
                 raise GraphError(f"edge {e.src}->{e.dst}: goes backwards from phase "
                                  f"{PHASES[ph[e.src]]} to {PHASES[ph[e.dst]]}")
-        if not self.row or any(n < 1 for n in self.row) or self.rows < 1:
-            raise GraphError(f"graph {self.name!r}: needs at least one CTA, each with trip count >= 1")
+        if (not self.row or not all(_count(n) and n >= 1 for n in self.row) or not _count(self.rows)
+                or self.rows < 1):
+            raise GraphError(f"graph {self.name!r}: needs at least one CTA, each with trip count >= 1 "
+                             f"(row={self.row!r}, rows={self.rows!r})")
+        if not self.phase("loop"):
+            raise GraphError(f"graph {self.name!r}: has no loop task; a kernel's reduction loop needs at least one "
+                             "task with phase 'loop'")
+        if not _count(self.useful_flops) or self.useful_flops < 0:
+            raise GraphError(f"graph {self.name!r}: useful_flops={self.useful_flops!r} must be an integer >= 0")
+        bad = {k: v for k, v in self.tiling.items() if not _count(v) or v < 1}
+        if bad:
+            raise GraphError(f"graph {self.name!r}: tiling values {bad} must be integers >= 1")
+        checks.size(f"graph {self.name!r}", len(self.row) * self.rows, "len(row)·rows",
+                    len(self.tasks) * sum(set(self.row)), "the trip counts in row")
         self.topo_order()
 
     def topo_order(self) -> list[str]:
@@ -214,16 +229,15 @@ class STaskGraph:
     def from_dict(cls, d: dict[str, Any]) -> STaskGraph:
         check_schema(d, "STaskGraph")
         try:
-            tasks = tuple(_build(STask, {**t, "tile": tuple(t.get("tile", ())),
-                                         "allocs": tuple(_build(Buffer, b) for b in t.get("allocs", ())),
-                                         "reads": tuple(t.get("reads", ())), "frees": tuple(t.get("frees", ()))})
-                          for t in d["tasks"])
+            seq = {"tile": tuple, "reads": tuple, "frees": tuple,
+                   "allocs": lambda bs: tuple(_build(Buffer, b) for b in bs)}
+            tasks = tuple(_build(STask, {k: seq[k](v) if k in seq else v for k, v in t.items()}) for t in d["tasks"])
             edges = tuple(_build(Edge, e) for e in d["edges"])
             return cls(name=d["name"], op=d["op"], params=dict(d["params"]), tiling=dict(d["tiling"]),
                        tasks=tasks, edges=edges, row=tuple(int(n) for n in d["row"]), rows=int(d["rows"]),
                        useful_flops=int(d["useful_flops"]))
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, GraphError):
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, PtsolveError):
                 raise
             raise SchemaError(f"STaskGraph JSON is malformed: {e!r}; write it with STaskGraph.to_json()") from e
 
@@ -251,8 +265,37 @@ def check_schema(d: dict[str, Any], what: str) -> None:
 
 
 def _build(cls: type, d: dict[str, Any]) -> Any:
+    """``cls`` from a JSON object that names every field (a missing number must not silently become 0)."""
+    if not isinstance(d, dict):
+        raise SchemaError(f"{cls.__name__}: expected a JSON object, got {d!r}")
     names = {f.name for f in fields(cls)}
-    extra = set(d) - names
-    if extra:
-        raise SchemaError(f"{cls.__name__}: unknown fields {sorted(extra)}")
+    extra, missing = set(d) - names, names - set(d)
+    if extra or missing:
+        raise SchemaError(f"{cls.__name__} {d.get('name', '')!r}: unknown fields {sorted(extra)}, missing fields "
+                          f"{sorted(missing)}; write it with STaskGraph.to_json()")
     return cls(**d)
+
+
+def _count(v: Any) -> bool:
+    """Is ``v`` an integer (not a bool)?"""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_task(t: STask) -> None:
+    """Types, signs and ranges of one task's fields: a negative byte count or FLOP count would change predictions."""
+    for k in ("flops", "bytes", "sfu"):
+        v = getattr(t, k)
+        if not _count(v) or v < 0:
+            raise GraphError(f"task {t.name!r}: {k}={v!r} must be an integer >= 0")
+    if isinstance(t.reuse, bool) or not isinstance(t.reuse, (int, float)) or not math.isfinite(t.reuse) or t.reuse < 1:
+        raise GraphError(f"task {t.name!r}: reuse={t.reuse!r} must be a number >= 1 (CTAs reading the same tile)")
+    if not all(_count(x) and x > 0 for x in t.tile):
+        raise GraphError(f"task {t.name!r}: tile={t.tile!r} must be positive integers")
+    if t.dtype not in DTYPE_BYTES:
+        raise GraphError(f"task {t.name!r}: dtype {t.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    if not isinstance(t.is_async, bool):
+        raise GraphError(f"task {t.name!r}: is_async={t.is_async!r} must be true or false")
+    if not _count(t.group) or t.group < -1:
+        raise GraphError(f"task {t.name!r}: group={t.group!r} must be -1 (producer) or a warpgroup index >= 0")
+    if not isinstance(t.name, str) or not t.name:
+        raise GraphError(f"task name {t.name!r} must be a non-empty string")

@@ -61,27 +61,50 @@ def shared_floor(pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[
     return max(ctas * max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in pairs)
 
 
-def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",
-                 ratio: float = 0.25) -> list[tuple[int, int]]:
-    """(Σ (trip-1), number of CTAs) of every SM: its cycles are a·ii + b·span for any schedule.
-    ``lpt`` (and ``exact``, approximated by LPT here) balances CTAs by (trip-1) + ratio, i.e. for
-    span = ii / ratio; the kernel's latency is always re-evaluated with the true costs."""
+def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",
+                 ratio: float = 0.25) -> list[tuple[tuple[int, int], ...]]:
+    """The CTAs of every SM slot that runs any, as ((trip count, CTAs), ...) sorted by trip count: the slot's
+    cycles are Σ CTAs · program.cta_time(trip, ...) for any schedule. ``even``: the paper's split (CTA k of T,
+    in launch order, to slot k // ceil(T / sms)). ``lpt`` (and ``exact``, approximated by LPT here) gives the
+    CTAs longest first to the least-loaded slot, a CTA weighing (trip-1) + ratio, i.e. as if span = ii / ratio;
+    the kernel's latency is always re-evaluated with the true costs (sm_loads)."""
     if policy not in POLICIES:
         raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
-    trips = np.tile(np.asarray(row, dtype=np.int64), rows) - 1
+    trips = np.tile(np.asarray(row, dtype=np.int64), rows)
     if policy == "even":
         k = -(-len(trips) // sms)
-        return [(int(c.sum()), len(c)) for c in (trips[i:i + k] for i in range(0, len(trips), k))]
+        return [tuple((int(v), int(c)) for v, c in zip(*np.unique(trips[i:i + k], return_counts=True)))
+                for i in range(0, len(trips), k)]
     vals, counts = np.unique(trips, return_counts=True)
     heap = [(0.0, s) for s in range(sms)]
-    acc = [[0, 0] for _ in range(sms)]
-    for v, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):
+    acc: list[dict[int, int]] = [{} for _ in range(sms)]
+    for v, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):  # longest first
         for _ in range(m):
             load, s = heapq.heappop(heap)
-            acc[s][0] += v
-            acc[s][1] += 1
-            heapq.heappush(heap, (load + v + ratio, s))
-    return [(a, b) for a, b in acc if b]
+            acc[s][v] = acc[s].get(v, 0) + 1
+            heapq.heappush(heap, (load + v - 1 + ratio, s))
+    return [tuple(sorted(a.items())) for a in acc if a]
+
+
+def busiest(slots: list[tuple[tuple[int, int], ...]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The slots that may be the busiest for some schedule, sorted: a slot is dropped when another has, for every
+    trip count n, at least as many CTAs of trip >= n (a CTA's time never falls as its trip count grows, so that
+    other slot is at least as busy whatever the schedule)."""
+    uniq = sorted(set(slots))
+    ns = np.array(sorted({n for h in uniq for n, _ in h}), dtype=np.int64)
+    # cum[i, j]: CTAs of slot i whose trip count is >= ns[j]
+    cum = np.array([[sum(c for n, c in h if n >= m) for m in ns.tolist()] for h in uniq], dtype=np.int64)
+    ge = (cum[:, None, :] >= cum[None, :, :]).all(axis=2)  # ge[j, i]: slot j at least as busy as slot i
+    np.fill_diagonal(ge, False)
+    keep = [h for i, h in enumerate(uniq) if not ge[:, i].any()]  # distinct slots never tie on every count
+    return tuple(keep)
+
+
+def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",
+                 ratio: float = 0.25) -> list[tuple[int, int]]:
+    """(Σ (trip-1), number of CTAs) of every SM slot (per_sm_trips): the slot's cycles when every CTA takes
+    (trip-1)·ii + span; what the shared-unit floor counts."""
+    return [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in per_sm_trips(row, rows, sms, policy, ratio)]
 
 
 def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,

@@ -5,8 +5,9 @@ A program fixes, for every task, its start time in cycles:
 - ``loop`` tasks: iteration 0's start; iteration i starts ``i·ii`` later (a modulo schedule; the
   task's *stage* is ``start // ii``);
 - ``post`` tasks: from ``(N-1)·ii``, N being the CTA's trip count.
-So every CTA takes ``(N-1)·ii + span`` cycles. From the starts follow the per-stream issue orders (what
-the code generator emits), the barrier-sTasks (mbarriers between streams, and the "empty" barriers of
+So a CTA takes ``cta_time(N, ii, pre, last)`` = max(pre, (N-1)·ii + last) cycles (``SProgram.ends``): the
+one objective that simulate() replays and every policy minimises. From the starts follow the per-stream issue
+orders (what the code generator emits), the barrier-sTasks (mbarriers between streams, and the "empty" barriers of
 each shared-memory ring), and the prologue / steady state / epilogue split.
 """
 from __future__ import annotations
@@ -22,6 +23,14 @@ from .ir import SCHEMA_VERSION, STaskGraph, check_schema, loads
 from .protocol import copy_buffers, precedences, releases, ring_depths, ring_users
 
 __all__ = ["Barrier", "SProgram", "make_program", "precedences", "required_barriers", "ring_users"]
+
+
+def cta_time(trip: int, ii: int, pre: int, last: int) -> int:
+    """Time of one CTA whose loop runs ``trip`` times: max(pre, (trip-1)·ii + last), in the unit of the
+    arguments (cycles; grains in the solvers). ``pre``: when the prologue's last task ends; ``last``: when the
+    last loop or epilogue task of a one-iteration CTA ends (each further iteration adds ii). A prologue task
+    nothing waits for may end after the loop does; charging it inside the span would price such a CTA too high."""
+    return max(pre, (trip - 1) * ii + last)
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,7 @@ class SProgram:
 
     def cta_cycles(self, trip: int, hw: Hardware) -> int:
         """Predicted cycles of one CTA whose loop runs ``trip`` times: max(pre end, (trip-1)·ii + loop end)."""
-        pre, last = self.ends(hw)
-        return max(pre, (trip - 1) * self.ii + last)
+        return cta_time(trip, self.ii, *self.ends(hw))
 
     def span(self, hw: Hardware) -> int:
         """Cycles of a CTA whose loop runs once."""

@@ -189,6 +189,8 @@ def ring_groups(g: STaskGraph, rings: dict[str, int]) -> list[RingGroup]:
     users = ring_users(g)
     key: dict[tuple, list[str]] = {}
     for b in sorted(rel):
+        if b not in rings:
+            continue  # a program without this ring's depth (check_valid says so); nothing to group
         readers = tuple(sorted(t.name for t in g.tasks if b in t.reads))
         key.setdefault((rings[b], readers, rel[b]), []).append(b)
     out = [RingGroup(bs[0], tuple(bs), d, tuple(users[b][0] for b in bs), readers, rs)

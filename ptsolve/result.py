@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .errors import SchemaError
 from .ir import SCHEMA_VERSION, check_schema, loads
 from .program import SProgram
 
@@ -18,7 +19,8 @@ class Result:
     objective: kernel cycles of the busiest SM that the program claims (``simulate`` reproduces it).
     bound: the best proven lower bound on that objective over the tilings searched, cycles (None: none).
     gap: (objective - bound) / objective. predicted_us: objective in µs plus launch overhead.
-    tflops: the operator's useful FLOPs over predicted_us. solve_s: wall seconds, tiling search included.
+    tflops: the operator's useful FLOPs over predicted_us. solve_s: wall seconds, tiling search included, of the
+    search that produced it (``cached``: an earlier one, on ``provenance["date"]``).
     """
 
     program: SProgram | None
@@ -47,6 +49,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["program"] = self.program.to_dict() if self.program else None
+        d["gap"] = self.gap  # saved for readers of the file; derived, so from_json drops it
         return d
 
     def to_json(self) -> str:
@@ -56,13 +59,41 @@ class Result:
     def from_json(cls, s: str) -> Result:
         d = loads(s, "Result")
         check_schema(d, "Result")
-        d["program"] = SProgram.from_dict(d["program"]) if d["program"] else None
-        d["features"] = tuple(d.get("features", ()))
-        return cls(**d)
+        d.pop("gap", None)
+        names = {f.name for f in fields(cls)}
+        missing, extra = sorted(names - set(d) - {"cached"}), sorted(set(d) - names)
+        if missing or extra:
+            raise SchemaError(f"Result JSON: missing fields {missing}, unknown fields {extra}; is this a Result? "
+                              "Write one with Result.to_json()")
+        if d["status"] not in STATUSES:
+            raise SchemaError(f"Result JSON: status {d['status']!r} is not one of {STATUSES}")
+        try:
+            d["program"] = SProgram.from_dict(d["program"]) if d["program"] else None
+            d["features"] = tuple(d["features"])
+            return cls(**d)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            if isinstance(e, SchemaError):
+                raise
+            raise SchemaError(f"Result JSON is malformed: {e!r}; write it with Result.to_json()") from e
+
+    def label(self) -> str:
+        """Status, gap and bound in words: what the result proves."""
+        if self.objective is None:
+            return self.status
+        if self.status == "OPTIMAL":
+            return "OPTIMAL (proven: gap 0%)"
+        if self.bound is None:
+            return f"{self.status} (no lower bound)"
+        return f"{self.status} (gap {100 * (self.gap or 0):.2f}%, bound {self.bound} cycles)"
+
+    def timing(self) -> str:
+        """How long the search took, or, for a cache hit, when and how long the original search took."""
+        if self.cached:
+            return f"from cache (solved on {self.provenance.get('date', 'an unknown date')} in {self.solve_s:.2f} s)"
+        return f"{self.solve_s:.2f} s"
 
     def __str__(self) -> str:
         if self.program is None:
-            return f"{self.solver}: {self.status} after {self.solve_s:.2f} s"
-        gap = f", gap {100 * self.gap:.2f}%" if self.gap is not None else ""
-        return (f"{self.solver}: {self.status}, {self.predicted_us:.2f} µs ({self.tflops:.0f} TFLOP/s) on {self.hw}, "
-                f"tiling {self.tiling}{gap}, {self.solve_s:.2f} s ({self.solved}/{self.tilings} tilings solved)")
+            return f"{self.solver}: {self.status}, {self.timing()}"
+        return (f"{self.solver}: {self.label()}, {self.predicted_us:.2f} µs ({self.tflops:.0f} TFLOP/s) on {self.hw}, "
+                f"tiling {self.tiling}, {self.timing()} ({self.solved}/{self.tilings} tilings solved)")

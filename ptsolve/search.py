@@ -15,6 +15,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
 
+from . import checks
+from .cost import check_grain
 from .errors import InfeasibleError, PtsolveError, SolverError
 from .hw import Hardware, load
 from .ir import STaskGraph
@@ -26,30 +28,42 @@ from .program import SProgram
 from .provenance import stamp
 from .report import features
 from .result import Result
-from .simulate import claimed
+from .simulate import claimed, replay
 
-EXECUTORS = ("process", "serial", "ray")
+EXECUTORS = checks.EXECUTORS
 
 
-def span_lower_bound(P: Problem) -> int:
-    """Longest path through the zero-distance precedences plus the last task's duration, cycles."""
+def ends_lower_bound(P: Problem) -> tuple[int, int]:
+    """Lower bounds on (pre, last) of every schedule (Problem.ends), grains: the longest path through the
+    zero-distance precedences to each task plus its own duration, over the prologue / the other tasks."""
     order = P.graph.topo_order()
     est = dict.fromkeys(order, 0)
     for t in order:
         for u, v, d, lat in P.prec:
             if u == t and d == 0:
                 est[v] = max(est[v], est[t] + lat)
-    return max(est[t] + P.end(t) for t in order)
+    pre = max((est[t] + P.end(t) for t in order if P.phase[t] == "pre"), default=0)
+    return pre, max(est[t] + P.end(t) for t in order if P.phase[t] != "pre")
 
 
 def lower_bound(P: Problem) -> int:
     """No schedule of this tiling beats this many kernel cycles."""
-    return P.objective(P.ii_lb, span_lower_bound(P)) * P.grain
+    return P.objective(P.ii_lb, *ends_lower_bound(P)) * P.grain
 
 
 def latency_lower_bound(P: Problem) -> int:
     """No schedule of this tiling has a busiest SM slot under this many cycles (ptsolve.simulate.claimed)."""
-    return P.latency(P.ii_lb, span_lower_bound(P)) * P.grain
+    return P.latency(P.ii_lb, *ends_lower_bound(P)) * P.grain
+
+
+def replays(p: SProgram, hw: Hardware) -> bool:
+    """Does the replay of the shortest and the longest CTA of ``p`` (simulate.replay) run with no instance late
+    and end exactly when program.cta_time says? What an exact solver's answer must pass before it is reported."""
+    for n in sorted({min(p.graph.row), max(p.graph.row)}):
+        ev, late = replay(p, hw, n)
+        if late or max(e.end for e in ev) != p.cta_cycles(n, hw):
+            return False
+    return True
 
 
 def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None, ii_max: int | None,
@@ -95,9 +109,19 @@ def _fixed(op: Operator, fix: dict[str, int] | None) -> list[dict[str, int]]:
 
 def check_solver(solver: str) -> None:
     """Raise SolverError for a solver name ptsolve does not know."""
-    if solver not in (*SOLVERS, "milp-highs", "milp-cbc"):
-        raise SolverError(f"unknown solver {solver!r}; use one of greedy, cpsat, milp (= milp-highs), milp-cbc, "
-                          "exhaustive")
+    checks.solver(solver)
+
+
+def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: Any, jobs: Any, fix: Any) -> None:
+    """Every argument of search() / optimize() checked before any cache lookup or solve (ptsolve.checks)."""
+    checks.solver(solver)
+    checks.time_limit(time_limit)
+    checks.choice("placement", placement, checks.PLACEMENTS)
+    checks.choice("executor", executor, EXECUTORS)
+    checks.jobs(jobs)
+    checks.fix(fix)
+    checks.hw_spec(hw)
+    check_grain()
 
 
 def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
@@ -105,12 +129,12 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
     bounds the whole search; ``fix`` keeps only the tilings with those key values. A graph instead of an
-    operator is scheduled as it is (one tiling)."""
-    check_solver(solver)
-    if not time_limit > 0:
-        raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}")
-    if executor not in EXECUTORS:
-        raise SolverError(f"unknown executor {executor!r}; use one of {EXECUTORS}")
+    operator is scheduled as it is (one tiling).
+
+    Status: OPTIMAL when the best program's kernel time meets the least bound over all tilings; TIME_LIMIT
+    when the time limit stopped a solve or left tilings unsolved; FEASIBLE otherwise (greedy, which proves
+    nothing, or an exact back-end whose proof did not survive re-checking)."""
+    check_args(hw, solver, time_limit, placement, executor, jobs, fix)
     hw = load(hw)
     t0 = time.perf_counter()
     say = progress or (lambda s: None)
@@ -126,11 +150,13 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         P = build(g, hw, placement)
         gp, _ = greedy_mod.solve(P)
         cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
+    what = op.name if isinstance(op, STaskGraph) else op.describe()
     if not cands:
-        what = op.name if isinstance(op, STaskGraph) else op.describe()
         raise InfeasibleError(f"no tiling of {what} fits {hw.name}: " + "; ".join(reasons[:4])
                               + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
-    cands.sort(key=lambda c: (c[0], sorted(c[1].items())))
+    if solver == "exhaustive":
+        _exhaustive_fits(cands, what)
+    cands.sort(key=lambda c: (c[0], _key(c[1])))
     if decoupled:
         cands = cands[:1]
     say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
@@ -139,6 +165,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     inc_prog, inc_obj, inc_lat = best[3], best[4], best[5]
     bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
     solved = len(cands)
+    timed_out = False
     if solver != "greedy":
         bounds, solved = [], 0
         deadline = t0 + time_limit
@@ -147,7 +174,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         # solve the deepest first and let its optimum prune the rest
         lbs = {_key(c[1]): c[0] for c in cands}
         lat_lbs = {_key(c[1]): c[6] for c in cands}
-        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), sorted(c[1].items())))
+        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), _key(c[1])))
         pool: Any = None
         if executor == "ray":
             pool = _RayPool()
@@ -158,8 +185,11 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
             while todo or running:
                 while todo and len(running) < (jobs if pool is not None else 1) and time.perf_counter() < deadline:
                     c = todo.pop(0)
-                    if (lbs[_key(c[1])], lat_lbs[_key(c[1])]) >= (inc_obj, inc_lat):
-                        bounds.append(lbs[_key(c[1])])
+                    # prune only what cannot win even the tie-break (time, slot latency, tiling key): a serial
+                    # search, which prunes more, and a parallel one then return the same program
+                    k = _key(c[1])
+                    if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, _key(inc_prog.graph.tiling)):
+                        bounds.append(lbs[k])
                         continue
                     left = max(0.2, deadline - time.perf_counter())
                     # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
@@ -174,27 +204,40 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     solved += 1
                     prog = SProgram.from_json(pj) if pj else None
                     obj, lat = claimed(prog, hw) if prog else (None, None)
+                    status = st["status"]
+                    timed_out |= status == "TIME_LIMIT"
+                    if status == "OPTIMAL" and (st.get("objective") != obj or not replays(prog, hw)):
+                        # the optimum is of the model's number; if the replay disagrees, nothing is proven
+                        say(f"tiling {c[1]}: {solver}'s optimum {st.get('objective')} cycles is not what the "
+                            f"program replays to ({obj}); keeping it unproven")
+                        status = "FEASIBLE"
                     # equal objectives go to the smaller slot latency, then the smaller tiling key, so parallel
                     # solves finishing in any order give the same answer
                     if obj is not None and (obj, lat, _key(c[1])) < (inc_obj, inc_lat, _key(inc_prog.graph.tiling)):
                         inc_prog, inc_obj, inc_lat = prog, obj, lat
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
-                    b = (obj if st["status"] == "OPTIMAL" and obj is not None else
-                         max(c[0], st.get("bound") or 0) if st["status"] != "INFEASIBLE" else inc_obj)
+                    b = (obj if status == "OPTIMAL" and obj is not None else
+                         inc_obj if status == "INFEASIBLE" else
+                         max(c[0], st.get("bound") or 0) if status == "TIME_LIMIT" else c[0])
                     bounds.append(b)
                     for o in todo:
                         if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
                             lbs[_key(o[1])] = max(lbs[_key(o[1])], b)
-                            if st["status"] == "OPTIMAL" and lat is not None:
+                            if status == "OPTIMAL" and lat is not None:
                                 lat_lbs[_key(o[1])] = max(lat_lbs[_key(o[1])], lat)
-                    say(f"tiling {c[1]}: {st['status']} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
+                    say(f"tiling {c[1]}: {status} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
+        except BaseException:
+            _stop(pool)  # SIGINT (KeyboardInterrupt) or an error: no worker may outlive the search
+            raise
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
+        timed_out |= bool(todo)  # tilings the deadline left unsolved
         bounds += [lbs[_key(c[1])] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
     bound = min([*bounds, inc_obj])
-    status = "FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else "TIME_LIMIT"
-    inc_prog = _relabel(inc_prog, solver)
+    status = ("FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else
+              "TIME_LIMIT" if timed_out else "FEASIBLE")
+    inc_prog = _relabel(inc_prog, solver, status)
     us = hw.cycles_to_us(inc_obj) + hw.launch_us
     return Result(program=inc_prog, solver=solver, status=status, objective=inc_obj, bound=bound,
                   solve_s=time.perf_counter() - t0, predicted_us=us,
@@ -203,7 +246,32 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                   features=tuple(features(inc_prog, hw)), provenance=stamp())
 
 
+def _exhaustive_fits(cands: list[tuple], what: str) -> None:
+    """Refuse, before any solve, an exhaustive search none of whose tilings is small enough to enumerate."""
+    from .policies import exhaustive
+
+    if not any(len(c[2].tasks) <= exhaustive.MAX_TASKS and c[2].horizon <= exhaustive.MAX_HORIZON for c in cands):
+        n = min(len(c[2].tasks) for c in cands)
+        raise SolverError(f"solver 'exhaustive' enumerates every schedule of graphs of at most {exhaustive.MAX_TASKS} "
+                          f"tasks and a horizon of {exhaustive.MAX_HORIZON} grains (tests' tiny graphs); {what} has "
+                          f"{n}+ tasks per CTA: use solver 'cpsat' or 'milp'")
+
+
+def _stop(pool: Any) -> None:
+    """End a pool's workers now (ProcessPoolExecutor.shutdown waits for running solves, up to their time limit)."""
+    if isinstance(pool, _RayPool):
+        pool.cancel()
+    elif isinstance(pool, ProcessPoolExecutor):
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API lists them
+        for pr in procs:
+            pr.terminate()
+        for pr in procs:
+            pr.join(5)
+
+
 def _key(t: dict[str, int]) -> tuple:
+    """A tiling as a sortable tuple: the last tie-break between schedules of equal time, so that serial, process
+    pool and Ray searches return the same program whatever order the solves finish in."""
     return tuple(sorted(t.items()))
 
 
@@ -227,10 +295,14 @@ class _Done:
         return self.value
 
 
-def _relabel(p: SProgram, solver: str) -> SProgram:
-    """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal."""
-    return p if p.policy == solver else replace(p, policy=f"{solver} (greedy's schedule, proven optimal)" if
-                                                   p.policy == "greedy" else solver)
+def _relabel(p: SProgram, solver: str, status: str) -> SProgram:
+    """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal or not."""
+    if p.policy == solver:
+        return p
+    if p.policy != "greedy":
+        return replace(p, policy=solver)
+    why = "proven optimal" if status == "OPTIMAL" else f"not improved, status {status}"
+    return replace(p, policy=solver if solver == "greedy" else f"{solver} (greedy's schedule, {why})")
 
 
 class _RayPool:
@@ -247,9 +319,11 @@ class _RayPool:
                      num_cpus=None if os.environ.get("RAY_ADDRESS") else (os.cpu_count() or 1))
         self.ray = ray
         self.remote = ray.remote(_worker)
+        self.refs: list[Any] = []
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         ref = self.remote.remote(*args)
+        self.refs.append(ref)
         ray = self.ray
 
         class _F:
@@ -259,4 +333,8 @@ class _RayPool:
 
     def shutdown(self) -> None:
         pass
+
+    def cancel(self) -> None:
+        for ref in self.refs:
+            self.ray.cancel(ref, force=True)
 

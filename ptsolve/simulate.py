@@ -21,7 +21,7 @@ from .hw import Hardware, load
 from .ir import STaskGraph
 from .ops.base import ctas_of
 from .placement import per_sm_pairs, shared_floor, sm_loads
-from .program import SProgram, precedences
+from .program import SProgram, cta_time, precedences
 from .protocol import first_reuse
 
 
@@ -161,7 +161,7 @@ def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> flo
 
 def claimed_cycles(p: SProgram, hw: Hardware, placement: str | None = None) -> int:
     """Kernel cycles (busiest SM, no launch overhead) that the program's formula claims:
-    every CTA takes max(pre end, (trip-1)·ii + loop/post end); CTAs placed on SM slots; at least the
+    every CTA takes program.cta_time, max(pre end, (trip-1)·ii + loop/post end); CTAs placed on SM slots; at least the
     shared units' floor."""
     return claimed(p, hw, placement)[0]
 
@@ -171,6 +171,6 @@ def claimed(p: SProgram, hw: Hardware, placement: str | None = None) -> tuple[in
     the same shared-unit floor (the one with more slack under the floor is the safer bet)."""
     g = p.graph
     pre, last = p.ends(hw)
-    cta = {n: max(pre, (n - 1) * p.ii + last) for n in set(g.row)}
+    cta = {n: cta_time(n, p.ii, pre, last) for n in set(g.row)}
     kc, busy = kernel_cycles(g, hw, cta, placement or p.placement)
     return kc, int(busy.max())

@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test gets its own schedule cache so results never leak between tests."""
+    """Every test gets its own schedule cache so results never leak between tests, and its own default output
+    folder (the CLI's ~/ptsolve-out)."""
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("PTSOLVE_OUT_DIR", str(tmp_path_factory.mktemp("out")))
     os.environ.pop("PTSOLVE_CALIBRATION_DIR", None)

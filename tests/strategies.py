@@ -1,12 +1,19 @@
 """Hypothesis strategies: random small sTask-graphs and the tiny hardware they are scheduled on."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from hypothesis import strategies as st
 
 from ptsolve.hw import Hardware, load
 from ptsolve.ir import Buffer, Edge, STask, STaskGraph
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples per property test: ``n``, or 6 under mutation testing (scripts/mutate.sh sets
+    PTSOLVE_MUTATION=1), where every mutant reruns the tests and derandomized runs keep the same first examples."""
+    return min(n, 6) if os.environ.get("PTSOLVE_MUTATION") else n
 
 
 def tiny_hw(sms: int = 2) -> Hardware:

@@ -1,8 +1,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from ptsolve.cli import main
+import pytest
+
+import ptsolve
+from ptsolve.cli import main, parser
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_optimize_writes_json_and_png(tmp_path, capsys) -> None:
@@ -11,9 +22,31 @@ def test_optimize_writes_json_and_png(tmp_path, capsys) -> None:
     assert rc == 0
     out = capsys.readouterr().out
     assert "loop producer" in out and "load_k" in out
+    assert "notation:" in out and "task[sK]@C" in out  # the legend of the schedule lines
     js = list(tmp_path.glob("*.json"))
     assert len(js) == 1 and json.loads(js[0].read_text())["status"] == "FEASIBLE"
-    assert list(tmp_path.glob("*.png"))
+    assert f"wrote {js[0]}" in out and f"wrote {js[0].with_suffix('.png')}" in out
+
+
+def test_optimize_default_out_is_not_the_current_folder(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", "gemm", "M=256", "N=256", "K=256", "--solver", "greedy"]) == 0
+    assert not list(tmp_path.iterdir())
+    out = Path(os.environ["PTSOLVE_OUT_DIR"])  # conftest's stand-in for ~/ptsolve-out
+    assert f"wrote {out}" in capsys.readouterr().out and len(list(out.glob("gemm_*_h100_greedy.*"))) == 2
+
+
+def test_hw_table_path_names_the_files_by_table(tmp_path, capsys) -> None:
+    src = json.loads((ptsolve.hw.HERE / "h100.json").read_text())
+    table = tmp_path / "tables" / "my.gpu.json"
+    table.parent.mkdir()
+    table.write_text(json.dumps(src | {"name": "mygpu"}))
+    for solver in ("greedy", "cpsat"):
+        assert main(["optimize", "gemm", "M=256", "N=256", "K=256", "--solver", solver, "--hw", str(table),
+                     "--out", str(tmp_path / "o")]) == 0
+    names = sorted(p.name for p in (tmp_path / "o").iterdir())
+    assert names == ["gemm_256x256x256_fp16_mygpu_cpsat.json", "gemm_256x256x256_fp16_mygpu_cpsat.png",
+                     "gemm_256x256x256_fp16_mygpu_greedy.json", "gemm_256x256x256_fp16_mygpu_greedy.png"]
 
 
 def test_errors_exit_2(capsys) -> None:
@@ -23,10 +56,109 @@ def test_errors_exit_2(capsys) -> None:
     assert main(["optimize", "gemm", "M"]) == 2
 
 
-def test_compare_small_suite(tmp_path) -> None:
+def test_version_and_help(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"ptsolve {ptsolve.__version__}\n"
+    p = parser()
+    subs = p._subparsers._group_actions[0].choices  # every option of every command has help text
+    for name, sp in subs.items():
+        for act in sp._actions:
+            assert act.help, f"{name} {act.option_strings or act.dest} has no help"
+            if act.choices:
+                txt = sp.format_help()
+                assert all(str(c) in txt for c in act.choices), (name, act.dest)
+    h = subs["optimize"].format_help()
+    assert "(default: 30.0)" in h and "(default: h100)" in h and "{greedy,cpsat" in h
+    assert "flash_attention (also: fa): batch heads kv_heads=None" in h and "notation:" in h
+    assert main(["ops", "fa"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("flash_attention (also: fa): batch heads") and "gemm" not in out
+
+
+def test_compare_small_suite(tmp_path, capsys) -> None:
     rc = main(["compare", "--only", "GEMM0,CS0", "--solvers", "greedy,cpsat", "--out", str(tmp_path),
                "--time-limit", "20"])
     assert rc == 0
     md = (tmp_path / "compare_h100.md").read_text()
     assert "GEMM0" in md and "CS0" in md and "commit:" in md and "date:" in md
     assert (tmp_path / "compare_h100.csv").exists() and (tmp_path / "compare_h100.png").exists()
+    out = capsys.readouterr().out
+    for ext in ("csv", "md", "png"):
+        assert f"wrote {tmp_path / ('compare_h100.' + ext)}" in out
+    assert not (tmp_path / "compare_h100.partial.json").exists()
+
+
+def _table(md: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("|")]
+
+
+def test_compare_columns_line_up_without_greedy(tmp_path) -> None:
+    assert main(["compare", "--only", "GEMM0", "--solvers", "cpsat", "--no-decoupled", "--out", str(tmp_path)]) == 0
+    head, _, row = _table((tmp_path / "compare_h100.md").read_text())
+    assert len(head) == len(row) and "speedup cpsat" not in head
+    assert dict(zip(head, row))["cpsat status/gap"].startswith("OPTIMAL")
+    assert not (tmp_path / "compare_h100.png").exists()  # no greedy, no speedup chart
+
+
+def test_compare_writes_as_it_goes_and_resumes(tmp_path, monkeypatch, capsys) -> None:
+    calls: list[str] = []
+    real = ptsolve.optimize
+
+    def counting(op, **kw):
+        calls.append(op.op)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user presses ^C during the second configuration
+        return real(op, **kw)
+
+    monkeypatch.setattr(ptsolve, "optimize", counting)
+    args = ["compare", "--only", "GEMM0,GEMM1", "--solvers", "greedy,cpsat", "--no-decoupled", "--out", str(tmp_path)]
+    assert main(args) == 130
+    assert "interrupted" in capsys.readouterr().err
+    csv_rows = (tmp_path / "compare_h100.csv").read_text().splitlines()
+    assert len(csv_rows) == 2 and csv_rows[1].startswith("GEMM0,")  # the finished configuration is on disk
+    assert (tmp_path / "compare_h100.partial.json").exists() and not (tmp_path / "compare_h100.md").exists()
+    calls.clear()
+    monkeypatch.setattr(ptsolve, "optimize", lambda op, **kw: (calls.append(op.op), real(op, **kw))[1])
+    assert main(args) == 0
+    assert "resuming: 1/2 configurations" in capsys.readouterr().err
+    assert len(calls) == 2  # only GEMM1, greedy and cpsat
+    assert [r[0] for r in _table((tmp_path / "compare_h100.md").read_text())[2:]] == ["GEMM0", "GEMM1"]
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc: no ps needed)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if d.name.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def test_sigint_stops_the_pool_workers(tmp_path) -> None:
+    """SIGINT to the main process (not the process group) must not leave solver workers running."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PTSOLVE_CACHE": "0"}
+    p = subprocess.Popen([sys.executable, "-m", "ptsolve.cli", "optimize", "fa", "batch=64", "heads=64",
+                          "kv_heads=8", "seq=8192", "causal=true", "--jobs", "2", "--time-limit", "120",
+                          "--out", str(tmp_path)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    for _ in range(600):
+        time.sleep(0.1)
+        workers = _children(p.pid)
+        if len(workers) >= 2:
+            break
+    assert len(workers) >= 2, "the search never started its pool"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and "Z" not in
+             Path(f"/proc/{w}/stat").read_text().split()[2]]
+    assert not alive, f"workers {alive} outlived the search"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from hypothesis import given, settings
-from strategies import graphs, tiny_hw
+from strategies import examples, graphs, tiny_hw
 
 import ptsolve
 from ptsolve.errors import GraphError, SchemaError
@@ -14,13 +14,13 @@ from ptsolve.program import SProgram
 from ptsolve.result import Result
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=examples(60), deadline=None, derandomize=True)
 @given(graphs())
 def test_graph_json_round_trip(g: STaskGraph) -> None:
     assert STaskGraph.from_json(g.to_json()) == g
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=examples(30), deadline=None, derandomize=True)
 @given(graphs())
 def test_program_json_round_trip(g: STaskGraph) -> None:
     p, _ = greedy.solve(model.build(g, tiny_hw()))

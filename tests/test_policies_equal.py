@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import examples
 
 import ptsolve.hw as H
 from ptsolve.cost import GRAIN
@@ -133,7 +134,7 @@ def _check(P: model.Problem, prog: Any, stats: dict[str, Any], who: str, hw: Any
     sol = exhaustive.to_grains(P, prog)
     assert sol is not None, f"{who}: times off the {P.grain}-cycle grain"
     assert not exhaustive.violations(P, *sol), who
-    obj = P.objective(sol[0], exhaustive.span_of(P, sol[1])) * P.grain
+    obj = exhaustive.objective_of(P, *sol) * P.grain
     if "objective" in stats:
         assert stats["objective"] == obj, f"{who}: claims {stats['objective']}, program gives {obj}"
     tl = simulate(prog, hw)
@@ -175,13 +176,13 @@ def _agree(g: STaskGraph, hw: Any) -> None:
             assert prog.ii == P.ii_lb * P.grain and _check(P, prog, stats, who, hw) == want
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_graphs())
 def test_exact_policies_agree(g: STaskGraph) -> None:
     _agree(g, TINY)
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_exact_policies_agree_shared_strategy(data: st.DataObject) -> None:
     """The same properties on the shared strategy of tests/strategies.py (MUFU work, two warpgroups)."""
@@ -189,14 +190,14 @@ def test_exact_policies_agree_shared_strategy(data: st.DataObject) -> None:
     _agree(data.draw(strategies.graphs()), strategies.tiny_hw())
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(mirrored_graphs())
 def test_symmetry_breaking_keeps_an_optimum(g: STaskGraph) -> None:
     assert cpsat._symmetry_task(model.build(g, TINY)), "the strategy should produce symmetric warpgroups"
     _agree(g, TINY)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_graphs())
 def test_exhaustive_methods_agree(g: STaskGraph) -> None:
     """Slot enumeration with least starts and the plain grid of every start find the same optimum (the grid,

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
-from strategies import graphs, tiny_hw
+from strategies import examples, graphs, tiny_hw
 
 from ptsolve import check_valid, ops, simulate
 from ptsolve.cost import timings
@@ -50,7 +50,7 @@ def test_worked_two_stage_gemm() -> None:
     assert simulate(p, hw, mode="asap").kernel_cycles == 952
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=examples(40), deadline=None, derandomize=True)
 @given(graphs())
 def test_simulate_respects_dependencies_and_resources(g: STaskGraph) -> None:
     hw = tiny_hw()

@@ -67,18 +67,20 @@ def test_cache_is_shared_between_processes(tmp_path, monkeypatch) -> None:
 
 
 def test_time_limited_search_returns_best_with_gap() -> None:
+    # 0.01 s cannot even cover greedy's pass over the tilings, so no exact solve starts: the search stops with
+    # greedy's best and the roofline bounds (deterministically TIME_LIMIT)
     op = ops.flash_attention(batch=64, heads=64, kv_heads=8, seq=8192, head_dim=128, causal=True)
-    r = optimize(op, hw="h100", solver="cpsat", time_limit=0.5, cache=False, jobs=1)
-    assert r.program is not None and r.status in ("TIME_LIMIT", "OPTIMAL")
-    if r.status == "TIME_LIMIT":
-        assert r.gap is not None and r.gap > 0
+    r = optimize(op, hw="h100", solver="cpsat", time_limit=0.01, cache=False, jobs=1)
+    assert r.program is not None and r.status == "TIME_LIMIT" and r.solved == 0
+    assert r.gap is not None and 0 < r.gap < 1 and r.bound < r.objective
+    assert r.program.policy == "cpsat (greedy's schedule, not improved, status TIME_LIMIT)"
 
 
 def test_bad_input_errors() -> None:
     op = CASES[1]
     with pytest.raises(SolverError, match="unknown solver 'annealing'"):
         optimize(op, solver="annealing")
-    with pytest.raises(SolverError, match="time_limit must be > 0"):
+    with pytest.raises(SolverError, match="time_limit must be"):
         optimize(op, time_limit=0)
     with pytest.raises(HardwareError, match="known: a100, h100, h200, mi300x"):
         optimize(op, hw="b200")
@@ -117,6 +119,7 @@ def test_executors_agree(executor) -> None:
     r = optimize(op, hw="h100", solver="cpsat", executor=executor, jobs=2, cache=False)
     ref = optimize(op, hw="h100", solver="cpsat", executor="serial", cache=False)
     assert r.status == ref.status == "OPTIMAL" and r.objective == ref.objective
+    assert r.program == ref.program  # ties broken alike by every executor (search._key)
 
 
 def test_decoupled_is_never_better_than_joint() -> None:

@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from .. import checks
 from ..errors import ShapeError
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
@@ -20,6 +21,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     dtype_ok(p["dtype"])
     if p["K"] % 8 or p["N"] % 8:
         raise ShapeError(f"gemm: K={p['K']} and N={p['N']} must be multiples of 8 (16-byte TMA rows of fp16)")
+    checks.size("gemm", cdiv(p["M"], WG_ROWS) * cdiv(p["N"], 64), "M·N", 12 * cdiv(p["K"], 64), "K")
     return p
 
 

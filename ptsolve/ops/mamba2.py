@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .. import checks
 from ..errors import ShapeError
 from ..ir import Edge, STaskGraph
 from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
@@ -33,6 +34,10 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
             raise ShapeError(f"mamba2: {k}={p[k]} must be a multiple of 16 for the tensor cores")
     if p["chunk"] < 64:
         raise ShapeError(f"mamba2: chunk={p['chunk']} must be at least 64")
+    blocks = max(cdiv(p["chunk"], WG_ROWS), cdiv(p["d_state"], WG_ROWS))  # CTAs per (batch, chunk, head), at most
+    T = cdiv(p["chunk"], 32)
+    checks.size("mamba2", p["batch"] * cdiv(p["seq"], p["chunk"]) * p["heads"] * blocks,
+                "batch·seq·heads (and chunk or d_state)", 20 * T * T, "chunk")
     return p
 
 

@@ -5,8 +5,9 @@ and stage k_t. On each resource, every loop reservation appears twice, [r_t, r_t
 [r_t-ii, r_t-ii+n), in one no-overlap constraint: two reservations collide modulo ii exactly when one
 of these pairs overlaps, so wrap-around is exact with a single copy of the iteration. Prologue
 reservations end before the loop's first use of their resource, epilogue ones start after its last
-(in the frame of the last iteration). ``ii`` is a variable; the objective is the busiest SM's
-cycles, max over SMs of a·ii + b·span. Greedy's program is the hint.
+(in the frame of the last iteration). ``ii`` is a variable; the objective is the busiest SM slot's
+cycles, max over slots of Σ CTAs · max(pre, (trip-1)·ii + last) (ptsolve.program.cta_time). Greedy's program
+is the hint.
 """
 from __future__ import annotations
 
@@ -93,15 +94,23 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
             m.add_no_overlap(ivs)
     for a, b in _symmetry_task(P):
         m.add(s[a] <= s[b])
-    span = m.new_int_var(0, 2 * H, "span")
+    # the CTA time of program.cta_time: x_n = max(pre, (n-1)·ii + last) per distinct trip count n (minimising
+    # pushes each x_n down onto that max: it has only positive coefficients)
+    pre = m.new_int_var(0, 2 * H, "pre")
+    last = m.new_int_var(0, 2 * H, "last")
     for t in P.tasks:
-        m.add(span >= s[t] + P.end(t))
+        m.add((pre if P.phase[t] == "pre" else last) >= s[t] + P.end(t))
+    x = {}
+    for n in P.trips:
+        x[n] = m.new_int_var(0, (n - 1) * ii_hi + 2 * H, f"x_{n}")
+        m.add(x[n] >= pre)
+        m.add(x[n] >= (n - 1) * ii + last)
     # minimise the slots' latency: the reported objective max(floor, latency) is monotone in it, and among
     # schedules that tie at the floor this keeps the shortest
-    big = max(a * ii_hi + b * 2 * H for a, b in P.weights)
+    big = max(sum(c * ((n - 1) * ii_hi + 2 * H) for n, c in h) for h in P.slots)
     obj = m.new_int_var(0, big, "obj")
-    for a, b in P.weights:
-        m.add(obj >= a * ii + b * span)
+    for h in P.slots:
+        m.add(obj >= sum(c * x[n] for n, c in h))
     m.minimize(obj)
     if hint is not None:
         q = P.grain
@@ -129,6 +138,6 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     iiv, start = int(sv.value(ii)), {t: int(sv.value(s[t])) for t in P.tasks}
     prog = P.program(iiv, start, "cpsat")
     # the objective of the returned schedule itself: CP-SAT's objective_value can lag its solution by a grain
-    obj = P.objective(iiv, max(start[t] + P.end(t) for t in P.tasks)) * P.grain
+    obj = P.objective(iiv, *P.ends(start)) * P.grain
     status = "OPTIMAL" if name == "OPTIMAL" else "TIME_LIMIT"
     return prog, stats | {"status": status, "objective": obj, "bound": min(stats["bound"], obj)}

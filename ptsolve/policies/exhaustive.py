@@ -12,7 +12,8 @@ reported objective and bound are in cycles. For every initiation interval ii fro
   frame of the last iteration, the program's frame for epilogue tasks); pre/pre and post/post never overlap;
 - every start lies in [0, P.horizon].
 
-span = max over tasks of s_t + P.end(t), minimising P.latency = max over P.weights of a·ii + b·span (grains);
+pre / last = the latest end of a prologue / of any other task (P.ends), minimising P.latency, the busiest slot's
+Σ CTAs · max(pre, (trip-1)·ii + last) (ptsolve.program.cta_time; grains);
 the reported objective is P.objective, max(P.floor, latency).
 Unlike CP-SAT and the MILP, no symmetry breaking is added: the enumeration checks those cuts too.
 
@@ -69,14 +70,14 @@ def violations(P: Problem, ii: int, start: dict[str, int], symmetry: bool = Fals
     return out
 
 
-def span_of(P: Problem, start: dict[str, int]) -> int:
-    """Grains of a CTA whose loop runs once: max over tasks of s_t + P.end(t) (cpsat's span)."""
-    return max(start[t] + P.end(t) for t in P.tasks)
-
-
 def latency_of(P: Problem, ii: int, start: dict[str, int]) -> int:
-    """What the policies minimise for a schedule, grains (P.latency: max over P.weights of a·ii + b·span)."""
-    return P.latency(ii, span_of(P, start))
+    """What the policies minimise for a schedule, grains (P.latency of P.ends)."""
+    return P.latency(ii, *P.ends(start))
+
+
+def objective_of(P: Problem, ii: int, start: dict[str, int]) -> int:
+    """The kernel's time of a schedule, grains: P.objective, max(floor, latency)."""
+    return P.objective(ii, *P.ends(start))
 
 
 def to_grains(P: Problem, prog: SProgram) -> tuple[int, dict[str, int]] | None:
@@ -148,7 +149,9 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
         if h is not None and h[0] <= ii_hi and not violations(P, *h):
             if best[0] is None or latency_of(P, *h) < best[0]:
                 best = [latency_of(P, *h), h[0], h[1]]
-    min_span = max(end.values())
+    # every schedule ends its prologue and its iteration no earlier than their longest task alone
+    min_pre = max((end[t] for t in P.tasks if P.phase[t] == "pre"), default=0)
+    min_last = max(end[t] for t in P.tasks if P.phase[t] != "pre")
     counter = [0]
 
     def tick() -> None:
@@ -159,8 +162,8 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
                               "is too large for enumeration; use solver 'cpsat'")
 
     for ii in range(P.ii_lb, ii_hi + 1):
-        if best[0] is not None and P.latency(ii, min_span) >= best[0]:
-            break  # a larger ii only costs more (every weight a >= 0, span >= min_span)
+        if best[0] is not None and P.latency(ii, min_pre, min_last) >= best[0]:
+            break  # a larger ii only costs more (the latency is nondecreasing in ii, pre and last)
         if any(P.phase[t] == "loop" and n_ > ii for t in P.tasks for _, _, n_ in P.tm[t].uses):
             continue  # a loop reservation longer than ii collides with itself
         if method == "grid":
@@ -180,9 +183,9 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     return prog, stats | {"status": "OPTIMAL", "objective": obj, "bound": obj}
 
 
-def _arcs(P: Problem, ii: int, orders: list[tuple[str, int, int, str, int]]) -> list[tuple[str, str, int]]:
-    """Every constraint of the model except modulo no-overlap, as s_v >= s_u + w: (u, v, w). ``orders``
-    (t, o, n, u, ou): once-task t's reservation [s_t+o, s_t+o+n) comes before u's, which starts at s_u+ou."""
+def _arcs(P: Problem, ii: int) -> list[tuple[str, str, int]]:
+    """Every constraint of the model except modulo no-overlap and the order of same-phase once-reservations, as
+    s_v >= s_u + w: (u, v, w)."""
     arcs = [(u, v, lat - d * ii) for u, v, d, lat in P.prec]
     for uses in P.res.values():
         for t, o, n in uses:
@@ -191,7 +194,6 @@ def _arcs(P: Problem, ii: int, orders: list[tuple[str, int, int, str, int]]) -> 
                     arcs.append((t, u, o + n - ou))    # prologue ends before the loop's first use
                 elif P.phase[t] == "post" and P.phase[u] in ("loop", "pre"):
                     arcs.append((u, t, ou + nu - o))   # epilogue starts after the loop's / prologue's last
-    arcs += [(t, u, o + n - ou) for t, o, n, u, ou in orders]
     return arcs
 
 
@@ -222,8 +224,9 @@ def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: A
         for a, (t, o, n) in enumerate(once):
             for u, ou, nu in once[a + 1:]:
                 if P.phase[t] == P.phase[u]:
-                    pairs.append(((t, o, n, u, ou), (u, ou, nu, t, o)))
-    base = _arcs(P, ii, [])
+                    # either order as an arc s_v >= s_u + w: t's reservation ends before u's starts, or the mirror
+                    pairs.append(((t, u, o + n - ou), (u, t, ou + nu - o)))
+    base = _arcs(P, ii)
     slot: dict[str, int] = {}
     placed: dict[str, list[tuple[str, int, int]]] = {}
 
@@ -233,7 +236,7 @@ def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: A
             S = _least(P, ii, base + [pr[k] for pr, k in zip(pairs, pick)], slot)
             if S is None:
                 continue
-            obj = P.latency(ii, max(S[t] + end[t] for t in P.tasks))
+            obj = latency_of(P, ii, S)
             if best[0] is None or obj < best[0]:
                 best[0], best[1], best[2] = obj, ii, S
 
@@ -244,7 +247,7 @@ def _residues(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: A
         if best[0] is not None:
             # relaxation: the least starts with only the slots placed so far bound every completion from below
             S = _least(P, ii, base, slot)
-            if S is None or P.latency(ii, max(S[t] + end[t] for t in P.tasks)) >= best[0]:
+            if S is None or latency_of(P, ii, S) >= best[0]:
                 return
         t = loop[i]
         for r in range(ii):
@@ -281,9 +284,9 @@ def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) 
     S: dict[str, int] = {}
     placed: dict[str, list[tuple[str, int, int]]] = {}
 
-    def dfs(i: int, span: int) -> None:
+    def dfs(i: int, pre: int, last: int) -> None:
         if i == len(order):
-            obj = P.latency(ii, span)
+            obj = P.latency(ii, pre, last)
             if best[0] is None or obj < best[0]:
                 best[0], best[1], best[2] = obj, ii, dict(S)
             return
@@ -293,7 +296,8 @@ def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) 
         lo = max([0] + [S[u] + lat - d * ii for u, d, lat in before_in[t] if u != t])
         hi = min([P.horizon] + [S[v] + d * ii - lat for v, d, lat in before_out[t]])
         for s in range(lo, hi + 1):
-            if best[0] is not None and P.latency(ii, max(span, s + tail[t])) >= best[0]:
+            pre_t = max(pre, s + end[t]) if P.phase[t] == "pre" else pre
+            if best[0] is not None and P.latency(ii, pre_t, max(last, s + tail[t])) >= best[0]:
                 return  # every later start is at least as bad
             tick()
             if any(_clash(P.phase[t], s + o, m, P.phase[u], xu, nu, ii)
@@ -302,18 +306,20 @@ def _grid(P: Problem, ii: int, end: dict[str, int], best: list[Any], tick: Any) 
             S[t] = s
             for r, o, m in P.tm[t].uses:
                 placed.setdefault(r, []).append((t, s + o, m))
-            dfs(i + 1, max(span, s + end[t]))
+            dfs(i + 1, pre_t, max(last, s + end[t]) if P.phase[t] != "pre" else last)
             for r, _, _ in P.tm[t].uses:
                 placed[r].pop()
             del S[t]
 
-    dfs(0, 0)
+    dfs(0, 0, 0)
 
 
 def _tails(P: Problem, ii: int, end: dict[str, int]) -> dict[str, int] | None:
-    """For each task t, a lower bound on span - s_t: the longest delay path from t (weights delay - dist·ii)
-    to some task v, plus v's end. None if a cycle has positive weight (ii below the recurrence bound)."""
-    tail = dict(end)
+    """For each task t, a lower bound on last - s_t (P.ends): the longest delay path from t (weights delay -
+    dist·ii) to some loop or epilogue task v, plus v's end (a large negative number when there is none). None
+    if a cycle has positive weight (ii below the recurrence bound)."""
+    none = -(1 << 40)
+    tail = {t: end[t] if P.phase[t] != "pre" else none for t in P.tasks}
     for _ in range(len(tail) + 1):
         changed = False
         for u, v, d, lat in P.prec:

@@ -1,13 +1,25 @@
 """The PipeThreader greedy policy (OSDI 2025, Fig. 9), on ptsolve's problem.
 
-Inter-EU: the even split. Intra-EU: time-stepped list scheduling. At each time step the ready sTasks
-(all zero-distance predecessors placed, inputs ready by now) are tried in priority order —
-asynchronous tasks first, then those with fewer unscheduled predecessors, then those with more
-dependants — and a task is appended only if the program stays valid (its resources are free, modulo
-the initiation interval for loop tasks, and no ring slot or register copy is over-committed);
-otherwise it waits (time advances to the next moment something can be placed). The loop is scheduled
-once per candidate initiation interval, from the resource/recurrence bound upward; the first interval
-at which every task can be placed is kept. No look-ahead, no backtracking: that is the policy.
+The paper's policy, in the words of DESIGN.md §4 (the project's record of Fig. 9): "even inter-EU split;
+intra-EU time-stepped list scheduling that picks, among ready sTasks, asynchronous ones with high priority
+(few unscheduled predecessors, many dependants), appends them if check_valid holds, otherwise waits for
+memory to free." Made precise here, rule by rule (tests/test_greedy.py checks each on a schedule worked out
+by hand):
+
+1. Inter-EU: the even split (the program's placement is ``even``).
+2. Ready: a task is ready when all its zero-distance predecessors are placed; the phases are placed in
+   order (prologue, loop, epilogue), a later phase only once the earlier ones are.
+3. Priority among the ready tasks, in this order: (a) asynchronous before synchronous; (b) fewer
+   unscheduled predecessors (loop-carried and ring edges included); (c) more dependants (tasks reachable
+   through zero-distance edges); (d) then by name, so the policy is deterministic.
+4. Time-stepped: at the current time ``now`` the tasks are tried in priority order; the first whose inputs
+   are ready (latency, + a barrier across streams) and whose resources are free at ``now`` (modulo the
+   initiation interval for loop tasks; a ring slot or register copy counts as a resource through its
+   capacity edge) is appended at ``now``, and the ready set is recomputed. If none fits, time advances to the
+   earliest moment at which one would ("waits for memory to free").
+5. No look-ahead, no backtracking: a task once placed stays. The loop is scheduled once per candidate
+   initiation interval, from the resource/recurrence bound upward; the first interval at which every task
+   can be placed is kept.
 """
 from __future__ import annotations
 
@@ -97,6 +109,13 @@ class _Table:
             self.r.setdefault(r, []).append((x + o, n, t))
 
 
+def priority(t: str, asyn: dict[str, bool], ins: dict[str, list[tuple[str, int, int]]], dep: dict[str, int],
+             S: dict[str, int]) -> tuple[bool, int, int, str]:
+    """Rule 3's sort key (smallest first): asynchronous first, then fewer unscheduled predecessors, then more
+    dependants, then the name."""
+    return not asyn[t], sum(u not in S for u, _, _ in ins[t]), -dep[t], t
+
+
 def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
     """Greedy list schedule at initiation interval ``ii``; None if some task cannot be placed."""
     ins, outs = _deps(P)
@@ -111,7 +130,7 @@ def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
         # a later phase waits until the earlier phases are placed (the program is prologue, loop, epilogue)
         low = min(order[P.phase[t]] for t in P.tasks if t not in S)
         ready = [t for t in ready if order[P.phase[t]] == low] or ready
-        ready.sort(key=lambda t: (not asyn[t], sum(u not in S for u, _, _ in ins[t]), -dep[t], t))
+        ready.sort(key=lambda t: priority(t, asyn, ins, dep, S))
         nxt = None
         placed = False
         for t in ready:

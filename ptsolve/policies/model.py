@@ -8,8 +8,9 @@ For one sTask-graph on one EU: choose the initiation interval ``ii`` and a start
                  before the loop's first use of the resource, epilogue tasks start after its last;
   4. in-order issue: each stream is a resource (an async task holds it only for its issue cycles);
   5. memory:     shared memory and registers fit (fixed by the tiling and ``copies``; checked up front);
-minimising the kernel latency: max over SM slots of Σ_CTA ((trip-1)·ii + span), where span covers the
-prologue, one iteration and the epilogue, and at least ``floor``: with ``ctas`` co-resident CTAs per SM
+minimising the kernel latency: max over SM slots of Σ_CTA cta_time(trip, ii, pre, last) (ptsolve.program: a
+CTA takes max(pre, (trip-1)·ii + last), pre = when the prologue is done, last = when one iteration and the
+epilogue are; the formula simulate() replays), and at least ``floor``: with ``ctas`` co-resident CTAs per SM
 (tiling key) an SM has that many slots, which share its tensor cores, copy engine and MUFU
 (ptsolve.placement.shared_floor; 0 with one CTA per SM). This module builds that data and its bounds; greedy, cpsat,
 milp and exhaustive read it, and check_valid / simulate verify what they return.
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import GRAIN, Timing, lower_bound_ii, shared_busy, timings
+from ..cost import GRAIN, Timing, check_grain, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import consumer_reg_budget, ctas_of, smem_budget
-from ..placement import per_sm_pairs, shared_floor
-from ..program import SProgram, make_program, precedences
+from ..placement import busiest, per_sm_trips, shared_floor
+from ..program import SProgram, cta_time, make_program, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
 from ..validate import regs_per_thread, smem_peak
 
@@ -42,7 +43,7 @@ class Problem:
     res: dict[str, tuple[tuple[str, int, int], ...]]  # resource -> (task, offset, length)
     copies: dict[str, int]
     rings: dict[str, int]
-    weights: tuple[tuple[int, int], ...]              # objective: max over (a, b) of a·ii + b·span
+    slots: tuple[tuple[tuple[int, int], ...], ...]    # objective: max over slots of Σ CTAs·cta_time(trip, ...)
     ii_lb: int
     ii_ub: int
     horizon: int
@@ -59,15 +60,27 @@ class Problem:
     def tasks(self) -> list[str]:
         return [t.name for t in self.graph.tasks]
 
-    def latency(self, ii: int, span: int) -> int:
-        """Busiest SM slot's time for a schedule with this ii and span (pre end <= span assumed), in the unit
-        of its arguments (grains in the solvers). What every policy minimises."""
-        return max(a * ii + b * span for a, b in self.weights)
+    @property
+    def trips(self) -> list[int]:
+        """The distinct trip counts of the CTAs in ``slots``, ascending."""
+        return sorted({n for h in self.slots for n, _ in h})
 
-    def objective(self, ii: int, span: int) -> int:
+    def latency(self, ii: int, pre: int, last: int) -> int:
+        """Busiest SM slot's time for a schedule with this ii, prologue end ``pre`` and one-iteration end ``last``
+        (ptsolve.program.cta_time), in the unit of its arguments (grains in the solvers). What every policy
+        minimises; nondecreasing in each argument."""
+        return max(sum(c * cta_time(n, ii, pre, last) for n, c in h) for h in self.slots)
+
+    def objective(self, ii: int, pre: int, last: int) -> int:
         """The kernel's time: max(floor, latency); monotone in the latency, so a schedule of least latency
         is optimal for it, and a bound on the latency bounds it."""
-        return max(self.floor, self.latency(ii, span))
+        return max(self.floor, self.latency(ii, pre, last))
+
+    def ends(self, start: dict[str, int]) -> tuple[int, int]:
+        """(pre, last) of a schedule given by its starts: the latest end of a prologue task (0 if none) and of
+        a loop or epilogue task (SProgram.ends, in this Problem's unit)."""
+        pre = max((start[t] + self.end(t) for t in self.tasks if self.phase[t] == "pre"), default=0)
+        return pre, max(start[t] + self.end(t) for t in self.tasks if self.phase[t] != "pre")
 
     def end(self, t: str) -> int:
         """Cycles from the start of ``t`` until it is done (result usable, resources released)."""
@@ -112,16 +125,12 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
     return None
 
 
-def objective_weights(g: STaskGraph, hw: Hardware, placement: str, ratio: float = 0.25) -> tuple[tuple[int, int], ...]:
-    """(a, b) pairs such that the kernel's busiest SM slot takes max(a·ii + b·span) cycles.
-
-    A CTA with trip count n takes (n-1)·ii + span, so an SM running CTAs C takes Σ(n_c-1)·ii + |C|·span.
-    The even split does not depend on ii or span, so its pairs are exact. LPT's assignment does: it is
-    fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values.
-    """
-    pairs = set(per_sm_pairs(g.row, g.rows, hw.sms * ctas_of(g.tiling), placement, ratio))
-    keep = [p for p in pairs if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in pairs)]
-    return tuple(sorted(keep))
+def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
+                    ratio: float = 0.25) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
+    busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
+    is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
+    return busiest(per_sm_trips(g.row, g.rows, hw.sms * ctas_of(g.tiling), placement, ratio))
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
@@ -129,7 +138,7 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     why = fits(g, hw)
     if why:
         raise InfeasibleError(f"{g.name} tiling {g.tiling} does not fit {hw.name}: {why}")
-    q = GRAIN
+    q = check_grain()
     cyc = timings(g, hw)
     cp = copies if copies is not None else max_copies(g, hw)
     rings = ring_depths(g)
@@ -144,10 +153,11 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     ii_lb = max(lower_bound_ii(tm, loop), _recurrence_bound(prec, phase))
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
-    weights = objective_weights(g, hw, placement)
-    floor = shared_floor(list(weights), ctas_of(g.tiling), shared_busy(tm, phase))
+    slots = objective_slots(g, hw, placement)
+    pairs = [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in slots]
+    floor = shared_floor(pairs, ctas_of(g.tiling), shared_busy(tm, phase))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
-                   weights, ii_lb, ii_ub, total + ii_ub, q, floor)
+                   slots, ii_lb, ii_ub, total + ii_ub, q, floor)
 
 
 def _recurrence_bound(prec: list[tuple[str, str, int, int]], phase: dict[str, str]) -> int:
