@@ -267,5 +267,5 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         copies={b: copies[b] for b in protocol.copy_buffers(g)}, smem=smem, barriers=lay.barriers,
         smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
         predicted_ii=int(plan.ii), trips=g.trip_count,
-        model_regs=max(regs_per_thread(g, copies, k)[0] for k in range(W)),
+        model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
         profile=profile)

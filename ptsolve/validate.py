@@ -17,8 +17,6 @@ from .ops.base import consumer_reg_budget, ctas_of, smem_budget
 from .program import SProgram, precedences, required_barriers
 from .protocol import is_ring, ring_depths, ring_users, smem_layout
 
-REG_OVERHEAD = 24  # registers per consumer thread for addresses, loop counters and barrier phases
-
 
 @dataclass(frozen=True)
 class Validity:
@@ -40,10 +38,10 @@ def smem_peak(g: STaskGraph, slots: dict[str, int], hw: Hardware) -> tuple[int, 
     return lay.total, list(lay.names)
 
 
-def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int) -> tuple[int, list[str]]:
+def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int, hw: Hardware) -> tuple[int, list[str]]:
     """32-bit registers each thread of consumer warpgroup ``group`` needs, and the buffers behind them."""
     owner = {b.name: t for t in g.tasks for b in t.allocs}
-    total, names = REG_OVERHEAD, []
+    total, names = hw.reg_overhead, []
     for n, b in sorted(g.buffers().items()):
         t = owner[n]
         if b.space != "reg" or t.group != group:
@@ -189,9 +187,9 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
     budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
-        need, names = regs_per_thread(g, p.copies, grp)
+        need, names = regs_per_thread(g, p.copies, grp, hw)
         if need > budget:
-            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{REG_OVERHEAD}) but "
+            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
                      f"{g.groups} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
                      "fewer live copies")
     if not v:

@@ -51,6 +51,7 @@ class Hardware:
     max_consumer_regs: int        # most registers per consumer thread the code generator grants
     smem_reserved_per_cta: int    # shared memory the driver reserves per resident block, bytes
     smem_tile_align: int          # alignment of a swizzled operand tile in shared memory, bytes
+    reg_overhead: int             # registers per consumer thread beyond its buffers (addresses, counters, phases)
     sources: dict[str, str]
 
     @property

@@ -82,8 +82,11 @@ def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     for g in range(W):
         s = f"@{g}"
         tasks += [
+            # decay's float32 working set (the W values before packing): BK/4 + 8 registers a thread beyond the
+            # buffers and the table's reg_overhead, as ptxas's demand shows (codegen.regfit, results/regfit_h100.md)
             task("mma_state" + s, "mma", phase="pre", tile=(rows, P, N), flops=2 * rows * N * P, is_async=True,
-                 group=g, reads=("c", "states"), allocs=(reg("acc" + s, rows * P * 4),)),
+                 group=g, reads=("c", "states"),
+                 allocs=(reg("acc" + s, rows * P * 4), reg("tmp" + s, (BK // 4 + 8) * 4 * 128))),
             task("scale_state" + s, "vector", phase="pre", tile=(rows, P), dtype="fp32", flops=rows * P, sfu=rows,
                  group=g, reads=("acc" + s, "dacs")),
             task("decay" + s, "vector", tile=(rows, BK), dtype="fp32", flops=4 * rows * BK, sfu=rows * BK, group=g,

@@ -99,7 +99,7 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     # symmetric warpgroups raise the same buffer together (s@0 and s@1)
     for base in sorted({n.split("@")[0] for n in loop}):
         trial = out | {n: cap for n in loop if n.split("@")[0] == base}
-        if all(regs_per_thread(g, trial, grp)[0] <= budget for grp in range(g.groups)) and \
+        if all(regs_per_thread(g, trial, grp, hw)[0] <= budget for grp in range(g.groups)) and \
                 smem_peak(g, rings | trial, hw)[0] <= smem_budget(hw, k):
             out = trial
     return out
@@ -117,7 +117,7 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
         return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
     budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
-        need, names = regs_per_thread(g, {}, grp)
+        need, names = regs_per_thread(g, {}, grp, hw)
         if need > budget:
             return f"registers {need}/thread > {budget} ({', '.join(names)})"
     if g.groups * 128 + 128 > hw.max_threads:
