@@ -189,3 +189,25 @@ def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None
     p = Path(path) if path else HERE / f"{hw.name}.calibrated.json"
     p.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     return p
+
+
+def samples_from_study(candidates: dict[str, Any], study: dict[str, Any]) -> list[Sample]:
+    """Samples of a codegen.study run: every schedule that passed its check and was timed, with the profiler's II and
+    timeline where it was profiled; ``meta['held_out']`` says whether its configuration is held out."""
+    out = []
+    for name, e in candidates["configs"].items():
+        got = study["configs"].get(name)
+        if not got:
+            continue
+        for c in e["candidates"]:
+            us = got["measured_us"].get(c["label"])
+            if us is None or not got["checks"].get(c["label"], {}).get("ok"):
+                continue
+            prof = got.get("profiles", {}).get(c["label"], {})
+            starts = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): v for k, v in prof.get("starts", {}).items()}
+            out.append(Sample(f"{name}/{c['label']}", name, c["policy"], SProgram.from_json(c["program"]), float(us),
+                              prof.get("ii") if prof.get("ii") == prof.get("ii") else None, int(prof.get("trip", 0)),
+                              starts, {"held_out": e["held_out"], "rank": c["rank"],
+                                       "library": {k: v for k, v in got["measured_us"].items()
+                                                   if not k.startswith(("cpsat", "greedy"))}}))
+    return out

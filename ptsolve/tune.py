@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import InfeasibleError, PtsolveError
 from .hw import Hardware, load
-from .kernelcheck import KernelCheck, checker
+from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
 from .ops.base import Operator
 from .policies.model import build, fits
@@ -51,7 +51,6 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
         raise PtsolveError(f"top_k must be a positive integer, got {k!r}")
     hw = load(hw)
     say = progress or (lambda s: None)
-    chk = checker(hw) if check else None
     bounded = []
     for t in op.tilings():
         g = op.graph(t)
@@ -67,9 +66,8 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
-        r = optimize(g, hw, solver=solver, time_limit=time_limit)
-        c = chk(r.program, hw) if chk else KernelCheck("not compile-checked", "no kernel checker" if check else
-                                                       "check=False")
+        r = optimize(g, hw, solver=solver, time_limit=time_limit, compile_check=check)
+        c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
         if c.status in ("rejected", "unsupported"):
             rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
             say(f"tiling {g.tiling}: {c.status} ({c.reason})")
