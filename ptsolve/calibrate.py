@@ -102,9 +102,10 @@ def _set(hw: Hardware, k: str, v: float) -> Hardware:
 
 def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(FIT), rounds: int = 6,
         progress: Callable[[str], None] | None = None) -> tuple[Hardware, list[float]]:
-    """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by coordinate search:
-    each round tries every parameter scaled by factors 1 ± step (and set to 0 where 0 is in range), keeps
-    improvements, and halves the step. Returns the fitted table and the loss after each round."""
+    """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by pattern search in log
+    space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range), keeping
+    improvements; a sweep that improves nothing halves the step; ``rounds`` halvings in all (at most 8 sweeps per
+    step). Returns the fitted table and the loss after each sweep."""
     if not samples:
         raise PtsolveError("calibrate: no samples to fit; give measured schedules (codegen.profile output)")
     bad = sorted(set(params) - set(FIT))
@@ -114,20 +115,24 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
     hist = [cur]
     step = 0.5
     for r in range(rounds):
-        for k in params:
-            v0 = float(getattr(best, k))
-            cands = sorted({v0 * (1 + step), v0 / (1 + step), v0 * (1 + step / 2), v0 / (1 + step / 2)}
-                           | ({0.0} if FIT[k][0] == 0 else set()) | ({FIT[k][0] + 1} if v0 == 0 else set()))
-            for v in cands:
-                trial = _set(best, k, v)
-                if getattr(trial, k) == getattr(best, k):
-                    continue
-                lv = loss(samples, trial)
-                if lv < cur - 1e-12:
-                    best, cur = trial, lv
-        hist.append(cur)
+        for _ in range(8):
+            before = cur
+            for k in params:
+                v0 = float(getattr(best, k))
+                cands = sorted({v0 * (1 + step), v0 / (1 + step), v0 * (1 + step / 2), v0 / (1 + step / 2)}
+                               | ({0.0} if FIT[k][0] == 0 else set()) | ({FIT[k][0] + 1} if v0 == 0 else set()))
+                for v in cands:
+                    trial = _set(best, k, v)
+                    if getattr(trial, k) == getattr(best, k):
+                        continue
+                    lv = loss(samples, trial)
+                    if lv < cur - 1e-12:
+                        best, cur = trial, lv
+            hist.append(cur)
+            if cur >= before - 1e-12:
+                break
         if progress:
-            progress(f"round {r + 1}: loss {cur:.5f} " + " ".join(f"{k}={getattr(best, k)}" for k in params))
+            progress(f"step {step:.4f}: loss {cur:.5f} " + " ".join(f"{k}={getattr(best, k)}" for k in params))
         step /= 2
     return best, hist
 

@@ -68,6 +68,11 @@ def test_rule_2_phases_in_order() -> None:
     ii, s = schedule((STask("pre", "vector", phase="pre", flops=5 * Q, group=1), vec("body", 1),
                       STask("post", "vector", phase="post", flops=Q, group=0)), (Edge("body", "post"),))
     assert (ii, s) == (1, {"pre": 0, "body": 0, "post": 1})
+    # the epilogue waits for every loop task, even one that sorts after it: body (0) and z_body (1) fill ii = 2 on
+    # wg0; post, ready once body is placed, starts at 2, after the loop's reservations on wg0
+    ii, s = schedule((vec("body", 1), vec("z_body", 1), STask("post", "vector", phase="post", flops=Q, group=0)),
+                     (Edge("body", "post"),))
+    assert (ii, s) == (2, {"body": 0, "z_body": 1, "post": 2})
 
 
 def test_rules_4_and_5_wait_and_smallest_interval() -> None:
@@ -78,7 +83,7 @@ def test_rules_4_and_5_wait_and_smallest_interval() -> None:
     # 0, so time advances to 200, when the mma's input is ready.
     g, hw = two_stage_gemm()
     p, st = greedy.solve(model.build(g, hw))
-    assert p.ii == 216 and p.start == {"load": 0, "mma": 200} and st["ii_tries"] == 1
+    assert p.ii == 216 and p.start == {"load": 0, "mma": 200} and st["ii_tries"] == 1 and st["solve_s"] >= 0
     assert claimed_cycles(p, hw) == 3 * 216 + 360
 
 

@@ -43,6 +43,17 @@ def test_register_overhead_is_the_tables() -> None:
                                           "live copies")
 
 
+def test_resident_ctas_share_the_register_file() -> None:
+    # two resident CTAs of one consumer warpgroup (+ producer): 65536 / (2 · 2 · 128) = 128 registers a thread, so
+    # a 96-register buffer (+32, the table's reg_overhead) fits and a 97-register one does not; with one CTA per SM
+    # both fit (240)
+    two = {"depth": 1, "groups": 1, "ctas": 2}
+    from dataclasses import replace
+    assert fits(replace(one_buffer_graph(96), tiling=two), H100) is None
+    assert fits(replace(one_buffer_graph(97), tiling=two), H100) == "registers 129/thread > 128 (acc=97)"
+    assert fits(one_buffer_graph(97), H100) is None
+
+
 def test_gemm_l2_reuse_is_the_square_of_concurrent_ctas() -> None:
     # 132 SMs run about an 11 x 11 square of the grid at once (isqrt(132) = 11): an A tile is reread by the
     # min(N/BN, 11) CTAs of its row, a B tile by min(M/BM, 11)

@@ -108,3 +108,21 @@ def test_exact_solver_keeping_greedys_optimal_program_says_so() -> None:
     assert r.status == "OPTIMAL" and r.objective == 1008 and r.bound == 1008 and r.gap == 0.0
     assert r.program.policy == "cpsat (greedy's schedule, proven optimal)"
     assert str(r).startswith("cpsat: OPTIMAL (proven: gap 0%)")
+
+
+def test_ring_users_barriers_and_default_depth() -> None:
+    """A ring buffer nobody frees explicitly is released by its readers; a tiling without 'depth' gets 2 slots;
+    each ring slot's release is an 'empty' mbarrier: here a wgmma nothing waits for, so its next instance releases
+    the slot right after it is issued, one iteration late (ptsolve.protocol): distance depth - 1."""
+    from ptsolve.cost import timings
+    from ptsolve.program import required_barriers, ring_users
+    g = STaskGraph("r", "test", {}, {"groups": 1}, (
+        STask("ld", "load", bytes=64, is_async=True, allocs=(Buffer("k", "smem", 64),)),
+        STask("mma", "mma", flops=64, group=0, is_async=True, reads=("k",)),
+        STask("other", "vector", flops=64, group=0)), (Edge("ld", "mma"),), (2,), 1, 1)
+    assert ring_users(g) == {"k": ("ld", ["mma"])}
+    p = make_program(g, HW, 64, {"ld": 0, "mma": 96, "other": 0})
+    assert p.rings == {"k": 2}
+    assert Barrier("mma", "ld", 1, "empty") in p.barriers and Barrier("ld", "mma", 0, "data") in p.barriers
+    assert required_barriers(g, timings(g, HW), {"k": 3}, {}) == [Barrier("ld", "mma", 0, "data"),
+                                                                   Barrier("mma", "ld", 2, "empty")]

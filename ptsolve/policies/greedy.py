@@ -29,6 +29,8 @@ from ..errors import InfeasibleError
 from ..program import SProgram
 from .model import Problem
 
+RANK = {"pre": 0, "loop": 1, "post": 2}  # the order of the phases in a CTA
+
 
 def _deps(P: Problem) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, list[tuple[str, int, int]]]]:
     ins: dict[str, list[tuple[str, int, int]]] = {t: [] for t in P.tasks}
@@ -85,17 +87,11 @@ class _Table:
                     pq = P.phase[q]
                     if ph == pq:
                         nx = _conflict(x + o, n, a, m, self.ii if ph == "loop" else None)
-                    elif ph == "loop" and pq == "pre":
+                    elif RANK[pq] < RANK[ph]:  # q's phase runs first: t starts once q's reservation is over
                         nx = a + m if x + o < a + m else None
-                    elif ph == "post" and pq in ("loop", "pre"):
-                        nx = a + m if x + o < a + m else None
-                    elif ph == "pre" and pq in ("loop", "post"):
-                        if x + o + n > a:
-                            return None  # a prologue task cannot slide under the loop's first use
-                        nx = None
-                    else:  # loop task placed after an epilogue reservation on r
-                        if x + o + n > a:
-                            return None
+                    elif x + o + n > a:  # q's phase runs later: t cannot slide under q's reservation
+                        return None
+                    else:
                         nx = None
                     if nx is not None:
                         x, moved = nx - o, True
@@ -124,12 +120,11 @@ def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
     S: dict[str, int] = {}
     tab = _Table(P, ii)
     now = 0
-    order = {"pre": 0, "loop": 1, "post": 2}
     while len(S) < len(P.tasks):
         ready = [t for t in P.tasks if t not in S and all(u in S for u, d, _ in ins[t] if d == 0)]
         # a later phase waits until the earlier phases are placed (the program is prologue, loop, epilogue)
-        low = min(order[P.phase[t]] for t in P.tasks if t not in S)
-        ready = [t for t in ready if order[P.phase[t]] == low] or ready
+        low = min(RANK[P.phase[t]] for t in P.tasks if t not in S)
+        ready = [t for t in ready if RANK[P.phase[t]] == low] or ready
         ready.sort(key=lambda t: priority(t, asyn, ins, dep, S))
         nxt = None
         placed = False
@@ -138,10 +133,7 @@ def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
             hi = min([S[v] + d * ii - lat for v, d, lat in outs[t] if v in S], default=None)
             x = tab.earliest(t, lo)
             if x is None or (hi is not None and x > hi):
-                if hi is not None and lo > hi:
-                    return None  # a loop-carried deadline already passed: this ii is too small
-                if x is None or x > hi:
-                    return None
+                return None  # no room within one ii, or a loop-carried deadline passes: this ii is too small
             if x == now:
                 S[t] = x
                 tab.place(t, x)
