@@ -114,8 +114,8 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
     best, cur = hw, loss(samples, hw)
     hist = [cur]
     step = 0.5
-    for r in range(rounds):
-        for _ in range(8):
+    for _round in range(rounds):
+        for _sweep in range(8):
             before = cur
             for k in params:
                 v0 = float(getattr(best, k))
