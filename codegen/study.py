@@ -83,6 +83,43 @@ def prepare(out: Path, hw: str = "h200", top_k: int = 4, only: tuple[str, ...] =
     return doc
 
 
+def kernels(doc: dict[str, Any], profile: int = 1) -> list[Any]:
+    """Every KernelSource a ``run`` of ``doc`` launches: each candidate at its full shape, at the reduced shape of
+    its check (codegen.round.check), and instrumented where it is profiled (so all can be compiled beforehand)."""
+    import dataclasses
+
+    from ptsolve.program import SProgram
+
+    from .cuda import emit
+    from .lower import lower
+    from .plan import plan_from_program
+    from .round import _small
+
+    out = []
+    for e in doc["configs"].values():
+        for c in e["candidates"]:
+            prog = SProgram.from_json(c["program"])
+            p = plan_from_program(prog, doc["hw"])
+            out.append(emit(p))
+            small = (p.params | {"M": 1000, "N": 768, "K": 1000}) if e["op"] == "gemm" else _small(dict(p.params))
+            out.append(emit(dataclasses.replace(p, params=small)))
+            if not e["held_out"] and c["rank"] < profile:
+                out.append(emit(lower(prog, doc["hw"], profile=True)))
+    return out
+
+
+def precompile(doc: dict[str, Any], profile: int = 1, jobs: int = 2) -> int:
+    """Compile every kernel of ``kernels(doc)`` into the cubin cache ($PTSOLVE_CACHE_DIR): the device call then
+    compiles nothing. Returns how many distinct kernels."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .runtime import compile_kernel
+    ks = {k.source: k for k in kernels(doc, profile)}
+    with ThreadPoolExecutor(max_workers=jobs) as ex:
+        list(ex.map(compile_kernel, ks.values()))
+    return len(ks)
+
+
 def _time(op: str, params: dict[str, Any], plans: dict[str, Any]) -> dict[str, float]:
     """Median µs of each plan's kernel and of the library baseline at the full shape, one time_many call."""
     from ptsolve.ops import make
@@ -93,7 +130,7 @@ def _time(op: str, params: dict[str, Any], plans: dict[str, Any]) -> dict[str, f
     return {k[:-3]: v for k, v in r.items() if k.endswith("_us")}
 
 
-def run(cands: Path, out: Path, profile: int = 1) -> int:
+def run(cands: Path, out: Path, profile: int = 1, only: tuple[str, ...] = ()) -> int:
     """Check, time and (for training configurations) profile every candidate; write study.json."""
     import torch
 
@@ -105,9 +142,13 @@ def run(cands: Path, out: Path, profile: int = 1) -> int:
     from .round import check
 
     doc = json.loads(cands.read_text())
+    if only:
+        doc["configs"] = {k: v for k, v in doc["configs"].items() if k in only}
     hw = doc["hw"]
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "candidates_date": doc["date"], "configs": {}}
+    prev = out / "study.json"  # a second call (--only the rest) adds to the first one's file
+    res: dict[str, Any] = json.loads(prev.read_text()) if prev.exists() else {}
+    res |= {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "candidates_date": doc["date"], "configs": res.get("configs", {})}
     t0 = time.time()
     allplans = {}
     for name, e in doc["configs"].items():
@@ -147,6 +188,94 @@ def run(cands: Path, out: Path, profile: int = 1) -> int:
     return 0 if all(c["ok"] for r in res["configs"].values() for c in r["checks"].values()) else 1
 
 
+def report(cands_path: Path, study_path: Path, out: Path, hw_name: str = "h200", write_table: bool = False,
+           rounds: int = 6) -> str:
+    """The study's tables: per configuration the candidates' predicted and measured times, where the model's first
+    choice ranks, the measured best of the exact top-K against PipeThreader's procedure (greedy over the tilings,
+    its top-K timed) at the same budget, the library baseline; then the calibration: fitted on the training
+    configurations, MAPE / Spearman / sign agreement before and after on both sets. ``write_table`` stores the fit
+    as <hw>.calibrated.json (ptsolve.calibrate.write)."""
+    import subprocess
+    from dataclasses import replace as dc_replace
+
+    from ptsolve.calibrate import FIT, evaluate, fit, predicted, samples_from_study, write
+    from ptsolve.hw import load
+
+    cands, study = json.loads(cands_path.read_text()), json.loads(study_path.read_text())
+    samples = samples_from_study(cands, study)
+    train = [x for x in samples if not x.meta["held_out"]]
+    held = [x for x in samples if x.meta["held_out"]]
+    base = load(hw_name)
+    for k in FIT:  # fit from the built-in table, not from an overlay already on disk
+        base = dc_replace(base, **{k: json.loads((Path(__file__).parents[1] / "ptsolve" / "hw" /
+                                                  f"{hw_name}.json").read_text())[k]["value"]})
+    fitted, hist = fit(train, base, tuple(FIT), rounds)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"# Measured selection and model fidelity ({study['device']})", "",
+             f"- candidates: `python3 -m codegen.study prepare` ({cands['date']}, top {cands['top_k']} per policy, "
+             "compile-checked); times: `python3 -m codegen.study run` (one device call); this report: "
+             f"`python3 -m codegen.study report` at commit {commit}, {time.strftime('%Y-%m-%d')}",
+             f"- calibration: fitted on {len(train)} timed schedules of {len({x.config for x in train})} training "
+             f"configurations (loss {hist[0]:.4f} -> {hist[-1]:.4f}); evaluated on {len(held)} schedules of "
+             f"{len({x.config for x in held})} held-out configurations never used in the fit", "",
+             "| fitted entry | table | fitted |", "|---|---|---|"]
+    lines += [f"| {k} | {getattr(base, k)} | {getattr(fitted, k):.4g} |" for k in FIT]
+    lines += ["", "| set | model | MAPE | median Spearman (configs) | exact-vs-greedy sign agreement |",
+              "|---|---|---|---|---|"]
+    ev = {}
+    for part, xs in (("training", train), ("held-out", held)):
+        for label, hw in (("table", base), ("calibrated", fitted)):
+            e = evaluate(xs, hw) if xs else None
+            ev[(part, label)] = e
+            if e:
+                rho = sorted(v for v in e["spearman"].values() if v == v)
+                lines.append(f"| {part} | {label} | {100 * e['mape']:.1f}% | "
+                             f"{rho[len(rho) // 2] if rho else float('nan'):.2f} ({len(rho)}) | "
+                             f"{e['sign_agreement']:.2f} ({e['sign_configs']}) |")
+    lines += ["", "Per configuration (µs; rank = the model's order among the timed candidates, 0 = first choice):", "",
+              "| config | set | model's choice (pred → meas) | its measured rank, table / calibrated | measured best "
+              "exact | measured best greedy (PipeThreader procedure) | exact / greedy | library | exact best / "
+              "library |", "|---|---|---|---|---|---|---|---|---|"]
+    first_best = {"table": 0, "calibrated": 0}
+    nconf = 0
+    for name in cands["configs"]:
+        xs = [x for x in samples if x.config == name]
+        if not xs:
+            continue
+        nconf += 1
+        meas = sorted(xs, key=lambda x: x.kernel_us)
+        ex = [x for x in xs if x.policy == "cpsat"]
+        gr = [x for x in xs if x.policy == "greedy"]
+        ranks = {}
+        for label, hw in (("table", base), ("calibrated", fitted)):
+            choice = min(ex or xs, key=lambda x: (predicted(x, hw)[0], x.name))
+            ranks[label] = meas.index(choice)
+            first_best[label] += ranks[label] == 0
+        first = min(ex or xs, key=lambda x: x.meta["rank"])
+        bex = min((x.kernel_us for x in ex), default=math.nan)
+        bgr = min((x.kernel_us for x in gr), default=math.nan)
+        lib = xs[0].meta["library"]
+        lk = next((k for k in ("sdpa_cudnn", "cublas", "triton") if k in lib), None)
+        lv = lib.get(lk, math.nan) if lk else math.nan
+        lines.append(f"| {name} | {'held-out' if xs[0].meta['held_out'] else 'training'} | "
+                     f"{first.name.split('/')[1]} ({[c for c in cands['configs'][name]['candidates'] if c['label'] == first.name.split('/')[1]][0]['predicted_us']:.1f} → {first.kernel_us:.1f}) | "  # noqa: E501
+                     f"{ranks['table']} / {ranks['calibrated']} | {bex:.1f} | {bgr:.1f} | {bgr / bex:.3f} | "
+                     f"{lk or '—'} {lv:.1f} | {lv / bex:.3f} |")
+    lines += ["", f"The model's first choice was the measured best in {first_best['table']} of {nconf} configurations "
+              f"with the table's constants and in {first_best['calibrated']} with the calibrated ones."]
+    md = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"study_{hw_name}.md").write_text(md)
+    (out / f"study_{hw_name}_fit.json").write_text(json.dumps(
+        {"fitted": {k: getattr(fitted, k) for k in FIT}, "loss": hist,
+         "eval": {f"{a}/{b}": v for (a, b), v in ev.items()}}, indent=1, default=str))
+    if write_table:
+        write(fitted, base, f"fitted by `python3 -m codegen.study report` on {len(train)} schedules of "
+                            f"{len({x.config for x in train})} training configurations measured on {study['device']} "
+                            f"({study_path}, commit {commit})")
+    return md
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -159,11 +288,28 @@ def main(argv: list[str] | None = None) -> int:
     ru.add_argument("candidates")
     ru.add_argument("--out", required=True)
     ru.add_argument("--profile", type=int, default=1, help="profile the best N schedules of each training config")
+    ru.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    pc = sub.add_parser("precompile", help="compile every kernel a run launches into the cubin cache (CPU)")
+    pc.add_argument("candidates")
+    pc.add_argument("--profile", type=int, default=1)
+    pc.add_argument("--jobs", type=int, default=2)
+    rp = sub.add_parser("report", help="tables and the calibration from a finished study (CPU)")
+    rp.add_argument("--candidates", required=True)
+    rp.add_argument("--study", required=True)
+    rp.add_argument("--out", default="results")
+    rp.add_argument("--hw", default="h200")
+    rp.add_argument("--write", action="store_true", help="store the fit as ptsolve/hw/<hw>.calibrated.json")
     a = ap.parse_args(argv)
+    if a.cmd == "precompile":
+        print(f"{precompile(json.loads(Path(a.candidates).read_text()), a.profile, a.jobs)} kernels compiled")
+        return 0
+    if a.cmd == "report":
+        print(report(Path(a.candidates), Path(a.study), Path(a.out), a.hw, a.write))
+        return 0
     if a.cmd == "prepare":
         prepare(Path(a.out), a.hw, a.top_k, tuple(x for x in a.only.split(",") if x))
         return 0
-    return run(Path(a.candidates), Path(a.out), a.profile)
+    return run(Path(a.candidates), Path(a.out), a.profile, tuple(x for x in a.only.split(",") if x))
 
 
 if __name__ == "__main__":
