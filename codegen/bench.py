@@ -24,23 +24,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from codegen.plan import KernelPlan, default_plan
+from codegen.plan import KernelPlan, default_plan, fa3_order_plan
 
 TOL = 1e-2
 GEMM_TILING = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
 FA_TILING = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
-
-
-def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan:
-    """FA3's intra-warpgroup overlap as a plan: QK of j issued, then PV of j-1, then the softmax of j."""
-    base = default_plan("flash_attention", params, tiling)
-    loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_k", 0), ("load_v", 0)]}
-    for g in range(tiling["groups"]):
-        loop[f"wg{g}"] = [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
-                          (f"rowsum@{g}", 0), (f"rescale@{g}", 0)]
-    # ping-pong: each warpgroup issues QK(j) and PV(j-1) in one turn, then hands the tensor cores on
-    turns = [x for g in range(tiling["groups"]) for x in (f"mma_qk@{g}", f"mma_pv@{g}")]
-    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, turns)
 
 
 def rel_err(out: Any, ref: Any, block: int = 1 << 26) -> float:

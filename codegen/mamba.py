@@ -118,11 +118,10 @@ def chunk_state_reference(x: Any, B: Any, dt: Any, dA_cumsum: Any) -> Any:
 
 
 def _runner(plan: KernelPlan) -> Any:
+    from codegen.runtime import run_chunk_scan, run_chunk_state
     if plan.op == SCAN:
-        from codegen.cuda.chunk_scan import run_chunk_scan
         return run_chunk_scan
     if plan.op == STATE:
-        from codegen.cuda.chunk_state import run_chunk_state
         return run_chunk_state
     raise ValueError(f"not a Mamba2 plan: op {plan.op!r}")
 

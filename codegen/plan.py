@@ -53,32 +53,86 @@ class KernelPlan:
 
 
 def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overlap: bool = False) -> KernelPlan:
-    """The textbook order for ``op`` (every consumer task at stage 0; FA with ``overlap`` puts the
-    softmax and PV one stage behind QK, FA3's intra-warpgroup overlap). For tests and baselines."""
+    """The textbook order for ``op``, every consumer task at stage 0. ``overlap`` puts the second half of each
+    consumer's loop one stage behind the first: FA's softmax and PV behind QK (FA3's intra-warpgroup overlap,
+    two score buffers), Mamba2's mma behind the vector task that feeds it (ChunkScan's decay, ChunkState's scale:
+    two copies of what they hand over), so the tensor cores work on iteration j-1 while the CUDA cores prepare j.
+    The consumers' mma tasks are served in warpgroup order (``tc_order``) except for attention without
+    overlap, where turns would serialise the warpgroups' softmaxes. For tests, baselines and hand plans."""
     W = int(tiling["groups"])
+    wgs = range(W)
+    s = 1 if overlap else 0
+    copies: dict[str, int] = {}
     if op == "gemm":
-        pre = {f"wg{g}": [(f"zero@{g}", 0)] for g in range(W)}
+        pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
         loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
-        loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in range(W)}
-        post = {f"wg{g}": [(f"epilogue@{g}", 0), (f"store@{g}", 0)] for g in range(W)}
-        tc = [f"mma@{g}" for g in range(W)]
+        loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
+        post = {f"wg{g}": [(f"epilogue@{g}", 0), (f"store@{g}", 0)] for g in wgs}
+        tc = [f"mma@{g}" for g in wgs]
     elif op == "flash_attention":
-        s = 1 if overlap else 0
-        pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in range(W)}
+        pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in wgs}
         loop = {"producer": [("load_k", 0), ("load_v", 0)]}
         loop |= {f"wg{g}": [(f"mma_qk@{g}", 0), (f"rowmax@{g}", s), (f"exp2@{g}", s), (f"rowsum@{g}", s),
-                            (f"rescale@{g}", s), (f"mma_pv@{g}", s)] for g in range(W)}
-        post = {f"wg{g}": [(f"normalize@{g}", 0), (f"store@{g}", 0)] for g in range(W)}
-        # no enforced turns: with this order, turns would serialise the warpgroups' softmaxes
-        tc = []
+                            (f"rescale@{g}", s), (f"mma_pv@{g}", s)] for g in wgs}
+        post = {f"wg{g}": [(f"normalize@{g}", 0), (f"store@{g}", 0)] for g in wgs}
+        tc = [f"{t}@{g}" for g in wgs for t in ("mma_qk", "mma_pv")] if overlap else []
+    elif op == "mamba2_chunk_scan":
+        pre = {"producer": [("load_c", 0), ("load_states", 0), ("load_dacs", 0)]}
+        pre |= {f"wg{g}": [(f"mma_state@{g}", 0), (f"scale_state@{g}", 0)] for g in wgs}
+        loop = {"producer": [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 0)]}
+        loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"decay@{g}", 0)] if overlap else [(f"decay@{g}", 0), (f"mma@{g}", 0)]
+                 for g in wgs}
+        post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
+        tc = [f"mma@{g}" for g in wgs]
+        copies = {f"w@{g}": 1 + s for g in wgs}
+    elif op == "mamba2_chunk_state":
+        pre = {"producer": [("load_dalast", 0)]} | {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
+        loop = {"producer": [("load_b", 0), ("load_x", 0), ("load_dA", 0), ("load_dt", 0)]}
+        loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"scale@{g}", 0)] if overlap else [(f"scale@{g}", 0), (f"mma@{g}", 0)]
+                 for g in wgs}
+        post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
+        tc = [f"mma@{g}" for g in wgs]
+        copies = {f"xs@{g}": 1 + s for g in wgs}
     else:
         raise ValueError(f"no default plan for {op!r}")
-    return KernelPlan(op, dict(params), dict(tiling), {"pre": pre, "loop": loop, "post": post}, tc)
+    return KernelPlan(op, dict(params), dict(tiling), {"pre": pre, "loop": loop, "post": post}, tc, copies=copies)
+
+
+def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan:
+    """FA3's intra-warpgroup overlap as a plan: QK of j issued, then PV of j-1, then the softmax of j; ping-pong:
+    each warpgroup issues QK(j) and PV(j-1) in one turn, then hands the tensor cores on."""
+    base = default_plan("flash_attention", params, tiling)
+    loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_k", 0), ("load_v", 0)]}
+    for g in range(tiling["groups"]):
+        loop[f"wg{g}"] = [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
+                          (f"rowsum@{g}", 0), (f"rescale@{g}", 0)]
+    turns = [x for g in range(tiling["groups"]) for x in (f"mma_qk@{g}", f"mma_pv@{g}")]
+    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, turns)
+
+
+def min_copies(p: Any, hw: Any) -> dict[str, int]:
+    """The copies of each copy buffer (ptsolve.protocol) the program's start times actually use: the fewest, at
+    most the program's, for which its capacity precedences still hold. More would only cost registers."""
+    from ptsolve import protocol
+    from ptsolve.cost import timings
+
+    g = p.graph
+    tm = timings(g, hw)
+    out = dict(p.copies)
+    for b in protocol.copy_buffers(g):
+        alloc = protocol.ring_users(g)[b][0]
+        for c in range(1, p.copies.get(b, 1) + 1):
+            prec = [x for x in protocol.precedences(g, tm, hw, p.rings, out | {b: c})
+                    if x[4] == "ring" and x[1] == alloc]
+            if all(p.start[w] + d * p.ii >= p.start[u] + lat for u, w, d, lat, _ in prec):
+                out[b] = c
+                break
+    return out
 
 
 def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
-    """The KernelPlan of a ptsolve SProgram: its per-role issue orders with stages, and the order in which
-    the tensor cores serve the mma tasks within one initiation interval."""
+    """The KernelPlan of a ptsolve SProgram: its per-role issue orders with stages, the order in which the tensor
+    cores serve the mma tasks within one initiation interval, and the copies its start times use (min_copies)."""
     from ptsolve.hw import load
 
     hwt = load(hw or program.hw)
@@ -89,4 +143,4 @@ def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
              for ph, roles in streams.items()}
     mma = sorted((t.name for t in g.phase("loop") if t.kind == "mma"),
                  key=lambda n: (program.start[n] % program.ii, n))
-    return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii), dict(program.copies))
+    return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii), min_copies(program, hwt))

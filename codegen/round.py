@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codegen.cuda.chunk_state import DEFAULT_TILING as STATE_TILING
-
 # FA18c and FA19 have 2^31 elements per tensor: beyond the generated kernels' 32-bit indices
 CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1", "GEMM3")
 MAMBA = ("CS0", "CS3", "CS5", "CS8", "CS9", "ST0", "ST3", "ST5", "ST8", "ST9")
@@ -36,7 +34,7 @@ SOLVERS = ("greedy", "cpsat")
 # Mamba2 hand plans (tiling, overlapped order): the fastest of our sweeps on the H200 (chunk_scan: two consumer
 # warpgroups, BK 64, textbook order; chunk_state: two CTAs per SM, the mma one stage behind the scale)
 HAND = {"mamba2_chunk_scan": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2}, False),
-        "mamba2_chunk_state": (STATE_TILING, True)}
+        "mamba2_chunk_state": ({"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True)}
 
 
 FIXED = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}  # FA3's tiling, for the same-tiling comparison
@@ -80,19 +78,20 @@ def _small(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hand(op: str, params: dict[str, Any]) -> Any:
+    from codegen.plan import default_plan, fa3_order_plan
     if op == "flash_attention":
-        from codegen.bench import fa3_order_plan
         return fa3_order_plan(params, FIXED | {"persistent": 1})
+    if op == "gemm":  # the 4-stage 128x256 tiling of codegen.bench (0.96-1.01x cuBLAS, results/codegen_h200.md)
+        return default_plan(op, params, {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2})
     t, ov = HAND[op]
-    if op == "mamba2_chunk_scan":
-        from codegen.cuda.chunk_scan import default_chunk_scan_plan
-        return default_chunk_scan_plan(params, t, ov)
-    from codegen.cuda.chunk_state import default_chunk_state_plan
-    return default_chunk_state_plan(params, t, ov)
+    if op == "mamba2_chunk_state" and t["BM"] > params["d_state"]:  # d_state 64: one 64-column block per warpgroup
+        t = t | {"BM": params["d_state"], "groups": 1}
+    return default_plan(op, params, t, ov)
 
 
-def _check(op: str, label: str, plan: Any) -> dict[str, Any]:
-    """Check ``plan``'s kernel on a reduced shape (see _small)."""
+def check(op: str, label: str, plan: Any) -> dict[str, Any]:
+    """Check ``plan``'s kernel on a reduced shape (see _small): the same plan, smaller sizes, a float32 / float64
+    reference, the output poisoned with NaN."""
     from codegen.bench import TOL, check_fa, check_gemm
     if op == "flash_attention":
         sp = _small(dict(plan.params))
@@ -100,8 +99,8 @@ def _check(op: str, label: str, plan: Any) -> dict[str, Any]:
     if op == "gemm":
         return check_gemm(1000, 768, 1000, plan.params["dtype"], plan.tiling,
                           dataclasses.replace(plan, params=plan.params | {"M": 1000, "N": 768, "K": 1000}), trials=1)
-    from codegen.mamba import check
-    err = check(dataclasses.replace(plan, params=_small(dict(plan.params))), trials=1)
+    from codegen.mamba import check as check_mamba
+    err = check_mamba(dataclasses.replace(plan, params=_small(dict(plan.params))), trials=1)
     return {"rel_err": err, "ok": bool(err <= TOL)}
 
 
@@ -135,7 +134,7 @@ def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, .
     for n, pl in plans.items():
         g = res[n]["cpsat"].program.graph
         for label, plan in pl.items():
-            c = _check(g.op, label, plan)
+            c = check(g.op, label, plan)
             c["config"], c["label"] = n, label
             checks.append(c)
             print(f"check {n} {label}: rel err {c['rel_err']:.2e} {'PASS' if c['ok'] else 'FAIL'}", flush=True)

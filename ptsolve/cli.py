@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .calibrate import FIT as CAL_FIT
 from .checks import PLACEMENTS, SOLVER_NAMES
 from .errors import ConfigError, PtsolveError
 from .provenance import stamp
@@ -113,6 +114,81 @@ def op_help(name: str | None = None) -> str:
     return "\n".join(out) + "\nParameters without a default are required; write them as key=value."
 
 
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    """Fit on the study's training configurations, evaluate before and after on its held-out ones."""
+    from datetime import datetime, timezone
+
+    from .calibrate import evaluate, fit, samples_from_study, write
+    from .hw import load
+
+    hw = load(a.hw)
+    cands = json.loads(Path(a.candidates).read_text())
+    study = json.loads(Path(a.study).read_text())
+    samples = samples_from_study(cands, study)
+    train = [x for x in samples if not x.meta["held_out"]]
+    held = [x for x in samples if x.meta["held_out"]]
+    if not train:
+        raise PtsolveError(f"{a.study}: no measured training schedules (were the checks all failing?)")
+    params = tuple(x for x in a.params.split(",") if x)
+    fitted, hist = fit(train, hw, params, a.rounds, progress=lambda m: print(m, file=sys.stderr))
+    rep = {"hw": a.hw, "params": params, "loss": hist, "fitted": {k: getattr(fitted, k) for k in params},
+           "table": {k: getattr(hw, k) for k in params}, "train": len(train), "held_out": len(held),
+           "before": {"train": evaluate(train, hw), "held_out": evaluate(held, hw) if held else None},
+           "after": {"train": evaluate(train, fitted), "held_out": evaluate(held, fitted) if held else None},
+           "study": {"device": study.get("device"), "candidates_date": cands.get("date")}} | provenance()
+    out = out_dir(a)
+    f = out / f"calibrate_{_safe(a.hw)}.json"
+    f.write_text(json.dumps(rep, indent=1, default=str))
+    print(f"wrote {f}")
+    for when in ("before", "after"):
+        for part in ("train", "held_out"):
+            e = rep[when][part]
+            if e:
+                rho = [v for v in e["spearman"].values() if v == v]
+                print(f"{when:6} {part:8}: MAPE {100 * e['mape']:.1f}%, Spearman median "
+                      f"{sorted(rho)[len(rho) // 2] if rho else float('nan'):.2f} over {len(rho)} configs, sign "
+                      f"agreement {e['sign_agreement']:.2f} over {e['sign_configs']} configs")
+    if a.write:
+        stamp_ = provenance()
+        src = (f"fitted on {len(train)} measured schedules of {len({x.config for x in train})} configurations "
+               f"({study.get('device')}, {datetime.now(timezone.utc):%Y-%m-%d}, commit {stamp_.get('commit')}); "
+               f"`ptsolve calibrate --candidates {a.candidates} --study {a.study} --write`")
+        print(f"wrote {write(fitted, hw, src)}")
+    return 0
+
+
+def cmd_tune(a: argparse.Namespace) -> int:
+    """Prepare, run (with a GPU runner) or finish a measured selection."""
+    from . import ops
+    from .hw import load
+    from .tune import candidates, tune
+
+    if a.op not in OPS:
+        raise PtsolveError(f"unknown operator {a.op!r}; use one of {sorted(OPS)}")
+    op = ops.make(OPS[a.op], **parse_params(a.params))
+    hw = load(a.hw)
+    if a.prepare:
+        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit)
+        doc = {"hw": hw.name, "op": op.op, "params": op.params, "rejected": rejected,
+               "candidates": [{"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us,
+                               "check": c.check.status, "program": c.result.program.to_json()} for c in cands]}
+        Path(a.prepare).write_text(json.dumps(doc, indent=1))
+        print(f"wrote {a.prepare} ({len(cands)} candidates, {len(rejected)} tilings rejected by the compiler)")
+        return 0
+    if a.finish:
+        d = json.loads(Path(a.finish).read_text())
+        if d.get("params") != op.params:
+            raise PtsolveError(f"{a.finish} holds candidates of {d.get('params')}, not of {op.params}")
+        us = d["measured_us"]
+        best = min(range(len(us)), key=lambda i: (us[i], i))
+        for c, u in zip(d["candidates"], us):
+            print(f"rank {c['rank']}: {c['tiling']} predicted {c['predicted_us']:.1f} µs, measured {u:.1f} µs"
+                  + ("  <- measured best" if c["rank"] == d["candidates"][best]["rank"] else ""))
+        return 0
+    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit))
+    return 0
+
+
 def cmd_ops(a: argparse.Namespace) -> int:
     print(op_help(a.name))
     return 0
@@ -132,7 +208,8 @@ def cmd_optimize(a: argparse.Namespace) -> int:
     res = optimize(op, hw=hw, solver=a.solver, time_limit=a.time_limit, cache=not a.no_cache,
                    placement=a.placement, executor=a.executor, jobs=a.jobs, decoupled=a.decoupled,
                    fix=parse_params(a.fix) if a.fix else None,
-                   progress=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
+                   progress=(lambda s: print(s, file=sys.stderr)) if a.verbose else None,
+                   compile_check=False if a.no_compile_check else None)
     print(res)
     for f in res.features:
         print("  " + f)
@@ -199,7 +276,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
         for s in solvers:
             if hasattr(it, "set_postfix_str"):
                 it.set_postfix_str(f"{c['name']} {s}")
-            r = optimize(op, hw=hw, solver=s, time_limit=a.time_limit, cache=not a.no_cache, jobs=a.jobs)
+            r = optimize(op, hw=hw, solver=s, time_limit=a.time_limit, cache=not a.no_cache, jobs=a.jobs,
+                         compile_check=a.compile_check)
             tl = simulate(r.program, hw)
             if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
                 raise PtsolveError(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy "
@@ -211,7 +289,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
             if s != "greedy":
                 row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
         if a.decoupled:
-            r = optimize(op, hw=hw, solver="cpsat", time_limit=a.time_limit, cache=not a.no_cache, decoupled=True)
+            r = optimize(op, hw=hw, solver="cpsat", time_limit=a.time_limit, cache=not a.no_cache, decoupled=True,
+                         compile_check=a.compile_check)
             row |= {"decoupled_us": round(r.predicted_us, 3), "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
         if "greedy" in solvers:
             for s in solvers:
@@ -265,7 +344,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
     path = out / f"placement_{_safe(hw.name)}.md"
     for c in SUITES[a.suite]():
         op = operator(c)
-        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs)
+        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs, compile_check=False)
         g, p = r.program.graph, r.program
         if len(set(g.row)) < 2:
             continue
@@ -436,16 +515,54 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--fix", nargs="*", default=[], metavar="KEY=VALUE",
                    help="search only tilings with these values, e.g. --fix ctas=1")
     o.add_argument("-v", "--verbose", action="store_true", help="print the search's progress on stderr")
+    o.add_argument("--no-compile-check", action="store_true",
+                   help="do not generate and compile the chosen schedule's kernel (default: the compiler is in the "
+                        "loop where a code generator and its compiler are installed; PTSOLVE_COMPILE_CHECK=0 too)")
+    c.add_argument("--compile-check", action="store_true",
+                   help="put the compiler in the loop (each chosen kernel generated and compiled: minutes more)")
+    cal = sub.add_parser("calibrate", formatter_class=fmt,
+                         help="fit the hardware table's estimated entries to a measured study (codegen.study) and "
+                              "evaluate the fit on its held-out configurations")
+    cal.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    cal.add_argument("--candidates", required=True, help="candidates JSON of `python3 -m codegen.study prepare`")
+    cal.add_argument("--study", required=True, help="study.json of `python3 -m codegen.study run` (the GPU)")
+    cal.add_argument("--params", default=",".join(CAL_FIT), help="comma-separated entries to fit")
+    cal.add_argument("--rounds", type=_positive_int, default=6, help="rounds of the coordinate search")
+    cal.add_argument("--write", action="store_true", help="write <hw>.calibrated.json beside the built-in table")
+    cal.add_argument("--out", default=None, metavar="DIR", help="report folder (default: $PTSOLVE_OUT_DIR or "
+                     "~/ptsolve-out)")
+    tu = sub.add_parser("tune", formatter_class=fmt, epilog=op_help(),
+                        help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
+    tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")
+    tu.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape")
+    tu.add_argument("--hw", default="h200", metavar="NAME|PATH", help="hardware")
+    tu.add_argument("--top-k", type=_positive_int, default=5, help="schedules to time")
+    tu.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
+    tu.add_argument("--time-limit", type=_seconds, default=30.0, help="seconds per tiling's search")
+    tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
+                    "(python3 -m codegen.tune FILE --out TIMED)")
+    tu.add_argument("--finish", metavar="TIMED", help="read the GPU's times (codegen.tune output), report the best")
     return p
+
+
+def plugin_commands() -> dict[str, Any]:
+    """Subcommands a code generator registers (entry points ``ptsolve.commands``, e.g. ``profile``): name -> its
+    entry point, whose ``load()`` is a ``main(argv) -> int``."""
+    from importlib.metadata import entry_points
+    return {ep.name: ep for ep in sorted(entry_points(group="ptsolve.commands"), key=lambda e: e.name)}
 
 
 def main(argv: list[str] | None = None) -> int:
     # a library warning (e.g. the cache rebuilt itself) is one line, like an error
     warnings.formatwarning = lambda m, c, *_a, **_k: f"ptsolve: warning: {m}\n"
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        plugins = plugin_commands()
+        if argv and argv[0] in plugins:  # e.g. ptsolve profile ...: the code generator's own command line
+            return int(plugins[argv[0]].load()(argv[1:]) or 0)
         a = parser().parse_args(argv)
         return {"optimize": cmd_optimize, "compare": cmd_compare, "placement": cmd_placement,
-                "ops": cmd_ops}[a.cmd](a)
+                "ops": cmd_ops, "calibrate": cmd_calibrate, "tune": cmd_tune}[a.cmd](a)
     except PtsolveError as e:
         print(f"ptsolve: error: {e}", file=sys.stderr)
         return 2

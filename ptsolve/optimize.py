@@ -1,14 +1,17 @@
 """optimize(): the one call most users need."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from . import cache as cache_mod
 from .cost import check_grain
-from .errors import PtsolveError
+from .errors import InfeasibleError, PtsolveError
 from .hw import Hardware, load
 from .ir import STaskGraph
+from .kernelcheck import KernelCheck, checker
 from .ops.base import Operator
 from .result import Result
 from .search import check_args, search
@@ -17,30 +20,72 @@ from .search import check_args, search
 def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
              jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
-             progress: Callable[[str], None] | None = None) -> Result:
+             progress: Callable[[str], None] | None = None, compile_check: bool | None = None) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
     "exhaustive"). ``time_limit``: seconds for the whole search; a time-limited search returns its best
     schedule with status TIME_LIMIT and its gap. ``fix`` pins tiling keys (e.g. ``{"ctas": 1}``: one CTA per
     SM): only the operator's tilings with those values are searched. Results are cached (see ptsolve.cache);
     a cache hit has ``cached=True`` and keeps the date and solve time of the search that produced it.
-    Every argument is checked (ptsolve.checks) before the cache is looked at."""
+    ``compile_check``: the compiler in the loop (ptsolve.kernelcheck): the best schedule's kernel is generated and
+    compiled; if the compiler spills or serialises it (or no generator builds it), its tiling is dropped and the
+    search goes on with the others; ``kernel_check`` and ``rejected`` say what happened ("not compile-checked"
+    where no code generator or compiler is installed); None: on unless ``PTSOLVE_COMPILE_CHECK=0``. Every argument
+    is checked (ptsolve.checks) before the cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
     check_args(hw, solver, time_limit, placement, executor, jobs, fix)
-    if not isinstance(cache, bool) or not isinstance(decoupled, bool):
-        raise PtsolveError(f"cache and decoupled must be True or False, got cache={cache!r}, decoupled={decoupled!r}")
+    if compile_check is None:
+        compile_check = compile_check_default()
+    if not isinstance(cache, bool) or not isinstance(decoupled, bool) or not isinstance(compile_check, bool):
+        raise PtsolveError(f"cache, decoupled and compile_check must be True or False, got cache={cache!r}, "
+                           f"decoupled={decoupled!r}, compile_check={compile_check!r}")
     hwt = load(hw)
+    chk = checker(hwt) if compile_check else None
     from . import __version__
     # the executor and job count are not in the key: ties are broken the same way by all of them (search._key)
     k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, check_grain(), __version__,
-                      *(sorted(fix.items()) if fix else ()))
+                      f"compile_check={chk is not None}", *(sorted(fix.items()) if fix else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
         if hit is not None:
             return replace(hit, cached=True)
     res = search(op, hwt, solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
                  decoupled=decoupled, fix=fix, progress=progress)
+    if compile_check and chk is None:
+        res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
+                                                    f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
+    if chk is not None:
+        res = _compiler_in_the_loop(op, hwt, res, chk, dict(solver=solver, time_limit=time_limit, placement=placement,
+                                                            executor=executor, jobs=jobs, decoupled=decoupled,
+                                                            fix=fix, progress=progress))
     if cache:
         cache_mod.put(k, time_limit, res)
     return res
+
+
+def compile_check_default() -> bool:
+    """``PTSOLVE_COMPILE_CHECK`` (1 default, 0 off): whether optimize puts the compiler in the loop."""
+    v = os.environ.get("PTSOLVE_COMPILE_CHECK", "1")
+    if v not in ("0", "1"):
+        raise PtsolveError(f"PTSOLVE_COMPILE_CHECK={v!r}: use 1 (compile-check schedules, the default) or 0 (don't)")
+    return v == "1"
+
+
+def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, chk: Any, kw: dict[str, Any]
+                          ) -> Result:
+    """Check the best schedule's kernel; while the compiler rejects it, drop its tiling and search again (a graph,
+    one tiling, can only be reported). The Result says what the compiler said and which tilings it rejected."""
+    say = kw.get("progress") or (lambda s: None)
+    rejected: list[tuple[dict[str, int], str]] = []
+    while True:
+        kc = chk(res.program, hw)
+        if kc.status not in ("rejected", "unsupported") or isinstance(op, STaskGraph):
+            return replace(res, kernel_check=kc.to_dict(), rejected=tuple(rejected))
+        rejected.append((dict(res.tiling), f"{kc.status}: {kc.reason}"))
+        say(f"tiling {res.tiling}: the compiler {kc.status} its kernel ({kc.reason}); searching the others")
+        try:
+            res = search(op, hw, exclude=tuple(t for t, _ in rejected), **kw)
+        except InfeasibleError as e:
+            raise InfeasibleError(f"every tiling of {op.describe()} that fits {hw.name} was rejected by the compiler: "
+                                  + "; ".join(f"{t}: {w}" for t, w in rejected[:4]) + f" ({e})") from e

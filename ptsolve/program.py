@@ -16,10 +16,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cost import Timing, edge_delay, timings
+from .cost import Timing, timings
 from .errors import SchemaError
 from .hw import Hardware
 from .ir import SCHEMA_VERSION, STaskGraph, check_schema, loads
+from .protocol import copy_buffers, precedences, releases, ring_depths, ring_users
+
+__all__ = ["Barrier", "SProgram", "make_program", "precedences", "required_barriers", "ring_users"]
 
 
 def cta_time(trip: int, ii: int, pre: int, last: int) -> int:
@@ -135,26 +138,18 @@ class SProgram:
         return cls.from_dict(loads(s, "SProgram"))
 
 
-def ring_users(g: STaskGraph) -> dict[str, tuple[str, list[str]]]:
-    """Loop-allocated buffer -> (allocating task, tasks that free it)."""
-    out = {}
-    for t in g.phase("loop"):
-        for b in t.allocs:
-            out[b.name] = (t.name, sorted(u.name for u in g.tasks if b.name in u.frees) or
-                           sorted(u.name for u in g.tasks if b.name in u.reads))
-    return out
-
-
 def required_barriers(g: STaskGraph, tm: dict[str, Timing], rings: dict[str, int],
                       copies: dict[str, int]) -> list[Barrier]:
-    """The mbarriers a program of ``g`` needs: one per cross-stream edge, one per (ring, freeing task)."""
+    """The mbarriers a program of ``g`` needs: one per cross-stream edge, and one ``empty`` barrier per ring
+    release (ptsolve.protocol.releases) and per freeing task of a copy buffer."""
     out = {Barrier(e.src, e.dst, e.dist) for e in g.edges if tm[e.src].stream != tm[e.dst].stream}
-    bufs = g.buffers()
+    rel = releases(g)
     for b, (a, frees) in ring_users(g).items():
-        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
-        for f in frees:
-            if depth is not None:
-                out.add(Barrier(f, a, depth, "empty"))
+        if b in rel:
+            if b in rings:
+                out |= {Barrier(r.task, a, rings[b] - r.dist, "empty") for r in rel[b]}
+        elif b in copies:
+            out |= {Barrier(f, a, copies[b], "empty") for f in frees}
     return sorted(out, key=lambda b: (b.kind, b.src, b.dst, b.dist))
 
 
@@ -162,25 +157,7 @@ def make_program(g: STaskGraph, hw: Hardware, ii: int, start: dict[str, int], co
                  placement: str = "even", policy: str = "") -> SProgram:
     """An SProgram from a modulo schedule; rings take the tiling's ``depth``, barriers are derived."""
     tm = timings(g, hw)
-    bufs = g.buffers()
-    loop_bufs = ring_users(g)
-    rings = {b: int(g.tiling.get("depth", 2)) for b in loop_bufs if bufs[b].space == "smem"}
-    cp = {b: 1 for b in loop_bufs if bufs[b].space == "reg"} | (copies or {})
+    rings = ring_depths(g)
+    cp = dict.fromkeys(copy_buffers(g), 1) | (copies or {})
     return SProgram(graph=g, hw=hw.name, ii=int(ii), start=dict(sorted(start.items())), rings=rings, copies=cp,
                     barriers=tuple(required_barriers(g, tm, rings, cp)), placement=placement, policy=policy)
-
-
-def precedences(g: STaskGraph, tm: dict[str, Timing], hw: Hardware, rings: dict[str, int],
-                copies: dict[str, int]) -> list[tuple[str, str, int, int, str]]:
-    """Every precedence a schedule must honour: (src, dst, dist, cycles from src's start to dst's, kind).
-
-    kind ``edge``: a graph edge (latency, + a barrier across streams). kind ``ring``: a buffer slot of a
-    ring of depth D (or register copies) is refilled D iterations later, so the allocating task of
-    iteration i+D waits until the freeing task of iteration i is done."""
-    out = [(e.src, e.dst, e.dist, edge_delay(tm, e.src, e.dst, hw), "edge") for e in g.edges]
-    bufs = g.buffers()
-    for b, (a, frees) in ring_users(g).items():
-        depth = rings.get(b) if bufs[b].space == "smem" else copies.get(b)
-        if depth is not None:
-            out += [(f, a, depth, edge_delay(tm, f, a, hw), "ring") for f in frees]
-    return out

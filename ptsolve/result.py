@@ -10,6 +10,7 @@ from .ir import SCHEMA_VERSION, check_schema, loads
 from .program import SProgram
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "TIME_LIMIT", "INFEASIBLE")
+OPTIONAL = {"cached", "provenance", "kernel_check", "rejected", "measured_us", "measured"}  # older files lack them
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class Result:
     cached: bool = False
     provenance: dict[str, str] = field(default_factory=dict)  # date, commit, ptsolve version, machine
     schema: int = SCHEMA_VERSION
+    # the compiler in the loop (ptsolve.kernelcheck): the verdict on this schedule's kernel, and the tilings whose
+    # better-predicted schedules the compiler rejected on the way, with why
+    kernel_check: dict[str, Any] | None = None
+    rejected: tuple[tuple[dict[str, int], str], ...] = ()
+    # measured selection (ptsolve.tune): this kernel's measured time, µs, and every timed candidate's
+    measured_us: float | None = None
+    measured: tuple[dict[str, Any], ...] = ()
 
     @property
     def gap(self) -> float | None:
@@ -61,7 +69,7 @@ class Result:
         check_schema(d, "Result")
         d.pop("gap", None)
         names = {f.name for f in fields(cls)}
-        missing, extra = sorted(names - set(d) - {"cached"}), sorted(set(d) - names)
+        missing, extra = sorted(names - set(d) - OPTIONAL), sorted(set(d) - names)
         if missing or extra:
             raise SchemaError(f"Result JSON: missing fields {missing}, unknown fields {extra}; is this a Result? "
                               "Write one with Result.to_json()")
@@ -70,6 +78,8 @@ class Result:
         try:
             d["program"] = SProgram.from_dict(d["program"]) if d["program"] else None
             d["features"] = tuple(d["features"])
+            d["rejected"] = tuple((dict(t), str(w)) for t, w in d.get("rejected", ()))
+            d["measured"] = tuple(d.get("measured", ()))
             return cls(**d)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             if isinstance(e, SchemaError):
@@ -96,4 +106,17 @@ class Result:
         if self.program is None:
             return f"{self.solver}: {self.status}, {self.timing()}"
         return (f"{self.solver}: {self.label()}, {self.predicted_us:.2f} µs ({self.tflops:.0f} TFLOP/s) on {self.hw}, "
-                f"tiling {self.tiling}, {self.timing()} ({self.solved}/{self.tilings} tilings solved)")
+                f"tiling {self.tiling}, {self.timing()} ({self.solved}/{self.tilings} tilings solved)"
+                + (f"; measured {self.measured_us:.2f} µs" if self.measured_us is not None else "")
+                + (f"; kernel {self.kernel_summary()}" if self.kernel_check else ""))
+
+    def kernel_summary(self) -> str:
+        """The compiler's verdict in words (and how many better-predicted tilings it rejected)."""
+        k = self.kernel_check or {}
+        what = k.get("status", "not compile-checked")
+        if what == "ok":
+            what = f"compile-checked ({k.get('registers')} registers, no spills, wgmma pipelined)"
+        elif k.get("reason"):
+            what = f"{what} ({k['reason']})"
+        return what + (f", {len(self.rejected)} better-predicted tiling(s) rejected by the compiler"
+                       if self.rejected else "")

@@ -126,10 +126,11 @@ def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: 
 
 def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
-           fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None) -> Result:
+           fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
+           exclude: tuple[dict[str, int], ...] = ()) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
-    bounds the whole search; ``fix`` keeps only the tilings with those key values. A graph instead of an
-    operator is scheduled as it is (one tiling).
+    bounds the whole search; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings (those
+    whose kernels the compiler rejected, ptsolve.optimize). A graph instead of an operator is scheduled as it is.
 
     Status: OPTIMAL when the best program's kernel time meets the least bound over all tilings; TIME_LIMIT
     when the time limit stopped a solve or left tilings unsolved; FEASIBLE otherwise (greedy, which proves
@@ -140,7 +141,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in _fixed(op, fix)]
+    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in _fixed(op, fix) if t not in exclude]
     for g in graphs:
         t = g.tiling
         why = fits(g, hw)

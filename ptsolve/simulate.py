@@ -22,6 +22,7 @@ from .ir import STaskGraph
 from .ops.base import ctas_of
 from .placement import per_sm_pairs, shared_floor, sm_loads
 from .program import SProgram, cta_time, precedences
+from .protocol import first_reuse
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,10 @@ def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
     inst = [(t.name, i) for t in g.tasks for i in (range(trip) if t.phase == "loop" else
                                                       [trip - 1 if t.phase == "post" else 0])]
     inst.sort(key=lambda x: (planned(*x), x[0], x[1]))
-    preds: dict[str, list[tuple[str, int, int]]] = {t.name: [] for t in g.tasks}
-    for u, w, d, lat, _ in precedences(g, tm, hw, p.rings, p.copies):
-        preds[w].append((u, d, lat))
+    preds: dict[str, list[tuple[str, int, int, str]]] = {t.name: [] for t in g.tasks}
+    for u, w, d, lat, kind in precedences(g, tm, hw, p.rings, p.copies):
+        preds[w].append((u, d, lat, kind))
+    fresh = first_reuse(g, p.rings, p.copies)  # iterations below this fill fresh slots: no release to wait for
 
     def src_iter(u: str, w: str, i: int, d: int) -> int | None:
         if phase[u] == "pre":
@@ -87,9 +89,9 @@ def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
     events, late = [], 0
     for t, i in inst:
         at = planned(t, i) if mode == "timed" else 0
-        for u, d, lat in preds[t]:
+        for u, d, lat, kind in preds[t]:
             j = src_iter(u, t, i, d)
-            if j is None:
+            if j is None or (kind == "ring" and i < fresh.get(t, 0)):
                 continue
             if (u, j) not in done:
                 raise InfeasibleError(f"{t}@{i} waits for {u}@{j}, which the program issues later on its stream: "

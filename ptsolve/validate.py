@@ -15,8 +15,7 @@ from .hw import Hardware, load
 from .ir import STaskGraph
 from .ops.base import consumer_reg_budget, ctas_of, smem_budget
 from .program import SProgram, precedences, required_barriers
-
-REG_OVERHEAD = 24  # registers per consumer thread for addresses, loop counters and barrier phases
+from .protocol import is_ring, ring_depths, ring_users, smem_layout
 
 
 @dataclass(frozen=True)
@@ -32,25 +31,17 @@ class Validity:
         return "valid" if not self.violations else "invalid:\n  " + "\n  ".join(self.violations)
 
 
-def smem_peak(g: STaskGraph, rings: dict[str, int]) -> tuple[int, list[str]]:
-    """Peak shared memory of a CTA, bytes, and the buffers at that peak: the prologue's buffers stay
-    for the whole CTA; the loop's rings and the epilogue's buffers are never live together."""
-    bufs = g.buffers()
-    owner = {b.name: t.phase for t in g.tasks for b in t.allocs}
-    sm = {n: b for n, b in bufs.items() if b.space == "smem"}
-    pre = [n for n in sm if owner[n] == "pre"]
-    loop = [n for n in sm if owner[n] == "loop"]
-    post = [n for n in sm if owner[n] == "post"]
-    lb = sum(sm[n].bytes * rings.get(n, 1) for n in loop)
-    pb = sum(sm[n].bytes for n in post)
-    names = pre + ([f"{n}x{rings.get(n, 1)}" for n in loop] if lb >= pb else post)
-    return sum(sm[n].bytes for n in pre) + max(lb, pb), names
+def smem_peak(g: STaskGraph, slots: dict[str, int], hw: Hardware) -> tuple[int, list[str]]:
+    """Shared memory a CTA requests, bytes (ptsolve.protocol.smem_layout: alignment and mbarriers included),
+    and the buffers behind it; ``slots``: ring depths and copies of the loop buffers."""
+    lay = smem_layout(g, {b: n for b, n in slots.items() if b in ring_depths(g)}, slots, hw)
+    return lay.total, list(lay.names)
 
 
-def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int) -> tuple[int, list[str]]:
+def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int, hw: Hardware) -> tuple[int, list[str]]:
     """32-bit registers each thread of consumer warpgroup ``group`` needs, and the buffers behind them."""
     owner = {b.name: t for t in g.tasks for b in t.allocs}
-    total, names = REG_OVERHEAD, []
+    total, names = hw.reg_overhead, []
     for n, b in sorted(g.buffers().items()):
         t = owner[n]
         if b.space != "reg" or t.group != group:
@@ -148,11 +139,10 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
             v.append(f"barrier {b.src}->{b.dst} names an unknown task")
 
     # ring depths and register copies match the buffers allocated in the loop
-    loop_bufs = {b.name: b for t in g.phase("loop") for b in t.allocs}
-    for n, b in loop_bufs.items():
-        d = p.rings.get(n) if b.space == "smem" else p.copies.get(n)
+    for n in ring_users(g):
+        d = p.rings.get(n) if is_ring(g, n) else p.copies.get(n)
         if d is None or d < 1:
-            what = "ring depth" if b.space == "smem" else "copy count"
+            what = "ring depth" if is_ring(g, n) else "copy count"
             v.append(f"buffer {n!r} is allocated every iteration but has no {what} >= 1")
 
     # precedence with latency, and ring / register reuse
@@ -191,15 +181,15 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
 
     # capacity
     k = ctas_of(g.tiling)
-    sm, names = smem_peak(g, p.rings)
+    sm, names = smem_peak(g, p.rings | p.copies, hw)
     if sm > smem_budget(hw, k):
         v.append(f"shared memory {sm} B exceeds {smem_budget(hw, k)} B per block with {k} CTA(s) per SM on {hw.name} "
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
     budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
-        need, names = regs_per_thread(g, p.copies, grp)
+        need, names = regs_per_thread(g, p.copies, grp, hw)
         if need > budget:
-            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{REG_OVERHEAD}) but "
+            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
                      f"{g.groups} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
                      "fewer live copies")
     if not v:

@@ -18,4 +18,6 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     folder (the CLI's ~/ptsolve-out)."""
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("PTSOLVE_OUT_DIR", str(tmp_path_factory.mktemp("out")))
+    # the compiler in the loop costs seconds per schedule: tests that are about it switch it on themselves
+    monkeypatch.setenv("PTSOLVE_COMPILE_CHECK", "0")
     os.environ.pop("PTSOLVE_CALIBRATION_DIR", None)

@@ -1,12 +1,22 @@
-"""GPU tests of generated kernels (run on an H100/H200 with ``pytest -m gpu tests/test_codegen_gpu.py``):
-relative Frobenius error vs a float32 torch reference <= 1e-2 on fresh random inputs, outputs poisoned with
-NaN before every run (NaN never passes), ragged and GQA shapes, causal masks, several schedules."""
+"""GPU tests of the generated kernels, every operator through the one path (plan or program -> lower ->
+skeleton): relative Frobenius error against a float32 / float64 torch reference <= 1e-2 on fresh random inputs,
+outputs poisoned with NaN before every run (NaN never passes), ragged, GQA, causal and grouped shapes, hand
+orders, the schedules ptsolve's policies found (results/schedules_h200, solved on the CPU: the GPU machine has
+no solver), 1-3 CTAs per SM, persistent CTAs. Run on an H100/H200 with ``pytest -m gpu``."""
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 from hopper import require_hopper
+from test_codegen import CPSAT, FA3_ORDER, GREEDY, SKEWED, cs_tiling, solver_plan, with_loop
+
+from codegen.plan import default_plan, fa3_order_plan, plan_from_program
 
 pytestmark = pytest.mark.gpu
+TOL = 1e-2
+SCHEDULES = Path(__file__).parents[1] / "results" / "schedules_h200"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,32 +29,12 @@ def _fa(B, H, Hkv, Sq, Skv, D, causal, dtype="bf16"):
             "dtype": dtype}
 
 
+def _ms(batch, seq, heads, groups, dtype, head_dim=64, d_state=128, chunk=256):
+    return {"batch": batch, "seq": seq, "heads": heads, "head_dim": head_dim, "d_state": d_state, "chunk": chunk,
+            "groups": groups, "dtype": dtype}
+
+
 T2 = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
-
-# solver-style plans whose tc_order is enforced with named-barrier turns (see tests/test_codegen.py)
-FA3_ORDER = [("mma_qk", 0), ("mma_pv", 1), ("rowmax", 0), ("exp2", 0), ("rowsum", 0), ("rescale", 0)]
-SOFTMAX_PV = [("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("mma_pv", 1), ("rowsum", 1)]
-TURN_PLANS = {
-    # ptsolve greedy's FA3 schedule: every GEMM hands the tensor cores to the other group
-    "greedy": ([SOFTMAX_PV, SOFTMAX_PV], ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_pv@1"]),
-    # CP-SAT's: wg1 a stage ahead on its softmax; each group issues PV then QK back to back
-    "cpsat": ([[("mma_qk", 1), ("rowmax", 1), ("exp2", 1), ("rescale", 1), ("rowsum", 1), ("mma_pv", 1)],
-               [("exp2", 2), ("rowsum", 2), ("rescale", 2), ("mma_pv", 2), ("mma_qk", 1), ("rowmax", 1)]],
-              ["mma_qk@0", "mma_pv@1", "mma_qk@1", "mma_pv@0"]),
-    # wg1 one stage behind wg0: three stages, guarded prologue, epilogue for short trip counts
-    "skewed": ([FA3_ORDER, [(t, s + 1) for t, s in FA3_ORDER]], ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"]),
-    "g3": ([FA3_ORDER] * 3, ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_qk@2", "mma_pv@1", "mma_pv@2"]),
-}
-
-
-def turn_plan(p, tiling, which):
-    """A KernelPlan with per-group loops and tc_order as plan_from_program builds them."""
-    from codegen.plan import KernelPlan, default_plan
-    loops, tc = TURN_PLANS[which]
-    base = default_plan("flash_attention", p, tiling)
-    loop = {"producer": [("load_k", 0), ("load_v", 0)]}
-    loop |= {f"wg{g}": [(f"{t}@{g}", s) for t, s in ops] for g, ops in enumerate(loops)}
-    return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, tc)
 
 
 @pytest.mark.parametrize("M,N,K,dtype,tiling", [
@@ -61,6 +51,15 @@ def test_gemm(M, N, K, dtype, tiling):
     from codegen.bench import check_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=2)
     assert r["ok"], r
+
+
+def test_gemm_without_turns():
+    from codegen.bench import check_gemm
+    from codegen.cuda import emit
+    t = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
+    plan = dataclasses.replace(default_plan("gemm", {"M": 1000, "N": 1024, "K": 520, "dtype": "fp16"}, t), tc_order=[])
+    assert emit(plan).info["tc_turns"] is None
+    assert check_gemm(1000, 1024, 520, "fp16", t, plan, trials=1)["ok"]
 
 
 @pytest.mark.parametrize("p,tiling,order", [
@@ -87,8 +86,7 @@ def test_gemm(M, N, K, dtype, tiling):
     (_fa(2, 4, 2, 1, 1000, 128, True), T2, "plain"),
 ])
 def test_attention(p, tiling, order):
-    from codegen.bench import check_fa, fa3_order_plan
-    from codegen.plan import default_plan
+    from codegen.bench import check_fa
     plan = {"plain": default_plan("flash_attention", p, tiling),
             "overlap": default_plan("flash_attention", p, tiling, overlap=True),
             "fa3": fa3_order_plan(p, tiling)}[order]
@@ -103,25 +101,118 @@ def test_attention(p, tiling, order):
     (_fa(4, 16, 4, 1000, 1000, 128, True), T2 | {"persistent": 1}, "greedy"),
     (_fa(1, 4, 2, 200, 1000, 128, True), T2, "skewed"),
     (_fa(2, 4, 2, 1, 1, 128, False), T2, "skewed"),
-    (_fa(3, 32, 8, 777, 1000, 64, True, "fp16"), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "persistent": 1},
-     "skewed"),
     (_fa(2, 6, 3, 1000, 1000, 64, True, "fp16"), {"BM": 192, "BN": 64, "depth": 2, "groups": 3}, "g3"),
 ])
 def test_attention_turns(p, tiling, which):
     """Enforced tc_order: correct results, no hang, for short and ragged trip counts and persistent CTAs."""
     from codegen.bench import check_fa
-    r = check_fa(p, tiling, turn_plan(p, tiling, which), trials=2, label=which)
+    base = {"cpsat": CPSAT, "greedy": GREEDY, "skewed": SKEWED}.get(which)
+    if base is None:  # three warpgroups, interleaved turns
+        plan = solver_plan(p, tiling, [FA3_ORDER] * 3,
+                           ["mma_qk@0", "mma_qk@1", "mma_pv@0", "mma_qk@2", "mma_pv@1", "mma_pv@2"])
+    else:
+        plan = dataclasses.replace(base, params=p, tiling=tiling)
+    r = check_fa(p, tiling, plan, trials=2, label=which)
     assert r["ok"], r
+
+
+def _program(name: str):
+    from ptsolve.result import Result
+    return Result.from_json((SCHEDULES / f"{name}.json").read_text()).program
+
+
+@pytest.mark.parametrize("name", ["FA3_cpsat", "FA3_greedy", "FA8c_cpsat", "GEMM1_cpsat", "GEMM1_greedy",
+                                  "CS3_cpsat", "CS3_greedy@1cta", "ST3_cpsat", "ST3_cpsat@1cta"])
+def test_solver_schedules(name):
+    """The schedules the policies found, lowered from the programs (plan_from_program: orders, turn order, the
+    copies the start times use), on a reduced shape (the same plan: only the sizes change)."""
+    from codegen.bench import check_fa, check_gemm
+    from codegen.mamba import check
+    plan = plan_from_program(_program(name), "h200")
+    if plan.op == "flash_attention":
+        p = _fa(1, 8, 2, 1000, 1000, plan.params["head_dim"], plan.params["causal"], plan.params["dtype"])
+        r = check_fa(p, plan.tiling, dataclasses.replace(plan, params=p), trials=1, label=name)
+        assert r["ok"], r
+    elif plan.op == "gemm":
+        p = {"M": 1000, "N": 768, "K": 1000, "dtype": plan.params.get("dtype", "fp16")}
+        assert check_gemm(1000, 768, 1000, p["dtype"], plan.tiling, dataclasses.replace(plan, params=p))["ok"]
+    else:
+        small = dataclasses.replace(plan, params=plan.params | {"batch": 1, "heads": 8, "seq": 1000})
+        err = check(small, trials=1, poison_tail=plan.op == "mamba2_chunk_state")
+        assert err <= TOL, err
+
+
+CS_CASES = [
+    # (params, tiling, overlap)
+    (_ms(2, 1000, 8, 2, "fp16"), cs_tiling(2, 64), False),
+    (_ms(2, 1000, 8, 2, "bf16"), cs_tiling(2, 32), True),
+    (_ms(2, 1000, 8, 2, "fp16"), cs_tiling(1, 64, 3), True),
+    (_ms(1, 512, 4, 1, "fp16"), cs_tiling(1, 32), False),
+    (_ms(1, 512, 4, 1, "bf16"), cs_tiling(2, 64), True),
+    (_ms(1, 512, 4, 1, "fp16"), cs_tiling(2, 128), False),
+    (_ms(2, 1000, 8, 2, "bf16"), cs_tiling(1, 64, ctas=2), False),
+    (_ms(1, 512, 4, 1, "fp16"), cs_tiling(1, 32, 3, ctas=3), True),
+    (_ms(1, 700, 4, 1, "bf16", chunk=128, d_state=64), cs_tiling(2, 64), True),
+]
+
+
+@pytest.mark.parametrize("case", CS_CASES, ids=lambda c: f"{c[0]['batch']}x{c[0]['seq']}_h{c[0]['heads']}_"
+                         f"g{c[0]['groups']}_q{c[0]['chunk']}_w{c[1]['groups']}_bk{c[1]['BK']}_c{c[1]['ctas']}"
+                         f"{'_ov' if c[2] else ''}")
+def test_chunk_scan(case):
+    from codegen.mamba import check
+    p, t, ov = case
+    err = check(default_plan("mamba2_chunk_scan", p, t, ov), trials=2)
+    assert err <= TOL, err  # NaN compares False: never passes
+
+
+def test_chunk_scan_other_orders():
+    from codegen.mamba import check
+    base = default_plan("mamba2_chunk_scan", _ms(2, 1000, 8, 2, "fp16"), cs_tiling(2, 64))
+    late = dataclasses.replace(with_loop(base, [("decay", 0), ("mma", 1)]), copies={})  # the order needs two W
+    lag = with_loop(base, [("mma", 1), ("decay", 0)], [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 1)])
+    for plan in (late, dataclasses.replace(lag, copies={"w@0": 2, "w@1": 2})):
+        err = check(plan, trials=1)
+        assert err <= TOL, err
+
+
+ST2 = {"BM": 128, "BK": 64, "depth": 3, "groups": 2}
+ST_SHAPES = {
+    "b2_l1000_h8_g2": _ms(2, 1000, 8, 2, "bf16"),  # ragged last chunk (232 of 256), grouped B
+    "b1_l700_h4_g2_p128": _ms(1, 700, 4, 2, "bf16", head_dim=128),
+    "b1_l300_h2_g1_short": _ms(1, 300, 2, 1, "bf16"),  # last chunk: 44 positions, a single loop step
+    "b1_l500_h4_g1_q128_n64": _ms(1, 500, 4, 1, "bf16", chunk=128, d_state=64),
+}
+ST_PLANS = {
+    "default_g2": lambda p: default_plan("mamba2_chunk_state", p, ST2),
+    "overlap_g2": lambda p: default_plan("mamba2_chunk_state", p, ST2, overlap=True),
+    "ahead_g2": lambda p: dataclasses.replace(with_loop(default_plan("mamba2_chunk_state", p, ST2),
+                                                        [("scale", 0), ("mma", 1)]), copies={}),
+    "overlap_g2_2cta": lambda p: default_plan("mamba2_chunk_state", p, ST2 | {"depth": 2, "ctas": 2}, overlap=True),
+    "overlap_g1_bm64_bk32": lambda p: default_plan("mamba2_chunk_state", p,
+                                                   {"BM": 64, "BK": 32, "depth": 2, "groups": 1}, overlap=True),
+}
+
+
+@pytest.mark.parametrize("shape", list(ST_SHAPES))
+@pytest.mark.parametrize("plan", list(ST_PLANS))
+def test_chunk_state(shape, plan):
+    from codegen.mamba import check
+    p = ST_SHAPES[shape]
+    if p["d_state"] < 128 and "g2" in plan:
+        p = p | {"d_state": 128}
+    if p["head_dim"] == 128 and "2cta" in plan:
+        pytest.skip("head_dim 128 needs more registers than two CTAs per SM leave")
+    err = check(ST_PLANS[plan](p), trials=2, poison_tail=True)
+    assert err <= TOL, err  # NaN compares False: never passes
 
 
 def test_attention_deterministic():
     """Same inputs twice give bitwise-equal outputs (a moving result would mean a race)."""
     import torch
 
-    from codegen.plan import default_plan
     from codegen.runtime import run_attention
-    p = _fa(2, 8, 2, 1000, 1000, 128, True)
-    plan = default_plan("flash_attention", p, T2, overlap=False)
+    plan = fa3_order_plan(_fa(2, 8, 2, 1000, 1000, 128, True), T2)
     q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o1 = run_attention(q, k, v, plan, out=torch.full_like(q, float("nan")))
@@ -130,14 +221,38 @@ def test_attention_deterministic():
     assert torch.equal(o1, o2)
 
 
-def test_wrong_shape_raises():
+def test_wrong_shapes_raise():
     import torch
 
-    from codegen.plan import default_plan
-    from codegen.runtime import run_gemm
+    from codegen.mamba import scan_inputs, state_inputs
+    from codegen.runtime import run_chunk_scan, run_chunk_state, run_gemm
     from ptsolve.errors import DeviceError
     plan = default_plan("gemm", {"M": 256, "N": 256, "K": 256, "dtype": "fp16"},
                         {"BM": 128, "BN": 128, "BK": 64, "depth": 2, "groups": 1})
     a = torch.randn(256, 128, device="cuda", dtype=torch.float16)
     with pytest.raises(DeviceError):
         run_gemm(a, a, plan)
+    cs = default_plan("mamba2_chunk_scan", _ms(1, 512, 4, 1, "fp16"), cs_tiling(1, 64))
+    inp = scan_inputs(cs.params)
+    with pytest.raises(DeviceError):
+        run_chunk_scan(**dict(inp, x=inp["x"][:, :256].contiguous()), plan=cs)
+    out = run_chunk_scan(**dict(inp, states=inp["states"].float()), plan=cs)  # float32 states are converted
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    st = default_plan("mamba2_chunk_state", _ms(1, 512, 4, 1, "bf16"), ST2)
+    x, bm, dt, da = state_inputs(st.params).values()
+    for bad in ((x[:, :256], bm, dt, da), (x.half(), bm, dt, da), (x, bm, dt.double(), da)):
+        with pytest.raises(DeviceError):
+            run_chunk_state(*bad, st)
+
+
+def test_mamba_compare_runs():
+    """codegen.mamba.compare times our kernels (and Triton's where mamba_ssm imports) and checks the outputs."""
+    from codegen.mamba import compare
+    p = _ms(2, 1000, 8, 2, "bf16")
+    r = compare({"ov": default_plan("mamba2_chunk_state", p, ST2, overlap=True),
+                 "plain": default_plan("mamba2_chunk_state", p, ST2)}, nsets=1)
+    assert all(e <= TOL for e in r["rel_err_last_batch"].values()), r
+    if not r["triton_error"]:
+        assert all(e <= TOL for e in r["rel_err_vs_triton"].values()), r
+    assert all(0 < ms < 100 for ms in r["ms"].values()), r

@@ -123,7 +123,7 @@ def test_size_guard_on_graphs() -> None:
     ({"fix": {"ctas": "one"}}, SolverError, "fix must map"),
     ({"hw": None}, HardwareError, "hw must be"),
     ({"hw": 100}, HardwareError, "hw must be"),
-    ({"cache": "yes"}, PtsolveError, "cache and decoupled must be"),
+    ({"cache": "yes"}, PtsolveError, "must be True or False"),
 ])
 def test_arguments_checked_before_the_cache(kw, err, match: str) -> None:
     op = ops.gemm(1024, 1024, 1024)

@@ -29,22 +29,25 @@ def test_worked_two_stage_gemm() -> None:
     # load: TMA busy 6144 B / 64 B/clk = 96 cycles, result after 96 + 96 (memory latency) = 192 cycles.
     # mma:  tensor cores busy 163840 FLOP / 1024 FLOP/clk = 160 cycles; result after 160 cycles.
     # load -> mma crosses from the producer to warpgroup 0: + 8-cycle barrier, so mma starts >= load + 200.
-    # The ring has 2 slots: the load of iteration i+2 refills the slot that the mma of iteration i frees,
-    # so load + 2·II >= mma + 160 + 8 (barrier back to the producer) = load + 368, i.e. II >= 184;
-    # the tensor cores alone would allow II = 160. Four iterations: 3·184 + (200 + 160) = 912 cycles.
+    # The ring has 2 slots. Nothing in warpgroup 0 waits for the mma, so its slot is released when the next
+    # mma, right after being issued, waits for it (protocol.releases: "commit"): the load of iteration i+2
+    # refills the slot of iteration i once the mma of i+1 is issued (8 cycles) and the producer hears of it
+    # (8-cycle barrier): load + 2·II >= mma + II + 16, i.e. II >= 200 + 16 = 216; the mma of i must also be
+    # done (load + 2·II >= mma + 160 + 8, II >= 184) and the tensor cores alone would allow II = 160.
+    # Four iterations: 3·216 + (200 + 160) = 1008 cycles.
     g, hw = two_stage_gemm()
     tm = timings(g, hw)
     assert tm["load"].busy("tma") == 96 and tm["load"].latency == 192 and tm["mma"].busy("tc") == 160
-    p = make_program(g, hw, 184, {"load": 0, "mma": 200})
+    p = make_program(g, hw, 216, {"load": 0, "mma": 200})
     assert check_valid(p, hw)
     tl = simulate(p, hw)
-    assert tl.late == 0 and tl.cta_cycles == {4: 912} and tl.kernel_cycles == 912
-    assert not check_valid(replace(p, ii=176), hw)  # one grain less overfills the ring
+    assert tl.late == 0 and tl.cta_cycles == {4: 1008} and tl.kernel_cycles == 1008
+    assert not check_valid(replace(p, ii=208), hw)  # one grain less refills a slot before it is released
     best, st = cpsat.solve(model.build(g, hw))
-    assert st["status"] == "OPTIMAL" and claimed_cycles(best, hw) == 912
-    # the hardware's dynamic issue does better in the first iterations (the ring starts empty):
-    # loads at 0, 96, 368, 528; mmas at 200, 360, 568, 728; done at 888
-    assert simulate(p, hw, mode="asap").kernel_cycles == 888
+    assert st["status"] == "OPTIMAL" and claimed_cycles(best, hw) == 1008
+    # the hardware's dynamic issue does better in the first iterations (the two slots start empty):
+    # loads at 0, 96, 376, 592; mmas at 200, 360, 576, 792; done at 952
+    assert simulate(p, hw, mode="asap").kernel_cycles == 952
 
 
 @settings(max_examples=examples(40), deadline=None, derandomize=True)
@@ -115,7 +118,7 @@ def test_check_valid_memory_limits() -> None:
 
 def test_check_valid_finds_deadlock() -> None:
     g, hw = two_stage_gemm()
-    p = make_program(g, hw, 184, {"load": 0, "mma": 200})
+    p = make_program(g, hw, 216, {"load": 0, "mma": 200})
     # a barrier that makes the load wait for the mma of the same iteration: mma waits for load, load for mma
     bad = replace(p, barriers=(*p.barriers, Barrier("mma", "load", 0)))
     v = check_valid(bad, hw)
@@ -124,7 +127,7 @@ def test_check_valid_finds_deadlock() -> None:
 
 def test_replay_of_inconsistent_orders_raises() -> None:
     g, hw = two_stage_gemm()
-    p = make_program(g, hw, 184, {"load": 300, "mma": 0})
+    p = make_program(g, hw, 216, {"load": 300, "mma": 0})
     assert not check_valid(p, hw)
     with pytest.raises(InfeasibleError, match="deadlock"):
         simulate(p, hw)

@@ -130,14 +130,22 @@ def test_decoupled_is_never_better_than_joint() -> None:
 
 
 def test_resident_ctas_budgets_match_the_emitters() -> None:
-    """Two resident CTAs: the model's shared-memory and register budgets are the ChunkState emitter's."""
-    from codegen.cuda.chunk_state import smem_limit, thread_regs
+    """Two resident CTAs: the model's shared-memory and register budgets are what the generated kernel is granted
+    (both read ptsolve.hw.Target)."""
+    from codegen.cuda import emit
+    from codegen.lower import lower
+    from codegen.plan import default_plan
     from ptsolve.ops.base import consumer_reg_budget, smem_budget
     hw = load("h100")
-    assert smem_budget(hw, 1) == smem_limit(1) == 227 * 1024
-    assert smem_budget(hw, 2) == smem_limit(2) == 114 * 1024 - 1024
-    assert consumer_reg_budget(2, hw, 2) == thread_regs(2, 2) == 80  # 65536 / (2 CTAs * 384 threads), to 8
-    assert consumer_reg_budget(2, hw, 1) == thread_regs(2, 1) == 240
+    assert smem_budget(hw, 1) == 227 * 1024
+    assert smem_budget(hw, 2) == 114 * 1024 - 1024
+    assert consumer_reg_budget(2, hw, 2) == 80  # 65536 / (2 CTAs * 384 threads), to 8
+    assert consumer_reg_budget(2, hw, 1) == 240
+    p = {"batch": 2, "seq": 1000, "heads": 8, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 1}
+    one = lower(default_plan("mamba2_chunk_state", p, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}))
+    two = lower(default_plan("mamba2_chunk_state", p, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}))
+    assert [r.regs for r in one.roles] == [24, 240, 240] and [r.regs for r in two.roles] == [0, 0, 0]
+    assert "__launch_bounds__(384, 2)" in emit(two).source and "setmaxnreg" not in emit(two).source.split("extern")[-1]
 
 
 def test_two_resident_ctas_share_the_sm() -> None:

@@ -1,38 +1,38 @@
-"""CUDA sm_90a code generator: ``emit(plan) -> KernelSource``.
+"""CUDA sm_90a code generator: ``emit(schedule) -> KernelSource``.
 
-Warp-specialised kernels: warpgroup 0 is the TMA producer, warpgroups 1..W the wgmma consumers; the loop
-of each role follows the plan's (task, stage) order (see ``codegen.cuda.schedule``).
+A schedule (an SProgram, a KernelPlan, or an already lowered KernelIR) goes through ``codegen.lower`` to a
+KernelIR, which the one skeleton (``codegen.cuda.skeleton``) emits with the operator's task bodies
+(``gemm``, ``attention``, ``chunk_scan``, ``chunk_state``): warpgroup 0 is the TMA producer, warpgroups
+1..W the wgmma consumers, every role's loop following its (task, stage) order.
 """
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
+from codegen.kernel_ir import KernelIR
 from codegen.plan import KernelPlan
 
+from . import attention, chunk_scan, chunk_state, gemm  # noqa: F401  (task bodies register themselves)
 from .common import KernelSource, TensorMapSpec
-from .validate import validate
+from .skeleton import REGISTRY, emit_ir
 
-__all__ = ["KernelSource", "TensorMapSpec", "emit", "plan_id"]
+__all__ = ["REGISTRY", "KernelSource", "TensorMapSpec", "emit", "emit_ir", "plan_id"]
 
 
-def plan_id(plan: KernelPlan) -> str:
-    """8 hex digits identifying the plan's order and tiling (part of the kernel name)."""
+def plan_id(plan: KernelPlan | KernelIR) -> str:
+    """8 hex digits identifying a plan's (or KernelIR's) order and tiling (part of the kernel name)."""
     return hashlib.sha256(plan.to_json().encode()).hexdigest()[:8]
 
 
-def emit(plan: KernelPlan) -> KernelSource:
-    """CUDA C++ source and launch metadata for ``plan``; raises CodegenError for a plan it cannot emit."""
-    op = getattr(plan, "op", None)
-    if op == "mamba2_chunk_scan":  # the Mamba2 emitters validate their own plans
-        from .chunk_scan import emit_chunk_scan
-        return emit_chunk_scan(plan)
-    if op == "mamba2_chunk_state":
-        from .chunk_state import emit_chunk_state
-        return emit_chunk_state(plan)
-    p, t, order = validate(plan)
-    pid = plan_id(plan)
-    if plan.op == "gemm":
-        from .gemm import emit_gemm
-        return emit_gemm(p, t, order, pid)
-    from .attention import emit_attention
-    return emit_attention(p, t, order, pid, list(plan.tc_order))
+def emit(schedule: Any, hw: str = "h100", **lower_kw: Any) -> KernelSource:
+    """CUDA C++ source and launch metadata for an SProgram, KernelPlan or KernelIR (``lower_kw`` go to
+    ``codegen.lower.lower``); CodegenError for a schedule the generator cannot emit."""
+    from ptsolve.errors import CodegenError
+
+    if isinstance(schedule, KernelIR):
+        return emit_ir(schedule)
+    from codegen.lower import lower
+    if not isinstance(schedule, KernelPlan) and type(schedule).__name__ != "SProgram":
+        raise CodegenError(f"emit() takes an SProgram, a KernelPlan or a KernelIR, got {type(schedule).__name__}")
+    return emit_ir(lower(schedule, hw, **lower_kw))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Register budget after setmaxnreg: a 128-thread producer keeps this many registers per thread.
-from ptsolve.ops.base import PRODUCER_REGS  # noqa: F401  (re-exported: the emitters' setmaxnreg.dec value)
+PRODUCER_REGS = 24  # setmaxnreg.dec of the producer (the old emitters; ptsolve.hw.Target.producer_regs)
 
 SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may opt into on sm_90
 SWIZZLE_128B = 128
@@ -61,6 +61,14 @@ class KernelSource:
     flags: tuple[str, ...] = NVCC_FLAGS
     info: dict[str, Any] = field(default_factory=dict)
     persistent_tiles: int = 0  # > 0: grid.x = min(this, the device's SMs); the kernel loops over tiles
+
+
+def check_dtype(p: dict[str, Any]) -> None:
+    """CodegenError unless the operator's dtype is one the wgmma wrappers take."""
+    from ptsolve.errors import CodegenError
+    if p.get("dtype", "fp16") not in CTYPE:
+        raise CodegenError(f"dtype {p.get('dtype')!r} is not supported by the CUDA generator; use one of "
+                           f"{sorted(CTYPE)}")
 
 
 def consumer_regs(groups: int) -> int:
@@ -163,6 +171,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 """
 
 PRELUDE_END = "\n}  // namespace pts\n"
+
+BULK = r"""
+// 1-D bulk copy global -> shared, completing on an mbarrier (16-byte aligned, size a multiple of 16)
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+"""
 
 
 def setup(inits: str, maps: tuple[str, ...]) -> str:

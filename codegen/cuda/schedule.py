@@ -88,35 +88,54 @@ def buffers_needed(order: LoopOrder, producer: str, readers: Sequence[str]) -> i
 
 def wait_depths(order: LoopOrder, commits: set[str], needs: Mapping[str, Sequence[tuple[str, int]]]
                 ) -> dict[str, dict[str, int]]:
-    """``wgmma.wait_group`` depth of each task in the steady loop.
+    """``wgmma.wait_group`` depth of each task in the steady loop: ``{task: {"depth": n}}``, or ``{task: {}}``
+    when an earlier wait of the role already covered everything it needs (no wait is emitted: a weaker wait
+    after a stronger one would make ptxas assume the later groups' registers still in flight and serialise).
 
     A task with ``needs[t] = [(dep, off)]`` must see the wgmma group committed by ``dep`` of iteration
-    ``it + off`` complete; the depth is the number of groups committed after that one so far (a task that
+    ``it + off`` complete; its depth is the number of groups committed after that one so far (a task that
     commits a group itself waits after its own commit). The prologue commits an empty group for every
-    committing task whose iteration does not exist yet (see ``emit_loop``), so the sequence of groups is
-    periodic from the first steady iteration and one depth per task is exact for all of them.
+    committing task whose iteration does not exist yet, and its tasks (like the epilogue's) wait for everything
+    (see ``emit_loop``), so the sequence of groups is periodic from the first steady iteration and one depth per
+    task holds for all of them. Depths are found as a fixpoint of the waits actually emitted.
     """
     S = order.stages
     trips = S + SIM_EXTRA
-    committed: list[tuple[str, int]] = []
-    steady: dict[str, dict[str, int]] = {}
-    for j in range(trips):
-        for name, s in order.ops:
-            it = j - s
-            if name in commits:
-                committed.append((name, it))  # it < 0: the prologue's empty group
-            if j < S - 1:
-                continue
-            depths = steady.setdefault(name, {})
-            for dep, off in needs.get(name, ()):
-                if it + off < 0:
-                    continue  # nothing to wait for; the other iterations set the depth
-                tgt = (dep, it + off)
-                if tgt not in committed:
-                    raise CodegenError(f"{name} waits for {dep} of iteration it{off:+d}, which is not issued before it")
-                d = len(committed) - 1 - committed.index(tgt)
-                depths[dep] = min(depths.get(dep, d), d, 7)
-    return steady
+    decided: dict[str, dict[str, int]] = {}
+    for _ in range(8):
+        committed: list[tuple[str, int]] = []
+        done = 0  # groups [0, done) are known complete
+        found: dict[str, int | None] = {}
+        for j in range(trips):
+            for name, s in order.ops:
+                it = j - s
+                if name in commits:
+                    committed.append((name, it))  # it < 0: the prologue's empty group
+                req = []
+                for dep, off in needs.get(name, ()):
+                    if it + off < 0:
+                        continue  # nothing to wait for; the other iterations set the depth
+                    tgt = (dep, it + off)
+                    if tgt not in committed:
+                        raise CodegenError(f"{name} waits for {dep} of iteration it{off:+d}, which is not issued "
+                                           "before it")
+                    k = committed.index(tgt)
+                    if k >= done:
+                        req.append(len(committed) - 1 - k)
+                if j >= S - 1 and it >= 0:
+                    cur = found.get(name)
+                    found[name] = min([*req, *([] if cur is None else [cur]), 7]) if req else cur
+                if j < S - 1:
+                    d = 0 if name in needs and it >= 0 else None
+                else:
+                    d = decided.get(name, {}).get("depth") if decided else (min(req, default=None))
+                if d is not None:
+                    done = max(done, len(committed) - d)
+        new = {n: ({} if found.get(n) is None else {"depth": found[n]}) for n in needs}
+        if new == decided:
+            break
+        decided = new
+    return decided
 
 
 def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady: Mapping[str, Mapping[str, int]],

@@ -47,6 +47,11 @@ class Hardware:
     tc_efficiency: float          # achieved / peak tensor-core rate of the best library GEMM (measured)
     vector_efficiency: float      # fraction of the SM's fp32 rate one warpgroup reaches on its own
     launch_us: float              # kernel launch + tail overhead, µs
+    producer_regs: int            # registers per producer thread after setmaxnreg.dec (0: no reallocation)
+    max_consumer_regs: int        # most registers per consumer thread the code generator grants
+    smem_reserved_per_cta: int    # shared memory the driver reserves per resident block, bytes
+    smem_tile_align: int          # alignment of a swizzled operand tile in shared memory, bytes
+    reg_overhead: int             # registers per consumer thread beyond its buffers (addresses, counters, phases)
     sources: dict[str, str]
 
     @property
@@ -59,6 +64,47 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The budgets of one kernel on ``hw``: what the model checks a tiling against and what the code
+    generator grants (setmaxnreg levels, launch bounds, shared memory), in one place."""
+
+    hw: Hardware
+
+    @property
+    def sms(self) -> int:
+        return self.hw.sms
+
+    def producer_regs(self, ctas: int = 1) -> int:
+        """setmaxnreg.dec level of the producer warpgroup, registers/thread; 0 = no reallocation (several
+        resident CTAs share the register file evenly, or the hardware has none)."""
+        return self.hw.producer_regs if ctas == 1 else 0
+
+    def consumer_regs(self, groups: int, ctas: int = 1) -> int:
+        """Registers per consumer thread. One CTA per SM with reallocation: the SM's file minus the producer
+        warpgroup's, split over ``groups`` consumer warpgroups (setmaxnreg.inc). Otherwise every thread of the
+        ``ctas``·(groups + 1) warpgroups gets an even share. Rounded down to 8, at most max_consumer_regs and
+        regs_per_thread."""
+        hw = self.hw
+        prod = self.producer_regs(ctas)
+        if prod:
+            per = (hw.regs_per_sm - 128 * prod) // (128 * groups)
+        else:
+            per = hw.regs_per_sm // (ctas * 128 * (groups + 1))
+        return min(hw.regs_per_thread, hw.max_consumer_regs, per // 8 * 8)
+
+    def smem_budget(self, ctas: int = 1) -> int:
+        """Dynamic shared memory of one CTA, bytes, when ``ctas`` CTAs share an SM."""
+        hw = self.hw
+        return hw.smem_per_block if ctas == 1 else min(hw.smem_per_block,
+                                                       hw.smem_per_sm // ctas - hw.smem_reserved_per_cta)
+
+
+def target(hw: str | os.PathLike[str] | Hardware) -> Target:
+    """The Target of a hardware table (by name, path or object)."""
+    return Target(load(hw))
 
 
 def known() -> list[str]:

@@ -50,7 +50,9 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
 def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
     for groups in (1, 2, 3):
         for rows in (64, 128):
-            for bn in (64, 128, 176, 192, 256):
+            # BN=32: MI300X's 64 KB of LDS holds no head_dim-128 tiling with 64-key K/V blocks (Q 16 KB + two
+            # stages of K and V at 16 KB each); 32-key blocks fit (codegen.hip)
+            for bn in (32, 64, 128, 176, 192, 256):
                 for depth in (2, 3):
                     yield {"BM": rows * groups, "BN": bn, "depth": depth, "groups": groups}
 
@@ -100,10 +102,10 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         s = f"@{g}"
         r = rows
         tasks += [
-            # softmax temporaries (scaled scores, fp16 packing of P, per-row max/sum): 32 registers a thread,
-            # the margin ptxas -v showed FA kernels need beyond O and S (codegen, nvcc 13.0, 2026-11-30)
+            # the softmax needs no working set beyond O, S, P and the table's reg_overhead: ptxas's demand is
+            # that sum (codegen.regfit, results/regfit_h100.md)
             task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
-                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4), reg("tmp" + s, 32 * 4 * 128))),
+                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
             task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
                  reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
             task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),

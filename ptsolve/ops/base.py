@@ -7,16 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SchemaError, ShapeError
-from ..hw import Hardware
+from ..hw import Hardware, Target
 from ..ir import SCHEMA_VERSION, Buffer, STask, STaskGraph, check_schema, loads
 
 # rows of one wgmma instruction and its K step (fp16/bf16): warpgroup tiles come in these units
 WG_ROWS = 64
 MMA_K = 16
-PRODUCER_REGS = 24  # registers a producer warpgroup keeps after setmaxnreg.dec
-MAX_CONSUMER_REGS = 240  # setmaxnreg.inc target; FA3/CUTLASS use 232-240, 256 leaves ptxas no headroom
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -52,25 +48,14 @@ def ctas_of(tiling: dict[str, int]) -> int:
 
 
 def consumer_reg_budget(groups: int, hw: Hardware, ctas: int = 1) -> int:
-    """Registers per consumer thread. One CTA per SM: after setmaxnreg, the SM's file minus a 24-register
-    producer warpgroup, split over ``groups`` consumer warpgroups. ``ctas`` > 1 resident CTAs: no
-    setmaxnreg, every thread of the ``ctas``·(groups + 1) warpgroups gets an even share. Rounded down to 8,
-    at most MAX_CONSUMER_REGS and hw.regs_per_thread. The code generators grant exactly this
-    (codegen.cuda.common.consumer_regs, codegen.cuda.chunk_state.thread_regs)."""
-    if ctas == 1:
-        per = (hw.regs_per_sm - 128 * PRODUCER_REGS) // (128 * groups)
-    else:
-        per = hw.regs_per_sm // (ctas * 128 * (groups + 1))
-    return min(hw.regs_per_thread, MAX_CONSUMER_REGS, per // 8 * 8)
-
-
-SMEM_RESERVED_PER_CTA = 1024  # CUDA reserves 1 KB of shared memory per resident block (compute capability 8.0+)
+    """Registers per consumer thread (ptsolve.hw.Target.consumer_regs): what the model budgets and the code
+    generators grant."""
+    return Target(hw).consumer_regs(groups, ctas)
 
 
 def smem_budget(hw: Hardware, ctas: int = 1) -> int:
-    """Dynamic shared memory of one CTA, bytes, when ``ctas`` CTAs share an SM."""
-    return hw.smem_per_block if ctas == 1 else min(hw.smem_per_block,
-                                                   hw.smem_per_sm // ctas - SMEM_RESERVED_PER_CTA)
+    """Dynamic shared memory of one CTA, bytes, when ``ctas`` CTAs share an SM (ptsolve.hw.Target.smem_budget)."""
+    return Target(hw).smem_budget(ctas)
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,16 @@ from typing import Any
 from .. import checks
 from ..errors import ShapeError
 from ..ir import Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
 KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
 E = 2  # fp16/bf16 activations; dA cumsum and dt are fp32
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
-    p = check_keys("mamba2", p, KEYS[:-1], {"groups": 1})
-    positive(**p)
+    p = check_keys("mamba2", p, KEYS[:-1], {"groups": 1, "dtype": "fp16"})
+    dtype_ok(p["dtype"])  # fp16 and bf16 move the same bytes: the model does not depend on which
+    positive(**{k: p[k] for k in KEYS})
     if p["heads"] % p["groups"]:
         raise ShapeError(f"mamba2: heads={p['heads']} is not divisible by groups={p['groups']}")
     for k in ("head_dim", "d_state", "chunk"):
@@ -70,8 +71,9 @@ def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
              allocs=(smem("states", N * P * E),)),
         task("load_dacs", "load", phase="pre", tile=(BM,), dtype="fp32", bytes=BM * 4, is_async=True,
              allocs=(smem("dacs", BM * 4),)),
-        task("load_cb", "load", tile=(BM, BK), bytes=BM * BK * E, reuse=share, is_async=True,
-             allocs=(smem("cb", BM * BK * E),)),
+        # CB comes in 64-column (128-byte swizzled) boxes whatever BK: that many bytes move and sit in the slot
+        task("load_cb", "load", tile=(BM, BK), bytes=BM * max(BK, 64) * E, reuse=share, is_async=True,
+             allocs=(smem("cb", BM * max(BK, 64) * E),)),
         task("load_dA", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("da", BK * 4),)),
         task("load_dt", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("dt", BK * 4),)),
         task("load_x", "load", tile=(BK, P), bytes=BK * P * E, is_async=True, allocs=(smem("x", BK * P * E),)),
@@ -80,8 +82,11 @@ def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     for g in range(W):
         s = f"@{g}"
         tasks += [
+            # decay's float32 working set (the W values before packing): BK/4 + 8 registers a thread beyond the
+            # buffers and the table's reg_overhead, as ptxas's demand shows (codegen.regfit, results/regfit_h100.md)
             task("mma_state" + s, "mma", phase="pre", tile=(rows, P, N), flops=2 * rows * N * P, is_async=True,
-                 group=g, reads=("c", "states"), allocs=(reg("acc" + s, rows * P * 4),)),
+                 group=g, reads=("c", "states"),
+                 allocs=(reg("acc" + s, rows * P * 4), reg("tmp" + s, (BK // 4 + 8) * 4 * 128))),
             task("scale_state" + s, "vector", phase="pre", tile=(rows, P), dtype="fp32", flops=rows * P, sfu=rows,
                  group=g, reads=("acc" + s, "dacs")),
             task("decay" + s, "vector", tile=(rows, BK), dtype="fp32", flops=4 * rows * BK, sfu=rows * BK, group=g,
@@ -126,7 +131,8 @@ def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     nchunks = cdiv(L, Q)
     trip = cdiv(Q, BK)
     tasks = [
-        task("load_dalast", "load", phase="pre", tile=(1,), dtype="fp32", bytes=4, is_async=True,
+        # the chunk's last dA_cumsum comes as the 16-byte bulk copy that ends on it
+        task("load_dalast", "load", phase="pre", tile=(1,), dtype="fp32", bytes=16, is_async=True,
              allocs=(smem("dalast", 16),)),
         task("load_b", "load", tile=(BK, BM), bytes=BK * BM * E, reuse=share, is_async=True,
              allocs=(smem("b", BK * BM * E),)),
@@ -140,10 +146,12 @@ def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         tasks += [
             task("zero" + s, "vector", phase="pre", tile=(rows, P), dtype="fp32", flops=rows * P, group=g,
                  allocs=(reg("acc" + s, rows * P * 4),)),
+            # every warpgroup scales the whole x tile into its own xs (no cross-group barrier); the scale is the
+            # last reader of x / dA / dt, so their slot is free when it ends
             task("scale" + s, "vector", tile=(BK, P), dtype="fp32", flops=3 * BK * P // W, sfu=BK // W, group=g,
-                 reads=("x", "da", "dt", "dalast"), allocs=(smem("xs" + s, BK * P * E),)),
+                 reads=("x", "da", "dt", "dalast"), frees=("x", "da", "dt"), allocs=(smem("xs" + s, BK * P * E),)),
             task("mma" + s, "mma", tile=(rows, P, BK), flops=2 * rows * BK * P, is_async=True, group=g,
-                 reads=("b", "xs" + s, "acc" + s), frees=("b", "x", "da", "dt", "xs" + s)),
+                 reads=("b", "xs" + s, "acc" + s), frees=("b", "xs" + s)),
             task("store" + s, "store", phase="post", tile=(rows, P), dtype="fp32", bytes=rows * P * 4, is_async=True,
                  group=g, reads=("acc" + s,)),
         ]

@@ -25,7 +25,8 @@ from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import consumer_reg_budget, ctas_of, smem_budget
 from ..placement import busiest, per_sm_trips, shared_floor
-from ..program import SProgram, cta_time, make_program, precedences, ring_users
+from ..program import SProgram, cta_time, make_program, precedences
+from ..protocol import copy_buffers, min_slots, ring_depths
 from ..validate import regs_per_thread, smem_peak
 
 
@@ -90,29 +91,33 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     """Register copies of each loop-allocated register buffer: buffers are raised to ``cap`` copies one
     at a time (sorted by name) while every warpgroup stays within its register budget. Two copies of
     FA's S tile is what FA3's intra-warpgroup overlap costs."""
-    bufs = g.buffers()
-    loop = sorted(n for n in ring_users(g) if bufs[n].space == "reg")
-    budget = consumer_reg_budget(g.groups, hw, ctas_of(g.tiling))
+    loop = copy_buffers(g)
+    k = ctas_of(g.tiling)
+    budget = consumer_reg_budget(g.groups, hw, k)
+    rings = ring_depths(g)
     out = dict.fromkeys(loop, 1)
     # symmetric warpgroups raise the same buffer together (s@0 and s@1)
     for base in sorted({n.split("@")[0] for n in loop}):
         trial = out | {n: cap for n in loop if n.split("@")[0] == base}
-        if all(regs_per_thread(g, trial, grp)[0] <= budget for grp in range(g.groups)):
+        if all(regs_per_thread(g, trial, grp, hw)[0] <= budget for grp in range(g.groups)) and \
+                smem_peak(g, rings | trial, hw)[0] <= smem_budget(hw, k):
             out = trial
     return out
 
 
 def fits(g: STaskGraph, hw: Hardware) -> str | None:
     """None if the tiling fits the EU with one copy of every register buffer, else why not."""
-    rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
-             if b.space == "smem" and n in ring_users(g)}
+    rings = ring_depths(g)
+    for b, (n, who) in sorted(min_slots(g).items()):
+        if rings[b] < n:
+            return f"ring {b!r} of depth {rings[b]} is released by {who} {n - 1} iteration(s) late: it needs {n} slots"
     k = ctas_of(g.tiling)
-    sm, names = smem_peak(g, rings)
+    sm, names = smem_peak(g, rings, hw)
     if sm > smem_budget(hw, k):
         return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
     budget = consumer_reg_budget(g.groups, hw, k)
     for grp in range(g.groups):
-        need, names = regs_per_thread(g, {}, grp)
+        need, names = regs_per_thread(g, {}, grp, hw)
         if need > budget:
             return f"registers {need}/thread > {budget} ({', '.join(names)})"
     if g.groups * 128 + 128 > hw.max_threads:
@@ -136,8 +141,7 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     q = check_grain()
     cyc = timings(g, hw)
     cp = copies if copies is not None else max_copies(g, hw)
-    rings = {n: int(g.tiling.get("depth", 2)) for n, b in g.buffers().items()
-             if b.space == "smem" and n in ring_users(g)}
+    rings = ring_depths(g)
     prec = [(u, v, d, lat // q) for u, v, d, lat, _ in precedences(g, cyc, hw, rings, cp)]
     tm = {t: Timing(x.stream, tuple((r, o // q, n // q) for r, o, n in x.uses), x.latency // q) for t, x in cyc.items()}
     res: dict[str, list[tuple[str, int, int]]] = {}

@@ -1,0 +1,69 @@
+"""The compiler in the loop: lower, emit and compile a schedule's kernel and read what the compiler says.
+
+Registered with ptsolve (entry points ``ptsolve.kernel_checkers``: ``sm_90a`` -> ``check_cuda``, ``gfx942`` ->
+``check_hip``), so ``ptsolve.optimize`` can refuse a schedule whose kernel spills registers or whose wgmma pipeline
+ptxas serialises and move on to the next candidate. Compiled binaries are cached by source hash, so a repeated
+check costs a hash lookup.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ptsolve.errors import CodegenError
+from ptsolve.hw import Hardware
+from ptsolve.kernelcheck import KernelCheck
+
+
+def check_cuda(program: Any, hw: Hardware) -> KernelCheck:
+    """nvcc sm_90a: ok when ptxas reports no spill, no serialised wgmma and setmaxnreg honoured (C7507)."""
+    from .cuda import emit
+    from .runtime import compile_kernel, nvcc_path
+
+    t0 = time.perf_counter()
+    try:
+        ks = emit(program, hw)
+    except CodegenError as e:
+        return KernelCheck("unsupported", str(e), seconds=time.perf_counter() - t0)
+    try:
+        nvcc_path()
+    except CodegenError:
+        return KernelCheck("not compile-checked", "nvcc not found (install the CUDA toolkit or set $NVCC)",
+                           ks.name, seconds=time.perf_counter() - t0)
+    try:
+        rep = compile_kernel(ks).report
+    except CodegenError as e:
+        return KernelCheck("rejected", f"nvcc failed: {str(e).splitlines()[-1][:200]}", ks.name,
+                           seconds=time.perf_counter() - t0)
+    spill = rep["spill_stores"] + rep["spill_loads"]
+    ignored = any("C7507" in w for w in rep["warnings"])
+    why = "; ".join(x for x in (f"{spill} bytes of register spills" if spill else "",
+                                "ptxas serialises the wgmma pipeline (C751x)" if rep["wgmma_serialized"] else "",
+                                "setmaxnreg ignored (C7507)" if ignored else "") if x)
+    return KernelCheck("rejected" if why else "ok", why, ks.name, rep["registers"], spill, rep["wgmma_serialized"],
+                       time.perf_counter() - t0)
+
+
+def check_hip(program: Any, hw: Hardware) -> KernelCheck:
+    """clang-19 gfx942: ok when the code object has no VGPR/SGPR spill and no scratch."""
+    from .hip import emit
+    from .hip.compile import clang_path, compile
+
+    t0 = time.perf_counter()
+    try:
+        src = emit(program, hw)
+    except CodegenError as e:
+        return KernelCheck("unsupported", str(e), seconds=time.perf_counter() - t0)
+    if clang_path() is None:
+        return KernelCheck("not compile-checked", "clang-19 not found (bash .ci/hip_toolchain.sh installs it)",
+                           seconds=time.perf_counter() - t0)
+    try:
+        rep = compile(src)
+    except CodegenError as e:
+        return KernelCheck("rejected", f"clang failed: {str(e).splitlines()[-1][:200]}",
+                           seconds=time.perf_counter() - t0)
+    spill = rep.vgpr_spill + rep.sgpr_spill
+    why = "; ".join(x for x in (f"{spill} spilled registers" if spill else "",
+                                f"{rep.scratch_bytes} bytes of scratch per lane" if rep.scratch_bytes else "") if x)
+    return KernelCheck("rejected" if why else "ok", why, rep.name, rep.vgpr + rep.agpr, spill, False,
+                       time.perf_counter() - t0)

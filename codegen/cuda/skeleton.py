@@ -1,0 +1,411 @@
+"""The one CUDA sm_90a skeleton: any KernelIR plus an operator's task bodies -> a warp-specialised kernel.
+
+Everything about the pipeline comes from the KernelIR (``codegen.lower``): the shared-memory carve-up, the
+mbarriers and their counts, setmaxnreg, the role split, each role's prologue / software-pipelined loop /
+epilogue (``schedule.emit_loop``), the wgmma waits, the full-barrier waits at a ring's first reader, the
+empty-barrier arrivals at its release points, the tensor-core turns, the persistent tile loop. An operator
+(``OpKernel``) adds only what differs: its device functions, constants, how a tile index becomes
+coordinates and a trip count, its register declarations, the C++ of each task body and its tensor maps.
+
+A task body sees, besides the operator's names: ``it_`` (its reduction iteration), ``<buf>_cur`` (the slot of
+every shared-memory buffer it touches, as ``uint8_t*``), ``fbar_`` (a load's full barrier), ``lane``, ``w``
+(warp in the warpgroup), ``g`` (consumer warpgroup), ``WG_BAR`` (a named barrier of its own warpgroup) and,
+for a double-buffered register copy, the parity of its iteration (the ``parity`` argument).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ptsolve.errors import CodegenError
+
+from ..kernel_ir import KernelIR, Ring, Role
+from ..protocol import check as check_protocol
+from ..protocol import loops, turns
+from .common import PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, setup
+from .schedule import emit_loop, wait_depths
+
+Body = Callable[["Task"], str]
+# A task body may mark where it has done its last read of the shared memory it frees: an "end" release (the slot is
+# free once a synchronous task no longer reads it) is emitted there instead of after the whole body, so the
+# producer can refill the slot while the task finishes work in registers.
+LAST_READ = "  /*pts:last-read*/"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task instance as a body sees it: ``name`` (graph name), ``base`` (without ``@g``), ``role``,
+    ``it`` (C expression of its iteration), ``parity`` (0/1 for double-buffered registers, else None),
+    ``phase``."""
+
+    name: str
+    role: Role
+    it: str
+    parity: int | None
+    phase: str
+    ir: KernelIR
+
+    @property
+    def base(self) -> str:
+        return self.name.split("@")[0]
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    """What one operator adds to the skeleton (see the module doc). ``signature``: (launch argument kind:name,
+    C parameter) pairs after the tensor maps; ``tiles(ir)`` -> (number of tiles, C++ that turns ``tile`` into
+    the operator's coordinates and ``const int T`` (trip count) and may set ``skip_`` for a tile with nothing to
+    do); ``trips(ir)``: the trip count as an int when every tile has the same compile-time one, else ``"T"``."""
+
+    op: str
+    check: Callable[[KernelIR], None]
+    device: Callable[[KernelIR], str]
+    consts: Callable[[KernelIR], str]
+    maps: Callable[[KernelIR], tuple[TensorMapSpec, ...]]
+    signature: Callable[[KernelIR], tuple[tuple[str, str], ...]]
+    tiles: Callable[[KernelIR], tuple[int, str]]
+    decls: Callable[[KernelIR, Role], str]
+    body: Body
+    trips: Callable[[KernelIR], int | str] = lambda ir: "T"
+    min_trips: int = 1
+    info: Callable[[KernelIR], dict[str, Any]] = field(default=lambda ir: {})
+
+
+REGISTRY: dict[str, OpKernel] = {}
+
+# The instrumented build (KernelIR.profile, codegen.profile): PROF_CTAS sampled CTAs (the first tile of each), one
+# region per (CTA, role): a header of PROF_HDR words (SM id, %globaltimer ns and clock64 when the role starts) and
+# up to cap records of PROF_REC words (meta, clock64 before the task's waits, after them, after its body); meta =
+# 1<<63 | phase<<56 | task index<<32 | iteration. One elected thread per role writes.
+PROF_CTAS = 4
+PROF_HDR = 4
+PROF_REC = 4
+PROF_CAP_MAX = 4096
+PHASE_CODE = {"pre": 0, "loop": 1, "post": 2}
+
+
+def prof_cap(ir: KernelIR) -> int:
+    """Records per (sampled CTA, role): every task instance of the longest tile, at most PROF_CAP_MAX."""
+    per = max(len(r.pre) + len(r.post) + len(r.loop) * ir.trips for r in ir.roles)
+    return min(PROF_CAP_MAX, per)
+
+
+def prof_words(ir: KernelIR) -> int:
+    """uint64 words of the profile buffer of ``ir``'s instrumented kernel."""
+    return PROF_CTAS * len(ir.roles) * (PROF_HDR + PROF_REC * prof_cap(ir))
+
+
+PROF_FNS = r"""
+__device__ __forceinline__ uint64_t pts_clock() {
+  uint64_t t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) :: "memory"); return t;
+}
+__device__ __forceinline__ uint64_t pts_gtime() {
+  uint64_t t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+__device__ __forceinline__ uint32_t pts_smid() {
+  uint32_t s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s;
+}
+__device__ __forceinline__ void pts_rec(uint64_t* pr, int& n, int cap, uint64_t meta, uint64_t t0, uint64_t t1,
+                                        uint64_t t2) {
+  if (pr != nullptr && n < cap) {
+    uint64_t* r = pr + 4 + 4 * n;
+    r[0] = meta; r[1] = t0; r[2] = t1; r[3] = t2;
+    ++n;
+  }
+}
+"""
+
+
+def _cname(buf: str) -> str:
+    return buf.split("@")[0]
+
+
+def _regbufs(ir: KernelIR, role: Role) -> int:
+    """Register buffers a role double-buffers: 2 when any of its register copies is 2 (loop unrolled by two)."""
+    own = {b for n, _ in role.loop for b in ir.task(n).regs}
+    n = max((ir.copies.get(b, 1) for b in own), default=1)
+    if n > 2:
+        raise CodegenError(f"{role.name}: {n} register copies of one buffer; the skeleton double-buffers at most")
+    return n
+
+
+def _ptr(ir: KernelIR, buf: str, slot: str | None) -> str:
+    s = ir.buffer(buf)
+    base = f"smem + {s.offset}"
+    return f"{base} + ({slot}) * {s.stride}" if slot is not None and s.slots > 1 else base
+
+
+def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
+    """CUDA C++ source and launch metadata of ``ir``; CodegenError when its operator has no task bodies here,
+    the operator refuses the shape, or the synchronisation could deadlock (``codegen.protocol.check``)."""
+    if ir.op not in REGISTRY:
+        raise CodegenError(f"the CUDA generator emits {sorted(REGISTRY)}, not {ir.op!r}")
+    opk = REGISTRY[ir.op]
+    opk.check(ir)
+    check_protocol(ir)
+    pid = plan_id or hashlib.sha256(ir.to_json().encode()).hexdigest()[:8]
+    lo = loops(ir)
+    tn = turns(ir, lo)
+    W = ir.groups
+    rings = {r.name: r for r in ir.rings}
+    pre = rings.get("pre")
+    loop_rings = [r for r in ir.rings if r.phase == "loop"]
+    fill_of = {t: r for r in ir.rings for t, _ in r.fills}
+    ring_of_buf = {b: r for r in loop_rings for b in r.buffers}
+    trips = opk.trips(ir)
+    ntiles, decode = opk.tiles(ir)
+
+    def pointers(task: str, slot_expr: str) -> list[str]:
+        out = []
+        for b in ir.task(task).smem:
+            r = ring_of_buf.get(b)
+            if r is not None:
+                out.append(f"  uint8_t* const {_cname(b)}_cur = {_ptr(ir, b, f'({slot_expr}) % {r.depth}')};")
+            elif ir.buffer(b).slots > 1 or ir.buffer(b).role:
+                out.append(f"  uint8_t* const {_cname(b)}_cur = {_ptr(ir, b, f'(it_) % {ir.buffer(b).slots}')};")
+        return out
+
+    task_id = {t.name: k for k, t in enumerate(ir.tasks)}
+
+    def probe(var: str) -> str:
+        return f"  const uint64_t {var} = pts_clock();" if ir.profile else ""
+
+    def record(name: str, phase: str, it: str = "it_") -> str:
+        if not ir.profile:
+            return ""
+        meta = f"(1ull << 63) | ({PHASE_CODE[phase]}ull << 56) | ({task_id[name]}ull << 32)"
+        return (f"  {probe('p2_').strip()}\n"
+                f"  pts_rec(pr_, pn_, PROF_CAP, {meta} | (uint32_t)({it}), p0_, p1_, p2_);")
+
+    def release(r: Ring, slot: str, generic: bool) -> str:
+        fence = '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if generic else ""
+        return f"{fence}    __syncwarp();\n    if (lane == 0) mbar_arrive(&{r.name}_empty[({slot}) % {r.depth}]);"
+
+    # ---- producer
+    def prod_body(name: str, it: str, parity: int | None, waits: Any) -> str:
+        r = fill_of[name]
+        nbytes = dict(r.fills)[name]
+        lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
+                 probe("p0_"), f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);", probe("p1_"),
+                 f"  mbar_expect_tx(&{r.name}_full[s_], {nbytes});",
+                 f"  uint64_t* const fbar_ = &{r.name}_full[s_];", *pointers(name, "q_"),
+                 opk.body(Task(name, ir.role("producer"), "it_", None, "loop", ir)), record(name, "loop"), "}"]
+        return "\n".join(x for x in lines if x)
+
+    prod = ir.role("producer")
+    prod_pre = []
+    if pre is not None:
+        prod_pre.append(f"if (PERSISTENT) mbar_wait(pre_empty, (lt & 1) ^ 1);  // the previous tile is done with "
+                        f"{', '.join(pre.buffers)}")
+        for name, _ in prod.pre:
+            if name in dict(pre.fills):
+                prod_pre.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
+                                      f"  mbar_expect_tx(pre_full, {dict(pre.fills)[name]});",
+                                      "  uint64_t* const fbar_ = pre_full;",
+                                      opk.body(Task(name, prod, "0", None, "pre", ir)), record(name, "pre", "0"),
+                                      "}"))
+    prod_code = emit_loop(lo["producer"], trips, prod_body, 1, {}, min_trips=opk.min_trips)
+    roles_idx = {r.name: k for k, r in enumerate(ir.roles)}
+
+    def prof_head(role: str, recorder: str) -> str:
+        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds)."""
+        if not ir.profile:
+            return ""
+        return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
+                "if (lt == 0 && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
+                f"{recorder}) {{\n"
+                f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {roles_idx[role]}) * "
+                f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
+                "  pr_[0] = pts_smid(); pr_[1] = pts_gtime(); pr_[2] = pts_clock(); pr_[3] = tile;\n}")
+
+    # ---- consumers
+    branches = []
+    for role in (r for r in ir.roles if r.group >= 0):
+        rn, loop = role.name, lo[role.name]
+        names = {n for n, _ in role.loop}
+        commits = {t for t in ir.commits if t in names}
+        needs = {t: list(v) for t, v in ir.waits.items() if t in names}
+        steady = wait_depths(loop, commits, needs)
+        nbuf = _regbufs(ir, role)
+        waiter_of = {t: [r for r in loop_rings if (rn, t) in r.waiters] for t in names}
+        rel = {t: [(r, x) for r in loop_rings for x in r.releases if x.role == rn and x.task == t] for t in names}
+
+        def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
+                 role: Role = role, commits: set[str] = commits, needs: dict = needs,  # noqa: B008
+                 waiter_of: dict = waiter_of, rel: dict = rel) -> str:
+            lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;", probe("p0_")]
+            depth = (0 if waits is None else waits.get("depth")) if name in needs else None
+            if depth is not None and name not in commits:
+                lines.append(f"  wg_wait<{depth}>();")
+            for r, x in rel[name]:
+                if x.mode == "wait":
+                    guard = f"if (it_ >= {x.dist}) " if x.dist else ""
+                    lines.append(f"  {guard}{{  // {', '.join(r.buffers)} of iteration it-{x.dist} released\n"
+                                 f"{release(r, f'q_ - {x.dist}', x.generic)}\n  }}")
+            for r in waiter_of[name]:
+                lines.append(f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
+                             f"// {', '.join(r.buffers)} of iteration it_ landed")
+            lines += pointers(name, "q_")
+            lines.append(probe("p1_"))
+            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir))
+            # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
+            ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
+                              f"{release(r, 'q_', x.generic)}\n  }}" for r, x in rel[name] if x.mode == "end")
+            if LAST_READ in body_:
+                body_, ends = body_.replace(LAST_READ, ends), ""
+            lines.append(body_)
+            if depth is not None and name in commits:
+                lines.append(f"  wg_wait<{depth}>();")
+            for r, x in rel[name]:
+                if x.mode == "commit":
+                    lines.append(f"  if (it_ >= 1) {{  // {', '.join(r.buffers)} of iteration it-1 released\n"
+                                 f"{release(r, 'q_ - 1', x.generic)}\n  }}")
+            lines.append(ends)
+            lines += [record(name, "loop"), "}"]
+            return "\n".join(x for x in lines if x)
+
+        code = [f"// ---- consumer warpgroup {role.group}"
+                + "".join(f"; {b}: {c} copies" for b, c in sorted(ir.copies.items())
+                          if b.endswith(f"@{role.group}") and c > 1),
+                f"constexpr int WG_BAR = {W + 1 + role.group};  // a named barrier of this warpgroup alone",
+                "(void)WG_BAR;", opk.decls(ir, role)]
+        tile = [prof_head(rn, "(threadIdx.x & 127) == 0")]
+        pw = dict(pre.waiters).get(rn) if pre is not None else None
+        for name, _ in role.pre:
+            if pw == name:
+                tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
+            if any(ir.task(a).is_async and ir.task(a).phase == "pre" for a in ir.task(name).after):
+                tile.append("wg_wait<0>();  // the prologue's wgmma it reads is complete")
+            tile.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
+                              opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
+        if pw == "":
+            tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
+        turn = None if tn is None else tn.code(rn, 256)
+        tile.append(emit_loop(loop, trips, body, nbuf, steady, commits, min_trips=opk.min_trips, turn=turn))
+        tail = ["wg_wait<0>();  // every wgmma of the tile is complete"]
+        for r in loop_rings:
+            for x in r.releases:
+                if x.role == rn and x.mode in ("wait", "commit"):
+                    for k in range(1, x.dist + 1):
+                        tail.append(f"if (T >= {k}) {{  // {', '.join(r.buffers)} of iteration T-{k}\n"
+                                    f"{release(r, f'rbase + T - {k}', x.generic)}\n}}")
+        if pre is not None and pw is not None:
+            tail.append("if (PERSISTENT) {  // the prologue's buffers are free for the next tile\n"
+                        f"{release_pre(pre, rn)}\n}}")
+        tile += tail
+        for name, _ in role.post:
+            tile.append(block(f"// post: {name}", "{", probe("p0_"), probe("p1_"),
+                              opk.body(Task(name, role, "T - 1", None, "post", ir)), record(name, "post", "T - 1"),
+                              "}"))
+        branches.append((role.group, "\n".join(code), "\n".join(tile)))
+
+    first_turn = "" if tn is None or tn.first is None else (
+        f"if (g == {int(tn.first[0][2:])}) asm volatile(\"bar.arrive {tn.first[1]}, 256;\" ::: \"memory\");  "
+        "// the first turn")
+    cons = " else ".join(f"if (g == {gi}) {{\n{d}\nTILE_LOOP {{\n{t}\nTILE_END\n}}" for gi, d, t in branches)
+
+    # ---- the kernel
+    bars = []
+    offs = ir.barriers
+    inits = []
+    for r in loop_rings:
+        bars.append(f"  uint64_t* const {r.name}_full = reinterpret_cast<uint64_t*>(smem + {offs});")
+        bars.append(f"  uint64_t* const {r.name}_empty = {r.name}_full + {r.depth};")
+        inits.append(f"    for (int s = 0; s < {r.depth}; ++s) {{ mbar_init(&{r.name}_full[s], {len(r.fills)}); "
+                     f"mbar_init(&{r.name}_empty[s], {r.arrivals}); }}")
+        offs += 16 * r.depth
+    bars.append(f"  uint64_t* const pre_full = reinterpret_cast<uint64_t*>(smem + {offs});")
+    bars.append("  uint64_t* const pre_empty = pre_full + 1;")
+    bars.append("  (void)pre_full; (void)pre_empty;")
+    if pre is not None:
+        inits.append(f"    mbar_init(pre_full, {len(pre.fills)}); mbar_init(pre_empty, {pre.arrivals});")
+    pre_ptrs = [f"  uint8_t* const {_cname(b)}_s = smem + {ir.buffer(b).offset}; (void){_cname(b)}_s;"
+                for b in (pre.buffers if pre else ())]
+    maps = opk.maps(ir)
+    extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
+    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opk.signature(ir)]
+    sig += [c for _, c in extra]
+    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opk.signature(ir), *extra))
+    grid_x = min(ntiles, ir.sms) if ir.persistent else ntiles
+    prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
+                   f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
+    name = _kernel_name(ir, pid)
+    prod_regs = next(r.regs for r in ir.roles if r.group < 0)
+    cons_regs = next((r.regs for r in ir.roles if r.group >= 0), 0)
+    dec = f'asm volatile("setmaxnreg.dec.sync.aligned.u32 {prod_regs};");' if prod_regs else ""
+    inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
+    if ir.persistent:
+        head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x, ++lt) {\n"
+                "  bool skip_ = false; (void)skip_;\n" + decode +
+                "\n  if (skip_) continue;")
+        end = "  rbase += T;  // ring position of the next tile's first iteration\n}"
+    else:
+        head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"
+                "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) return;")
+        end = "}"
+    src = f"""// generated by ptsolve codegen.cuda.skeleton ({ir.op}, plan {pid}); see the KernelIR for the protocol
+{PRELUDE}
+{opk.device(ir)}{PROF_FNS if ir.profile else ""}
+{PRELUDE_END}
+extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
+{name}({', '.join(sig)}) {{
+  using namespace pts;
+{opk.consts(ir)}
+  constexpr int NTILES = {ntiles}; (void)NTILES;
+  constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
+{prof_consts}
+  extern __shared__ uint8_t smem_raw[];
+  // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+{chr(10).join(pre_ptrs)}
+{chr(10).join(bars)}
+{setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
+  if (wg == 0) {{
+    {dec}
+    if (threadIdx.x == 0) {{
+      TILE_LOOP {{
+{prof_head("producer", "true")}
+{chr(10).join(prod_pre)}
+{prod_code}
+      TILE_END
+    }}
+  }} else {{
+    {inc}
+    const int g = wg - 1;
+    const int w = (threadIdx.x / 32) & 3;
+    (void)w;
+{first_turn}
+{cons}
+  }}
+}}
+"""
+    src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
+    grid = (min(ntiles, ir.sms), 1, 1) if ir.persistent else (ntiles, 1, 1)
+    if not ir.persistent and ntiles >= 1 << 31:
+        raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")
+    return KernelSource(source=src, name=name, op=ir.op, params=dict(ir.params), grid=grid, block=(ir.threads, 1, 1),
+                        smem_bytes=ir.smem_bytes, tensor_maps=maps, args=args,
+                        persistent_tiles=ntiles if ir.persistent else 0,
+                        info={"tiling": dict(ir.tiling), "consumer_regs": cons_regs, "copies": dict(ir.copies),
+                              "profile_words": prof_words(ir) if ir.profile else 0,
+                              "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
+                              **opk.info(ir)})
+
+
+def block(*lines: str) -> str:
+    """Lines joined, the empty ones (switched-off probes) left out."""
+    return "\n".join(x for x in lines if x)
+
+
+def release_pre(pre: Ring, role: str) -> str:
+    x = next(x for x in pre.releases if x.role == role)
+    fence = '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if x.generic else ""
+    return f"{fence}  __syncwarp();\n  if (lane == 0) mbar_arrive(pre_empty);"
+
+
+def _kernel_name(ir: KernelIR, pid: str) -> str:
+    """pts_<op>_<dtype>_<tiling>_<plan id>: only ints and known words reach the source."""
+    t = "_".join(f"{k.lower()}{int(v)}" for k, v in sorted(ir.tiling.items()))
+    return f"pts_{ir.op}_{ir.params.get('dtype', 'fp16')}_{t}{'_p' if ir.persistent else ''}_{pid}"

@@ -1,0 +1,271 @@
+"""lower: a schedule (an SProgram, or a hand-written KernelPlan) to the KernelIR a skeleton emits.
+
+One path for every operator. The orders come from the schedule; the rings, their fill and release points,
+the wgmma waits and the shared-memory layout from ``ptsolve.protocol`` (the definitions the model used to
+prove the schedule); the register and shared-memory budgets from the hardware table's ``Target``. An order
+that breaks a same-stream dependence of the graph, or a tiling the layout cannot fit, is a CodegenError.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ptsolve import protocol
+from ptsolve.cost import timings
+from ptsolve.errors import CodegenError, PtsolveError
+from ptsolve.hw import Hardware, Target, load
+from ptsolve.ir import STaskGraph
+from ptsolve.program import SProgram
+
+from .cuda.schedule import LoopOrder, check_deps
+from .kernel_ir import KernelIR, Release, Ring, Role, Smem, TaskInfo
+from .plan import PHASES, KernelPlan, plan_from_program
+
+CODEGEN_KEYS = {"persistent": (0, 1)}  # tiling keys the code generator reads and the model does not
+DEFAULT_PERSISTENT = {"gemm": 1}  # GEMM runs on persistent CTAs unless told otherwise; the others launch a grid
+WARPS = 4  # warps of a warpgroup: each warp's lane 0 arrives on an empty barrier
+
+
+def graph_of(plan: KernelPlan, hw: Hardware) -> STaskGraph:
+    """The sTask-graph a plan schedules (the operator rebuilt from its parameters and tiling)."""
+    from ptsolve import ops
+
+    try:
+        op = ops.make(plan.op, **dict(plan.params))
+        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS})
+    except PtsolveError as e:
+        raise CodegenError(f"plan for {plan.op}: {e}") from e
+    except TypeError as e:
+        raise CodegenError(f"plan for {plan.op}: parameters or tiling are malformed ({e})") from e
+
+
+def _roles(plan: KernelPlan, g: STaskGraph) -> list[str]:
+    return ["producer"] + [f"wg{k}" for k in range(g.groups)]
+
+
+def _check_order(plan: KernelPlan, g: STaskGraph) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """phase -> role -> [(task, stage)]: every task of the graph exactly once, in its phase and on its stream."""
+    tm = {t.name: ("producer" if t.group < 0 else f"wg{t.group}") for t in g.tasks}
+    if not isinstance(plan.order, Mapping) or set(plan.order) - set(PHASES):
+        raise CodegenError(f"plan.order must map phases {PHASES} to roles")
+    roles = _roles(plan, g)
+    out: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    for ph in PHASES:
+        got = plan.order.get(ph, {})
+        if not isinstance(got, Mapping) or set(got) - set(roles):
+            raise CodegenError(f"plan.order[{ph!r}] must map roles {roles} to task lists, got {sorted(map(str, got))}")
+        out[ph] = {}
+        for r in roles:
+            want = sorted(t.name for t in g.phase(ph) if tm[t.name] == r)
+            seq = []
+            for item in got.get(r, []):
+                if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str) \
+                        or isinstance(item[1], bool) or not isinstance(item[1], int):
+                    raise CodegenError(f"{ph}/{r}: entries must be (task name, stage), got {item!r}")
+                if not 0 <= item[1] <= (7 if ph == "loop" else 0):
+                    raise CodegenError(f"{ph}/{r}: stage of {item[0]!r} must be in [0, {7 if ph == 'loop' else 0}]")
+                seq.append((item[0], item[1]))
+            if sorted(n for n, _ in seq) != want:
+                raise CodegenError(f"{ph}/{r}: tasks {[n for n, _ in seq]} must be exactly {want}, each once")
+            if ph != "loop":  # the prologue and epilogue run once, in this order: it must respect the graph
+                pos = {n: k for k, (n, _) in enumerate(seq)}
+                for e in g.edges:
+                    if e.src in pos and e.dst in pos and pos[e.src] > pos[e.dst]:
+                        raise CodegenError(f"{ph}/{r}: {e.dst} is issued before {e.src}, which it depends on")
+            out[ph][r] = seq
+    return out
+
+
+def _deps(g: STaskGraph, tm: dict[str, Any], hw: Hardware, rings: dict[str, int], copies: dict[str, int],
+          role: str) -> dict[str, list[tuple[str, int]]]:
+    """Same-stream precedences of the model among the role's loop tasks, as check_deps wants them:
+    task -> [(task it needs issued before, iteration offset)]."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    loop = {t.name for t in g.phase("loop")}
+    for u, w, d, _, _ in protocol.precedences(g, tm, hw, rings, copies):
+        if u in loop and w in loop and tm[u].stream == tm[w].stream == role and u != w:
+            out.setdefault(w, []).append((u, -d))
+    return out
+
+
+def _order_ok(g: STaskGraph, tm: dict[str, Any], hw: Hardware, rings: dict[str, int], copies: dict[str, int],
+              loops: dict[str, LoopOrder]) -> bool:
+    try:
+        for r, lo in loops.items():
+            check_deps(r, lo, _deps(g, tm, hw, rings, copies, r))
+    except CodegenError:
+        return False
+    return True
+
+
+def _first(order: LoopOrder, tasks: set[str]) -> str | None:
+    """The task of ``tasks`` that a role issues first for one (steady) iteration."""
+    it = order.stages + 2
+    for _, name, i in order.flatten(it + order.stages + 1):
+        if i == it and name in tasks:
+            return name
+    return None
+
+
+def _source(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None
+            ) -> tuple[KernelPlan, STaskGraph, Hardware, dict[str, int]]:
+    """(plan, graph, hardware, copies named by the schedule) of an SProgram or a KernelPlan."""
+    if isinstance(hw, Target):
+        hw = hw.hw
+    if isinstance(schedule, SProgram):
+        hwt = load(hw or schedule.hw)
+        plan = plan_from_program(schedule, hwt)
+        return plan, schedule.graph, hwt, dict(plan.copies)
+    if isinstance(schedule, KernelPlan):
+        hwt = load(hw or "h100")
+        return schedule, graph_of(schedule, hwt), hwt, dict(schedule.copies or {})
+    raise CodegenError(f"lower() takes an SProgram or a KernelPlan, got {type(schedule).__name__}")
+
+
+def _check_tiling(plan: KernelPlan, g: STaskGraph, copies: dict[str, int]) -> int:
+    """CodegenError for tiling keys neither the model nor the generator reads, bad copies, or a ring too shallow
+    for its release point; returns the persistent flag. Registers are the compiler's to judge (codegen.check
+    compiles and reads ptxas); the model's count goes into the KernelIR."""
+    from ptsolve import ops
+    spec = ops.REGISTRY[g.op]
+    tiling = dict(plan.tiling)
+    extra = sorted(set(tiling) - set(ops.make(g.op, **g.params).tilings()[0]) - set(spec.optional) - set(CODEGEN_KEYS))
+    if extra:
+        raise CodegenError(f"{g.op}: unknown tiling key(s) {extra}")
+    pers = tiling.get("persistent", DEFAULT_PERSISTENT.get(g.op, 0))
+    if isinstance(pers, bool) or pers not in (0, 1):
+        raise CodegenError(f"tiling persistent must be 0 or 1, got {pers!r}")
+    bufs = protocol.copy_buffers(g)
+    if set(copies) - set(bufs) or any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 3
+                                      for c in copies.values()):
+        raise CodegenError(f"plan.copies {copies} must give 1-3 copies of the graph's copy buffers {bufs}")
+    depth = protocol.ring_depths(g)
+    for b, (n, who) in sorted(protocol.min_slots(g).items()):
+        if depth[b] < n:
+            raise CodegenError(f"{g.op}: ring {b!r} of depth {depth[b]} is released by {who} {n - 1} iteration(s) "
+                               f"late; it needs {n} slots")
+    return int(pers)
+
+
+def _loops(order: dict[str, dict[str, list[tuple[str, int]]]], roles: list[str]) -> dict[str, LoopOrder]:
+    """Loop orders: the producer's stages shifted to start at 0, the consumers' by their common minimum (their
+    alignment is what the tensor-core order refers to)."""
+    cbase = min((s for r in roles[1:] for _, s in order["loop"][r]), default=0)
+    out = {}
+    for r in roles:
+        base = min((x for _, x in order["loop"][r]), default=0) if r == "producer" else cbase
+        out[r] = LoopOrder(tuple((n, s - base) for n, s in order["loop"][r]))
+    return out
+
+
+def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[str, LoopOrder],
+           order: dict[str, dict[str, list[tuple[str, int]]]], stream: dict[str, str]) -> tuple[Ring, ...]:
+    """The loop's ring groups (ptsolve.protocol.ring_groups) with each role's first reader and release points,
+    then the prologue's loads as one ring of depth 1 (released at the end of a tile)."""
+    out = []
+    for grp in protocol.ring_groups(g, rings):
+        rels, waiters = [], []
+        for r in roles[1:]:
+            mine = {t for t in grp.readers if stream[t] == r}
+            if mine:
+                waiters.append((r, _first(loops[r], mine)))
+                generic = any(g.task[t].kind != "mma" for t in mine)
+                rels += [Release(r, x.task, x.dist, x.mode, generic) for x in grp.releases if stream[x.freer] == r]
+        out.append(Ring(grp.name, "loop", grp.buffers, grp.depth, tuple((f, g.task[f].bytes) for f in grp.fills),
+                        tuple(waiters), tuple(rels), WARPS * len({x.role for x in rels})))
+    pre = tuple(sorted(b.name for t in g.phase("pre") if t.kind == "load" for b in t.allocs))
+    if pre:
+        waiters, rels = [], []
+        for r in roles[1:]:
+            readers = {t.name for t in g.tasks if stream[t.name] == r and set(t.reads) & set(pre)}
+            if readers:
+                waiters.append((r, next((n for n, _ in order["pre"][r] if n in readers), "")))
+                rels.append(Release(r, "", 0, "tile", any(g.task[t].kind != "mma" for t in readers)))
+        fills = tuple((t.name, t.bytes) for t in g.phase("pre") if t.kind == "load")
+        out.append(Ring("pre", "pre", pre, 1, fills, tuple(waiters), tuple(rels), WARPS * len(rels)))
+    return tuple(out)
+
+
+def _turns(plan: KernelPlan, g: STaskGraph, stream: dict[str, str], turns: bool) -> tuple[bool, str]:
+    """Whether the tensor-core order is enforced, and why not when it is not."""
+    known = {t.name for t in g.phase("loop") if t.kind == "mma"}
+    tc = list(plan.tc_order)
+    if any(x not in known for x in tc) or len(set(tc)) != len(tc):
+        raise CodegenError(f"tc_order {tc} must list distinct loop mma tasks of {sorted(known)}")
+    if len({stream[x] for x in tc}) < 2:
+        return False, "one consumer warpgroup" if g.groups == 1 else "tc_order names fewer than two warpgroups"
+    return (True, "") if turns else (False, "turns switched off (lower(..., turns=False))")
+
+
+def _smem(g: STaskGraph, rings: dict[str, int], copies: dict[str, int], hw: Hardware, ctas: int
+          ) -> tuple[tuple[Smem, ...], protocol.Layout]:
+    """Every shared-memory buffer at the offset of the model's layout; CodegenError beyond the budget."""
+    lay = protocol.smem_layout(g, rings, copies, hw)
+    budget = Target(hw).smem_budget(ctas)
+    if lay.total > budget:
+        raise CodegenError(f"{g.op} tiling {g.tiling} needs {lay.total} B of shared memory, over the {budget} B of "
+                           f"{ctas} CTA(s) per SM on {hw.name}")
+    owner = {b.name: t for t in g.tasks for b in t.allocs}
+    bufs = g.buffers()
+    out = []
+    for n, o in sorted(lay.offsets.items(), key=lambda x: (x[1], x[0])):
+        t = owner[n]
+        slots = rings.get(n, copies.get(n, 1)) if t.phase == "loop" else 1
+        out.append(Smem(n, o, bufs[n].bytes, lay.strides.get(n, bufs[n].bytes), slots,
+                        "" if t.group < 0 else f"wg{t.group}"))
+    return tuple(out), lay
+
+
+def _tasks(g: STaskGraph, stream: dict[str, str]) -> tuple[TaskInfo, ...]:
+    bufs = g.buffers()
+    return tuple(TaskInfo(t.name, t.kind, t.phase, stream[t.name], t.is_async,
+                          tuple(sorted(b for b in {*t.reads, *t.frees, *(x.name for x in t.allocs)}
+                                       if bufs[b].space == "smem")),
+                          tuple(sorted(x.name for x in t.allocs if x.space == "reg")),
+                          tuple(sorted(e.src for e in g.preds(t.name) if stream[e.src] == stream[t.name])))
+                 for t in g.tasks)
+
+
+def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = None, *,
+          persistent: bool | None = None, turns: bool = True, profile: bool = False) -> KernelIR:
+    """The KernelIR of an SProgram (copies trimmed to what its start times use, ``plan.min_copies``) or of a
+    KernelPlan (its own copies; the fewest its order needs where it names none). ``persistent`` overrides the
+    plan's tiling key; ``turns`` False leaves the consumers' tensor-core order unenforced; ``profile`` asks for
+    the instrumented build (codegen.profile)."""
+    from ptsolve import ops
+    from ptsolve.validate import regs_per_thread
+
+    plan, g, hwt, copies = _source(schedule, hw)
+    pers = _check_tiling(plan, g, copies)
+    pers = pers if persistent is None else int(persistent)
+    tgt = Target(hwt)
+    order = _check_order(plan, g)
+    tm = timings(g, hwt)
+    stream = {t: tm[t].stream for t in tm}
+    rings = protocol.ring_depths(g)
+    roles = _roles(plan, g)
+    ctas, W = int(g.tiling.get("ctas", 1)), g.groups
+    loops = _loops(order, roles)
+    for b in protocol.copy_buffers(g):  # a hand plan that names no copies gets the fewest its order needs
+        if b not in copies:
+            copies[b] = next((c for c in (1, 2, 3) if _order_ok(g, tm, hwt, rings, copies | {b: c}, loops)), 3)
+    for r in roles:
+        check_deps(r, loops[r], _deps(g, tm, hwt, rings, copies, r))
+    enforce, note = _turns(plan, g, stream, turns)
+    smem, lay = _smem(g, rings, copies, hwt, ctas)
+    prod_regs = tgt.producer_regs(ctas)
+    out_roles = tuple(Role(r, -1 if r == "producer" else int(r[2:]),
+                           (prod_regs if r == "producer" else tgt.consumer_regs(W, ctas)) if prod_regs else 0,
+                           tuple(order["pre"][r]), loops[r].ops, tuple(order["post"][r])) for r in roles)
+    return KernelIR(
+        op=g.op, params=ops.make(g.op, **g.params).params,  # the operator's defaults for graphs that predate them
+        tiling={k: v for k, v in plan.tiling.items() if k not in CODEGEN_KEYS} | {"ctas": ctas}, target=hwt.name,
+        roles=out_roles, tasks=_tasks(g, stream), rings=_rings(g, rings, roles, loops, order, stream),
+        waits={t: tuple(v) for t, v in protocol.waits(g, copies).items() if g.task[t].phase == "loop"},
+        commits=tuple(sorted(t.name for t in g.phase("loop") if t.kind == "mma" and t.is_async)),
+        tc_order=tuple(plan.tc_order), turns=enforce, turns_note=note,
+        copies={b: copies[b] for b in protocol.copy_buffers(g)}, smem=smem, barriers=lay.barriers,
+        smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
+        predicted_ii=int(plan.ii), trips=g.trip_count,
+        model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
+        profile=profile)

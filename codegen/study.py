@@ -1,0 +1,170 @@
+"""The measured-selection and fidelity study: many schedules per configuration, timed in one device call.
+
+CPU (solvers, nvcc; writes the candidates, travels with the repository)::
+
+    python3 -m codegen.study prepare --out results/study_h200/candidates.json [--top-k 4] [--only NAME,...]
+
+For every configuration (the paper's training set and the held-out shapes of ``HELD_OUT``): the ``top_k`` best
+distinct compile-clean schedules of CP-SAT (ptsolve.tune.candidates) and of greedy (PipeThreader's procedure:
+greedy schedules over all tilings, ranked by greedy's own prediction), each with its predicted time.
+
+GPU (one call; no solver needed)::
+
+    python3 -m codegen.study run results/study_h200/candidates.json --out $OUT [--profile N]
+
+Every kernel is checked on a reduced shape first (codegen.round.check), then all schedules of a configuration and
+its library baseline (SDPA cuDNN, cuBLAS, or mamba_ssm's Triton kernels) are timed in one time_many call at the
+full shape; the first ``--profile`` schedules of each training configuration are profiled (codegen.profile) for
+the calibration's timelines. Writes ``study.json`` (every time, check, profile summary) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# shapes real users run that the paper's suite does not have (../shared/shapes.md): the held-out set
+HELD_OUT: dict[str, tuple[str, dict[str, Any]]] = {
+    "H_qwen7b_b4_s1000_c": ("flash_attention", {"batch": 4, "heads": 28, "kv_heads": 4, "seq": 1000, "head_dim": 128,
+                                                "causal": True}),
+    "H_qwen05b_b4_s2047": ("flash_attention", {"batch": 4, "heads": 14, "kv_heads": 2, "seq": 2047, "head_dim": 64}),
+    "H_gpt2_b16_s511_c": ("flash_attention", {"batch": 16, "heads": 12, "kv_heads": 12, "seq": 511, "head_dim": 64,
+                                              "causal": True}),
+    "H_llama8b_prefill_1000_4097_c": ("flash_attention", {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 1000,
+                                                          "seq_kv": 4097, "head_dim": 128, "causal": True}),
+    "H_llama70b_b1_s8192_c": ("flash_attention", {"batch": 1, "heads": 64, "kv_heads": 8, "seq": 8192,
+                                                  "head_dim": 128, "causal": True}),
+    "H_gemm_1000": ("gemm", {"M": 1000, "N": 1000, "K": 1000}),
+    "H_gemm_4096x14336x4096": ("gemm", {"M": 4096, "N": 14336, "K": 4096}),
+    "H_gemm_128x4096x4096": ("gemm", {"M": 128, "N": 4096, "K": 4096}),
+    "H_cs_370m_b16_s2048": ("mamba2_chunk_scan", {"batch": 16, "seq": 2048, "heads": 32, "head_dim": 64,
+                                                  "d_state": 128, "chunk": 256}),
+    "H_st_q128_n64_b4_s1000": ("mamba2_chunk_state", {"batch": 4, "seq": 1000, "heads": 24, "head_dim": 64,
+                                                      "d_state": 64, "chunk": 128}),
+}
+TRAINING = ("FA2", "FA3", "FA3c", "FA13c", "FA14", "GEMM1", "GEMM3", "CS0", "CS3", "ST0", "ST3")
+
+
+def configs(only: tuple[str, ...] = ()) -> dict[str, tuple[str, dict[str, Any], bool]]:
+    """name -> (op, params, held out?) of the study's configurations."""
+    from ptsolve.suites import operator, paper
+    cfg = {c["name"]: c for c in paper()}
+    out = {n: (operator(cfg[n]).op, dict(operator(cfg[n]).params), False) for n in TRAINING}
+    out |= {n: (op, p, True) for n, (op, p) in HELD_OUT.items()}
+    return {k: v for k, v in out.items() if not only or k in only}
+
+
+def prepare(out: Path, hw: str = "h200", top_k: int = 4, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Solve and compile-check the candidates of every configuration; write them as JSON."""
+    from ptsolve import ops
+    from ptsolve.tune import candidates
+
+    doc: dict[str, Any] = {"hw": hw, "top_k": top_k, "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+                           "configs": {}}
+    for name, (op, params, held) in configs(only).items():
+        o = ops.make(op, **params)
+        entry: dict[str, Any] = {"op": op, "params": o.params, "held_out": held, "candidates": [], "rejected": {}}
+        for solver in ("cpsat", "greedy"):
+            cands, rejected = candidates(o, hw, top_k, solver)
+            entry["rejected"][solver] = [[t, why] for t, why in rejected]
+            for c in cands:
+                entry["candidates"].append({"label": f"{solver}{c.rank}", "policy": solver, "rank": c.rank,
+                                            "tiling": c.tiling, "predicted_us": c.result.predicted_us,
+                                            "check": c.check.status, "program": c.result.program.to_json()})
+        doc["configs"][name] = entry
+        print(f"{name}: " + ", ".join(f"{c['label']} {c['predicted_us']:.1f}" for c in entry["candidates"])
+              + "".join(f"; {s} rejected {len(r)}" for s, r in entry["rejected"].items() if r), flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def _time(op: str, params: dict[str, Any], plans: dict[str, Any]) -> dict[str, float]:
+    """Median µs of each plan's kernel and of the library baseline at the full shape, one time_many call."""
+    from ptsolve.ops import make
+
+    from .round import _time as round_time
+    g = make(op, **params).graph(make(op, **params).tilings()[0])
+    r = round_time(g, plans)
+    return {k[:-3]: v for k, v in r.items() if k.endswith("_us")}
+
+
+def run(cands: Path, out: Path, profile: int = 1) -> int:
+    """Check, time and (for training configurations) profile every candidate; write study.json."""
+    import torch
+
+    from ptsolve.program import SProgram
+
+    from .bench import precompile
+    from .plan import plan_from_program
+    from .profile import measure
+    from .round import check
+
+    doc = json.loads(cands.read_text())
+    hw = doc["hw"]
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "candidates_date": doc["date"], "configs": {}}
+    t0 = time.time()
+    allplans = {}
+    for name, e in doc["configs"].items():
+        for c in e["candidates"]:
+            allplans[(name, c["label"])] = plan_from_program(SProgram.from_json(c["program"]), hw)
+    precompile(list(allplans.values()))
+    print(f"compiled {len(allplans)} kernels in {time.time() - t0:.0f} s", flush=True)
+    for name, e in doc["configs"].items():
+        plans, checks = {}, {}
+        for c in e["candidates"]:
+            p = allplans[(name, c["label"])]
+            ck = check(e["op"], c["label"], p)
+            checks[c["label"]] = {"rel_err": ck["rel_err"], "ok": bool(ck["ok"])}
+            if ck["ok"]:
+                plans[c["label"]] = p
+        times = _time(e["op"], e["params"], plans) if plans else {}
+        profs = {}
+        if not e["held_out"]:
+            for c in [c for c in e["candidates"] if c["rank"] < profile and c["label"] in plans]:
+                try:
+                    pr, _ = measure(SProgram.from_json(c["program"]), hw)
+                    starts = {f"{ev.task}|{ev.iteration}": ev.t1 for ev in pr.events if ev.cta == 0}
+                    trip = 1 + max((ev.iteration for ev in pr.events if ev.cta == 0 and ev.phase == "loop"),
+                                   default=0)
+                    profs[c["label"]] = {"ii": pr.ii, "span": pr.span, "kernel_us": pr.kernel_us,
+                                         "instrumented_us": pr.instrumented_us, "trip": trip, "starts": starts}
+                except Exception as ex:  # noqa: BLE001 - a failed profile must not lose the timings
+                    profs[c["label"]] = {"error": f"{type(ex).__name__}: {ex}"}
+        res["configs"][name] = {"op": e["op"], "params": e["params"], "held_out": e["held_out"], "checks": checks,
+                                "measured_us": times, "profiles": profs}
+        best = min(((v, k) for k, v in times.items() if k in plans), default=(math.nan, "-"))
+        print(f"{name}: best {best[1]} {best[0]:.1f} µs; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()),
+              flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "study.json").write_text(json.dumps(res, indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
+    return 0 if all(c["ok"] for r in res["configs"].values() for c in r["checks"].values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare", help="solve and compile-check the candidates (CPU)")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--hw", default="h200")
+    pr.add_argument("--top-k", type=int, default=4)
+    pr.add_argument("--only", default="")
+    ru = sub.add_parser("run", help="check, time and profile them (GPU)")
+    ru.add_argument("candidates")
+    ru.add_argument("--out", required=True)
+    ru.add_argument("--profile", type=int, default=1, help="profile the best N schedules of each training config")
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        prepare(Path(a.out), a.hw, a.top_k, tuple(x for x in a.only.split(",") if x))
+        return 0
+    return run(Path(a.candidates), Path(a.out), a.profile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

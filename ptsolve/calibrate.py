@@ -1,0 +1,218 @@
+"""Calibration: fit the hardware table's estimated entries to what generated kernels measured on the GPU.
+
+A ``Sample`` is one schedule (an SProgram) and what its kernel measured: the kernel time (µs) and, where the
+profiler ran (codegen.profile), the steady-state initiation interval (SM clock cycles). The forward model is the
+replay of the schedule's own orders under candidate constants (``simulate(..., mode="asap")``: every task starts as
+soon as its inputs, its resources and its ring slot allow), so a fit moves the constants, not the schedules. The
+fit minimises the mean squared log ratio of predicted to measured kernel times (and IIs, where measured) by a
+deterministic coordinate search in log space over ``FIT``; ``evaluate`` reports MAPE, Spearman rank correlation
+within a configuration and exact-vs-greedy sign agreement on held-out samples. ``write`` stores the fitted values
+as ``<hw>.calibrated.json`` beside the table (ptsolve.hw loads it by default) with their provenance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import PtsolveError
+from .hw import HERE, Hardware
+from .program import SProgram
+from .simulate import simulate
+
+# the entries the tables mark as estimates (besides the datasheet numbers), each with its search range
+FIT: dict[str, tuple[float, float]] = {
+    "mem_latency": (100, 2000), "l2_bytes_per_clk": (8, 128), "tc_fixed": (0, 512), "tc_latency": (0, 512),
+    "barrier_cycles": (8, 512), "issue_cycles": (4, 256), "vector_efficiency": (0.1, 1.0), "launch_us": (0, 20),
+}
+INTS = {"mem_latency", "tc_fixed", "tc_latency", "barrier_cycles", "issue_cycles"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured kernel: ``name`` (e.g. FA3_cpsat), ``config`` (FA3: samples of one configuration are ranked
+    against each other), ``policy``, the schedule, its measured kernel time (µs) and measured II (cycles, or None)."""
+
+    name: str
+    config: str
+    policy: str
+    program: SProgram
+    kernel_us: float
+    ii: float | None = None
+    # the profiler's timeline of one CTA: its trip count and the start of each (task, iteration) after its
+    # waits, cycles from the CTA's first probe
+    trip: int = 0
+    starts: dict[tuple[str, int], float] = field(default_factory=dict, compare=False)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def predicted(s: Sample, hw: Hardware) -> tuple[float, float]:
+    """(kernel µs, steady II in cycles) of the sample's schedule replayed as soon as possible under ``hw``."""
+    tl = simulate(s.program, hw, mode="asap")
+    starts: dict[str, list[tuple[int, int]]] = {}
+    for e in tl.events:
+        if s.program.graph.task[e.task].phase == "loop":
+            starts.setdefault(e.task, []).append((e.iteration, e.start))
+    meds = []
+    for xs in starts.values():
+        xs.sort()
+        d = [b[1] - a[1] for a, b in zip(xs, xs[1:]) if 2 <= a[0] and b[0] <= xs[-1][0] - 2]
+        if d:
+            meds.append(statistics.median(d))
+    return tl.kernel_us, float(statistics.median(meds)) if meds else float("nan")
+
+
+def replayed_starts(s: Sample, hw: Hardware) -> dict[tuple[str, int], float]:
+    """Start of every (task, iteration) when one CTA of the sample's measured trip count replays under ``hw``."""
+    from .simulate import replay
+    ev, _ = replay(s.program, hw, s.trip, "asap")
+    return {(e.task, e.iteration): float(e.start) for e in ev}
+
+
+TIMELINE_OFFSET = 2000.0  # cycles added to both sides of a start-time ratio, so the first tasks do not dominate
+
+
+def loss(samples: Sequence[Sample], hw: Hardware) -> float:
+    """Mean squared log ratio of predicted to measured kernel times, plus that of the IIs where measured, plus the
+    mean squared log ratio of replayed to measured task start times where a timeline was measured."""
+    terms = []
+    for s in samples:
+        us, ii = predicted(s, hw)
+        terms.append(math.log(us / s.kernel_us) ** 2)
+        if s.ii and s.ii > 0 and ii == ii and ii > 0:
+            terms.append(math.log(ii / s.ii) ** 2)
+        if s.starts and s.trip:
+            rep = replayed_starts(s, hw)
+            common = [k for k in s.starts if k in rep]
+            if common:
+                terms.append(sum(math.log((rep[k] + TIMELINE_OFFSET) / (s.starts[k] + TIMELINE_OFFSET)) ** 2
+                                 for k in common) / len(common))
+    return sum(terms) / len(terms)
+
+
+def _set(hw: Hardware, k: str, v: float) -> Hardware:
+    lo, hi = FIT[k]
+    v = min(hi, max(lo, v))
+    return replace(hw, **{k: int(round(v)) if k in INTS else float(v)})
+
+
+def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(FIT), rounds: int = 6,
+        progress: Callable[[str], None] | None = None) -> tuple[Hardware, list[float]]:
+    """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by pattern search in log
+    space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range), keeping
+    improvements; a sweep that improves nothing halves the step; ``rounds`` halvings in all (at most 8 sweeps per
+    step). Returns the fitted table and the loss after each sweep."""
+    if not samples:
+        raise PtsolveError("calibrate: no samples to fit; give measured schedules (codegen.profile output)")
+    bad = sorted(set(params) - set(FIT))
+    if bad:
+        raise PtsolveError(f"calibrate: cannot fit {bad}; fittable entries are {sorted(FIT)}")
+    best, cur = hw, loss(samples, hw)
+    hist = [cur]
+    step = 0.5
+    for _round in range(rounds):
+        for _sweep in range(8):
+            before = cur
+            for k in params:
+                v0 = float(getattr(best, k))
+                cands = sorted({v0 * (1 + step), v0 / (1 + step), v0 * (1 + step / 2), v0 / (1 + step / 2)}
+                               | ({0.0} if FIT[k][0] == 0 else set()) | ({FIT[k][0] + 1} if v0 == 0 else set()))
+                for v in cands:
+                    trial = _set(best, k, v)
+                    if getattr(trial, k) == getattr(best, k):
+                        continue
+                    lv = loss(samples, trial)
+                    if lv < cur - 1e-12:
+                        best, cur = trial, lv
+            hist.append(cur)
+            if cur >= before - 1e-12:
+                break
+        if progress:
+            progress(f"step {step:.4f}: loss {cur:.5f} " + " ".join(f"{k}={getattr(best, k)}" for k in params))
+        step /= 2
+    return best, hist
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN for fewer than 3 values or a constant side."""
+    if len(a) < 3:
+        return float("nan")
+
+    def ranks(x: Sequence[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return cov / math.sqrt(va * vb) if va and vb else float("nan")
+
+
+def evaluate(samples: Sequence[Sample], hw: Hardware) -> dict[str, Any]:
+    """Fidelity on ``samples``: per sample predicted and measured µs; MAPE of the kernel time; Spearman within each
+    configuration with at least 3 schedules; the share of configurations with a greedy and an exact sample whose
+    predicted and measured exact-vs-greedy speedups have the same sign (a tie counts as agreeing with a tie)."""
+    rows, by = [], {}
+    for s in samples:
+        us, ii = predicted(s, hw)
+        rows.append({"name": s.name, "config": s.config, "policy": s.policy, "pred_us": us, "meas_us": s.kernel_us,
+                     "err": us / s.kernel_us - 1, "pred_ii": ii, "meas_ii": s.ii})
+        by.setdefault(s.config, []).append(rows[-1])
+    rho = {c: spearman([r["pred_us"] for r in rs], [r["meas_us"] for r in rs]) for c, rs in by.items() if len(rs) >= 3}
+    signs = []
+    for rs in by.values():
+        g = [r for r in rs if r["policy"] == "greedy"]
+        x = [r for r in rs if r["policy"] == "cpsat"]
+        if g and x:
+            def sgn(v: float) -> int:
+                return 0 if abs(v) < 0.01 else (1 if v > 0 else -1)
+            signs.append(sgn(g[0]["pred_us"] / x[0]["pred_us"] - 1) == sgn(g[0]["meas_us"] / x[0]["meas_us"] - 1))
+    return {"rows": rows, "mape": sum(abs(r["err"]) for r in rows) / len(rows) if rows else float("nan"),
+            "spearman": rho, "sign_agreement": sum(signs) / len(signs) if signs else float("nan"),
+            "sign_configs": len(signs)}
+
+
+def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None = None) -> Path:
+    """``<name>.calibrated.json`` (beside the built-in tables unless ``path``) with every fitted entry that differs
+    from ``base``, each with ``provenance`` as its source; ptsolve.hw.load overlays it on the table."""
+    out = {k: {"value": getattr(hw, k), "source": f"ptsolve.calibrate: {provenance} (table value "
+                                                  f"{getattr(base, k)})"}
+           for k in FIT if getattr(hw, k) != getattr(base, k)}
+    p = Path(path) if path else HERE / f"{hw.name}.calibrated.json"
+    p.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    return p
+
+
+def samples_from_study(candidates: dict[str, Any], study: dict[str, Any]) -> list[Sample]:
+    """Samples of a codegen.study run: every schedule that passed its check and was timed, with the profiler's II and
+    timeline where it was profiled; ``meta['held_out']`` says whether its configuration is held out."""
+    out = []
+    for name, e in candidates["configs"].items():
+        got = study["configs"].get(name)
+        if not got:
+            continue
+        for c in e["candidates"]:
+            us = got["measured_us"].get(c["label"])
+            if us is None or not got["checks"].get(c["label"], {}).get("ok"):
+                continue
+            prof = got.get("profiles", {}).get(c["label"], {})
+            starts = {(k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1])): v for k, v in prof.get("starts", {}).items()}
+            out.append(Sample(f"{name}/{c['label']}", name, c["policy"], SProgram.from_json(c["program"]), float(us),
+                              prof.get("ii") if prof.get("ii") == prof.get("ii") else None, int(prof.get("trip", 0)),
+                              starts, {"held_out": e["held_out"], "rank": c["rank"],
+                                       "library": {k: v for k, v in got["measured_us"].items()
+                                                   if not k.startswith(("cpsat", "greedy"))}}))
+    return out

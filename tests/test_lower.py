@@ -1,0 +1,154 @@
+"""The one lowering and the compiler in the loop.
+
+CPU: the KernelIR of a program is the model's protocol (the same orders, turn order, ring depths, release points,
+shared-memory layout and copies the schedule was proven with) and round-trips through JSON; the compiler in the
+loop drops a rejected tiling and says so; "not compile-checked" is said, never guessed. With nvcc (CI): the
+bridge, for every operator and every policy on shapes drawn by hypothesis: optimize -> lower -> emit -> nvcc
+sm_90a with zero spills and a pipelined wgmma, what optimize's kernel_check claims.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ptsolve
+from codegen.kernel_ir import KernelIR
+from codegen.lower import lower
+from ptsolve import protocol
+from ptsolve.errors import InfeasibleError
+from ptsolve.hw import load
+from ptsolve.kernelcheck import KernelCheck
+
+H200 = load("h200")
+HAVE_NVCC = bool(shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc") or os.environ.get("NVCC"))
+
+
+def _solve(op, solver="cpsat", **kw):
+    return ptsolve.optimize(op, hw=H200, solver=solver, cache=False, compile_check=False, jobs=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def fa_prog():
+    return _solve(ptsolve.ops.flash_attention(batch=4, heads=32, kv_heads=8, seq=2000, head_dim=128, causal=True)
+                  ).program
+
+
+def test_kernel_ir_is_the_programs_schedule(fa_prog):
+    p = fa_prog
+    ir = lower(p, H200)
+    streams = p.streams(H200)
+    cbase = min(s for r, ops in streams["loop"].items() if r != "producer" for _, s in ops)
+    for role in ir.roles:
+        want = streams["loop"].get(role.name, [])
+        base = min((s for _, s in want), default=0) if role.name == "producer" else cbase
+        assert list(role.loop) == [(t, s - base) for t, s in want], role.name  # the issue order, not sorted
+        assert list(role.pre) == list(streams["pre"].get(role.name, []))
+    mma = sorted((t.name for t in p.graph.phase("loop") if t.kind == "mma"), key=lambda n: (p.start[n] % p.ii, n))
+    assert list(ir.tc_order) == mma and ir.turns == (p.graph.groups > 1)
+    assert ir.predicted_ii == p.ii and ir.trips == p.graph.trip_count
+
+
+def test_kernel_ir_is_the_models_protocol(fa_prog):
+    p = fa_prog
+    ir = lower(p, H200)
+    rel = protocol.releases(p.graph)
+    for r in ir.rings:
+        if r.phase != "loop":
+            continue
+        assert r.depth == p.rings[r.buffers[0]]
+        want = {(x.task, x.dist, x.mode) for b in r.buffers for x in rel[b]}
+        assert {(x.task, x.dist, x.mode) for x in r.releases} == want
+        assert r.fills == tuple((p.graph.buffers()[b] and protocol.ring_users(p.graph)[b][0],
+                                 p.graph.task[protocol.ring_users(p.graph)[b][0]].bytes) for b in r.buffers)
+    lay = protocol.smem_layout(p.graph, p.rings, ir.copies, H200)
+    assert {s.name: s.offset for s in ir.smem} == lay.offsets and ir.smem_bytes == lay.total
+    # copies: never more than the program's, and enough for its start times
+    assert all(ir.copies[b] <= p.copies[b] for b in ir.copies)
+    from ptsolve.program import make_program
+    assert ptsolve.check_valid(make_program(p.graph, H200, p.ii, p.start, p.copies | ir.copies), H200)
+
+
+def test_kernel_ir_json_round_trip(fa_prog):
+    ir = lower(fa_prog, H200)
+    assert KernelIR.from_json(ir.to_json()) == ir
+
+
+def test_compiler_in_the_loop_moves_on(monkeypatch):
+    """A checker that rejects every tiling with the BN of the model's first choice: optimize drops them, returns the
+    best of the rest and lists what it rejected."""
+    opt = sys.modules["ptsolve.optimize"]  # the module (the package exports its function under the same name)
+
+    op = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1000, head_dim=128, causal=True)
+    bn = _solve(op).tiling["BN"]  # the model's first choice, which the fake compiler rejects
+
+    def fake(program, hw):
+        t = program.graph.tiling
+        return KernelCheck("rejected", "spills 8 bytes") if t["BN"] == bn else KernelCheck("ok", kernel="k")
+    monkeypatch.setattr(opt, "checker", lambda hw: fake)
+    r = ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1)
+    assert r.tiling["BN"] != bn and r.kernel_check["status"] == "ok"
+    assert r.rejected and all(t["BN"] == bn and "spills" in why for t, why in r.rejected)
+    assert "better-predicted tiling(s) rejected by the compiler" in str(r)
+    assert ptsolve.result.Result.from_json(r.to_json()) == r
+    monkeypatch.setattr(opt, "checker", lambda hw: lambda p, h: KernelCheck("rejected", "nope"))
+    with pytest.raises(InfeasibleError, match="rejected by the compiler"):
+        ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1)
+
+
+def test_not_compile_checked_is_said(monkeypatch):
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda hw: None)
+    r = ptsolve.optimize(ptsolve.ops.gemm(512, 512, 512), hw=H200, cache=False, compile_check=True, jobs=1)
+    assert r.kernel_check["status"] == "not compile-checked" and "not compile-checked" in str(r)
+    off = ptsolve.optimize(ptsolve.ops.gemm(512, 512, 512), hw=H200, cache=False, compile_check=False, jobs=1)
+    assert off.kernel_check is None
+
+
+def test_old_result_files_still_load():
+    from pathlib import Path
+
+    from ptsolve.result import Result
+    f = Path(__file__).parents[1] / "results" / "schedules_h200" / "FA3_cpsat.json"
+    r = Result.from_json(f.read_text())
+    assert r.kernel_check is None and r.rejected == () and r.measured_us is None
+
+
+OPS = {
+    "flash_attention": st.builds(
+        lambda h, g, s, d, c: ptsolve.ops.flash_attention(batch=1, heads=h * g, kv_heads=h, seq=s, head_dim=d,
+                                                          causal=c),
+        st.sampled_from([1, 2]), st.sampled_from([1, 4, 8]), st.integers(17, 1500), st.sampled_from([64, 128]),
+        st.booleans()),
+    "gemm": st.builds(lambda m, n, k: ptsolve.ops.gemm(m, 8 * n, 8 * k), st.integers(1, 2000), st.integers(8, 300),
+                      st.integers(8, 300)),
+    "mamba2_chunk_scan": st.builds(
+        lambda b, s, q, n: ptsolve.ops.mamba2_chunk_scan(b, s, 4, 64, n, q), st.integers(1, 2),
+        st.integers(100, 1200), st.sampled_from([64, 128, 256]), st.sampled_from([64, 128])),
+    "mamba2_chunk_state": st.builds(
+        lambda b, s, q, n: ptsolve.ops.mamba2_chunk_state(b, s, 4, 64, n, q), st.integers(1, 2),
+        st.integers(100, 1200), st.sampled_from([64, 128, 256]), st.sampled_from([64, 128])),
+}
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not available")
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+@pytest.mark.parametrize("op_name", sorted(OPS))
+def test_bridge(op_name, solver, tmp_path_factory):
+    """optimize (compiler in the loop) -> lower -> emit -> nvcc: zero spills, no serialised wgmma, on drawn
+    shapes; what optimize's kernel_check says is what an independent compile finds."""
+    os.environ["PTSOLVE_CACHE_DIR"] = str(tmp_path_factory.mktemp("bridge"))
+
+    @settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(OPS[op_name])
+    def run(op):
+        from codegen.cuda import emit
+        from codegen.runtime import compile_kernel
+        r = ptsolve.optimize(op, hw=H200, solver=solver, cache=False, compile_check=True, jobs=1, time_limit=20)
+        assert r.kernel_check["status"] == "ok", (op.describe(), r.kernel_check, r.rejected)
+        rep = compile_kernel(emit(r.program, H200)).report
+        assert rep["spill_stores"] == 0 and not rep["wgmma_serialized"], (op.describe(), rep["warnings"])
+    run()
