@@ -142,8 +142,8 @@ def run(cands: Path, out: Path, profile: int = 1, only: tuple[str, ...] = ()) ->
     from .round import check
 
     doc = json.loads(cands.read_text())
-    if only:
-        doc["configs"] = {k: v for k, v in doc["configs"].items() if k in only}
+    if only:  # in the order given: put what might hang last (a timed-out call keeps what was written before)
+        doc["configs"] = {k: doc["configs"][k] for k in only if k in doc["configs"]}
     hw = doc["hw"]
     prev = out / "study.json"  # a second call (--only the rest) adds to the first one's file
     res: dict[str, Any] = json.loads(prev.read_text()) if prev.exists() else {}

@@ -22,7 +22,6 @@ from typing import Any
 from .errors import PtsolveError
 from .hw import HERE, Hardware
 from .program import SProgram
-from .simulate import simulate
 
 # the entries the tables mark as estimates (besides the datasheet numbers), each with its search range
 FIT: dict[str, tuple[float, float]] = {
@@ -51,11 +50,23 @@ class Sample:
 
 
 def predicted(s: Sample, hw: Hardware) -> tuple[float, float]:
-    """(kernel µs, steady II in cycles) of the sample's schedule replayed as soon as possible under ``hw``."""
-    tl = simulate(s.program, hw, mode="asap")
+    """(kernel µs, steady II in cycles) of the sample's schedule replayed as soon as possible under ``hw``. CTAs of
+    other trip counts than the shortest and the longest are interpolated linearly between those two replays (a CTA
+    of n iterations takes prologue + (n − 1)·II + drain in the replay too), which keeps a fit's many evaluations
+    cheap for causal attention's many trip counts."""
+    from .simulate import kernel_cycles, replay
+
+    g = s.program.graph
+    trips = sorted(set(g.row))
+    lo, hi = trips[0], trips[-1]
+    ev_hi, _ = replay(s.program, hw, hi, "asap")
+    c_hi = max(e.end for e in ev_hi)
+    c_lo = c_hi if lo == hi else max(e.end for e in replay(s.program, hw, lo, "asap")[0])
+    cta = {n: c_hi if hi == lo else c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo) for n in trips}
+    kc, _ = kernel_cycles(g, hw, {n: int(round(v)) for n, v in cta.items()}, s.program.placement)
     starts: dict[str, list[tuple[int, int]]] = {}
-    for e in tl.events:
-        if s.program.graph.task[e.task].phase == "loop":
+    for e in ev_hi:
+        if g.task[e.task].phase == "loop":
             starts.setdefault(e.task, []).append((e.iteration, e.start))
     meds = []
     for xs in starts.values():
@@ -63,7 +74,7 @@ def predicted(s: Sample, hw: Hardware) -> tuple[float, float]:
         d = [b[1] - a[1] for a, b in zip(xs, xs[1:]) if 2 <= a[0] and b[0] <= xs[-1][0] - 2]
         if d:
             meds.append(statistics.median(d))
-    return tl.kernel_us, float(statistics.median(meds)) if meds else float("nan")
+    return hw.cycles_to_us(kc) + hw.launch_us, float(statistics.median(meds)) if meds else float("nan")
 
 
 def replayed_starts(s: Sample, hw: Hardware) -> dict[tuple[str, int], float]:
