@@ -8,8 +8,9 @@ On the GPU machine::
 Each kernel runs once on a small, ragged shape (GEMM 200×136×200; attention causal with seq 200, GQA, both
 the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from results/schedules_h200 with
 its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
-of CS3 / ST3, with co-resident CTAs and with one CTA per SM) and is checked against a float32 / float64 reference, so a
-clean sanitizer run is also a correct one.
+of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
+in results/study_h200, the release-point model's) and is checked against a float32 / float64 reference, so a clean
+sanitizer run is also a correct one.
 """
 from __future__ import annotations
 
@@ -49,6 +50,24 @@ def main() -> int:
             pl = dataclasses.replace(pl, params=pl.params | small)
             err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")
             results.append({"op": pl.op, "order": f"{label} {pl.tiling}", "rel_err": err, "ok": err <= TOL})
+    # the schedules of the measured-selection study (the release-point model, compile-checked): each operator's
+    # CP-SAT first choice on a small, ragged shape
+    import json
+
+    from ptsolve.program import SProgram
+    study = json.loads((Path(__file__).parents[1] / "results/study_h200/candidates.json").read_text())
+    for name in ("FA3c", "GEMM1", "CS3", "ST3"):
+        c = study["configs"][name]["candidates"][0]
+        pl = plan_from_program(SProgram.from_json(c["program"]), "h200")
+        if pl.op == "flash_attention":
+            results.append(check_fa(p, pl.tiling, dataclasses.replace(pl, params=p), trials=1, label=f"study {name}"))
+        elif pl.op == "gemm":
+            results.append(check_gemm(200, 136, 200, "fp16", pl.tiling, dataclasses.replace(
+                pl, params={"M": 200, "N": 136, "K": 200, "dtype": "fp16"}), trials=1))
+        else:
+            pl = dataclasses.replace(pl, params=pl.params | small)
+            err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")
+            results.append({"op": pl.op, "order": f"study {name} {pl.tiling}", "rel_err": err, "ok": err <= TOL})
     torch.cuda.synchronize()
     for r in results:
         print(f"{r['op']} {r.get('order', '')}: rel err {r['rel_err']:.2e} {'PASS' if r['ok'] else 'FAIL'}", flush=True)

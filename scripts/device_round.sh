@@ -13,12 +13,17 @@ if [ -n "${PROFILE:-}" ]; then
   tail -12 "$OUT/profile.log" >> "$OUT/summary.txt"
 fi
 if [ -n "${TESTS:-}" ]; then
-  timeout 200 python3 -m pytest -q -m gpu $TESTS -p no:cacheprovider -rs > "$OUT/gpu_tests.log" 2>&1
+  timeout 200 python3 -m pytest -q -m gpu $TESTS -n 8 -p no:cacheprovider -rs > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests ($TESTS): $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/summary.txt"
 fi
 if [ -n "${SANITIZE:-}" ]; then
-  timeout 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m codegen.sanitize \
-    > "$OUT/sanitizer.log" 2>&1; echo "memcheck: exit $? $(grep 'ERROR SUMMARY' "$OUT/sanitizer.log")" >> "$OUT/summary.txt"
+  for tool in memcheck racecheck synccheck; do
+    # memcheck: cuda-python probes driver entry points with cuGetProcAddress; those misses are host API errors
+    flags=$([ $tool = memcheck ] && echo "--report-api-errors no")
+    timeout 120 compute-sanitizer --tool $tool $flags --error-exitcode 9 python3 -m codegen.sanitize \
+      >> "$OUT/sanitizer.log" 2>&1
+    echo "$tool: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)" >> "$OUT/summary.txt"
+  done
 fi
 if [ -n "${SCHED:-}" ]; then
   timeout 420 python3 -m codegen.round run --schedules "$SCHED" --out "$OUT" ${ONLY:+--only $ONLY} > "$OUT/round.log" 2>&1
