@@ -209,7 +209,8 @@ def report(cands_path: Path, study_path: Path, out: Path, hw_name: str = "h200",
     for k in FIT:  # fit from the built-in table, not from an overlay already on disk
         base = dc_replace(base, **{k: json.loads((Path(__file__).parents[1] / "ptsolve" / "hw" /
                                                   f"{hw_name}.json").read_text())[k]["value"]})
-    fitted, hist = fit(train, base, tuple(FIT), rounds)
+    fitted, hist = fit(train, base, tuple(FIT), rounds,
+                       progress=lambda m: print(f"fit: {m}", file=sys.stderr, flush=True))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"# Measured selection and model fidelity ({study['device']})", "",
              f"- candidates: `python3 -m codegen.study prepare` ({cands['date']}, top {cands['top_k']} per policy, "
