@@ -196,7 +196,6 @@ def report(cands_path: Path, study_path: Path, out: Path, hw_name: str = "h200",
     configurations, MAPE / Spearman / sign agreement before and after on both sets. ``write_table`` stores the fit
     as <hw>.calibrated.json (ptsolve.calibrate.write)."""
     import subprocess
-    from dataclasses import replace as dc_replace
 
     from ptsolve.calibrate import FIT, evaluate, fit, predicted, samples_from_study, write
     from ptsolve.hw import load
@@ -205,10 +204,7 @@ def report(cands_path: Path, study_path: Path, out: Path, hw_name: str = "h200",
     samples = samples_from_study(cands, study)
     train = [x for x in samples if not x.meta["held_out"]]
     held = [x for x in samples if x.meta["held_out"]]
-    base = load(hw_name)
-    for k in FIT:  # fit from the built-in table, not from an overlay already on disk
-        base = dc_replace(base, **{k: json.loads((Path(__file__).parents[1] / "ptsolve" / "hw" /
-                                                  f"{hw_name}.json").read_text())[k]["value"]})
+    base = load(hw_name, calibrated=False)  # fit from the datasheet table, not from an overlay already on disk
     fitted, hist = fit(train, base, tuple(FIT), rounds,
                        progress=lambda m: print(f"fit: {m}", file=sys.stderr, flush=True))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -121,7 +121,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from .calibrate import evaluate, fit, samples_from_study, write
     from .hw import load
 
-    hw = load(a.hw)
+    hw = load(a.hw, calibrated=False)  # fit from the datasheet table, not from an overlay already on disk
     cands = json.loads(Path(a.candidates).read_text())
     study = json.loads(Path(a.study).read_text())
     samples = samples_from_study(cands, study)

@@ -67,11 +67,22 @@ def test_spearman():
     assert spearman([1, 1, 2, 3], [5, 6, 7, 8]) == pytest.approx(0.9486832980505138)  # average ranks for ties
 
 
+def hw_table(name):
+    import json
+    from pathlib import Path
+
+    import ptsolve.hw
+    return {k: v["value"] if isinstance(v, dict) else v
+            for k, v in json.loads((Path(ptsolve.hw.__file__).parent / f"{name}.json").read_text()).items()}
+
+
 def test_overlay_round_trip(tmp_path, monkeypatch):
-    hw = load("h200")
+    hw = load("h200", calibrated=False)
     p = write(replace(hw, tc_fixed=150, mem_latency=700), hw, "test fit", tmp_path / "h200.calibrated.json")
     monkeypatch.setenv("PTSOLVE_CALIBRATION_DIR", str(tmp_path))
     got = load("h200")
     assert (got.tc_fixed, got.mem_latency) == (150, 700) and got.l2_bytes_per_clk == hw.l2_bytes_per_clk
     assert "test fit" in got.sources["tc_fixed"] and set(FIT) >= {"tc_fixed", "mem_latency"}
     assert p.name == "h200.calibrated.json"
+    base = load("h200", calibrated=False)  # what a fit starts from: the datasheet table, overlay ignored
+    assert (base.tc_fixed, base.mem_latency) == (hw_table("h200")["tc_fixed"], hw_table("h200")["mem_latency"])

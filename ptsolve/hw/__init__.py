@@ -112,8 +112,9 @@ def known() -> list[str]:
     return sorted(p.stem for p in HERE.glob("*.json") if "." not in p.stem)
 
 
-def load(name_or_path: str | os.PathLike[str] | Hardware) -> Hardware:
-    """Load a hardware table by name (``h100``, ``h200``, ``a100``, ``mi300x``) or by file path."""
+def load(name_or_path: str | os.PathLike[str] | Hardware, calibrated: bool = True) -> Hardware:
+    """Load a hardware table by name (``h100``, ``h200``, ``a100``, ``mi300x``) or by file path, with its
+    ``<name>.calibrated.json`` overlay unless ``calibrated`` is False (a fit starts from the datasheet table)."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
     p = Path(name_or_path)
@@ -128,7 +129,7 @@ def load(name_or_path: str | os.PathLike[str] | Hardware) -> Hardware:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise HardwareError(f"hardware table {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from e
-    overlay = _calibration(p)
+    overlay = _calibration(p) if calibrated else {}
     return _from_raw(raw | overlay, str(p))
 
 
