@@ -86,14 +86,13 @@ def prepare(out: Path, hw: str = "h200", top_k: int = 4, only: tuple[str, ...] =
 def kernels(doc: dict[str, Any], profile: int = 1) -> list[Any]:
     """Every KernelSource a ``run`` of ``doc`` launches: each candidate at its full shape, at the reduced shape of
     its check (codegen.round.check), and instrumented where it is profiled (so all can be compiled beforehand)."""
-    import dataclasses
 
     from ptsolve.program import SProgram
 
     from .cuda import emit
     from .lower import lower
     from .plan import plan_from_program
-    from .round import _small
+    from .round import reduced
 
     out = []
     for e in doc["configs"].values():
@@ -101,8 +100,7 @@ def kernels(doc: dict[str, Any], profile: int = 1) -> list[Any]:
             prog = SProgram.from_json(c["program"])
             p = plan_from_program(prog, doc["hw"])
             out.append(emit(p))
-            small = (p.params | {"M": 1000, "N": 768, "K": 1000}) if e["op"] == "gemm" else _small(dict(p.params))
-            out.append(emit(dataclasses.replace(p, params=small)))
+            out.append(emit(reduced(p)))
             if not e["held_out"] and c["rank"] < profile:
                 out.append(emit(lower(prog, doc["hw"], profile=True)))
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,7 +62,8 @@ def _worker(dev: int, plans_json: list[str]) -> list[float]:
 
 def split(n: int, gpus: int) -> list[list[int]]:
     """Candidate indices per GPU, round robin (the model's best spread over the GPUs)."""
-    return [list(range(g, n, gpus)) for g in range(max(1, gpus))]
+    gpus = max(1, gpus)
+    return [list(range(g, n, gpus)) for g in range(gpus)]
 
 
 def runner(programs: Sequence[SProgram], hw: Hardware) -> list[float]:
@@ -100,12 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     wrote (on a machine with a GPU and no solver) and write their kernel times."""
     ap = argparse.ArgumentParser(description="time the candidates of ptsolve tune --prepare on this GPU")
     ap.add_argument("candidates", help="JSON written by ptsolve tune --prepare")
-    ap.add_argument("--out", required=True, help="where to write the times (JSON)")
+    ap.add_argument("--out", help="where to write the times (JSON)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="no GPU: compile every kernel the timing launches into the cubin cache ($PTSOLVE_CACHE_DIR)")
     a = ap.parse_args(argv)
     d = json.loads(Path(a.candidates).read_text())
     progs = [SProgram.from_json(c["program"]) for c in d["candidates"]]
+    if a.compile_only:
+        from .bench import precompile
+        from .round import reduced
+        plans = [plan_from_program(p, load(d["hw"])) for p in progs]
+        precompile(plans + [reduced(p) for p in plans])
+        print(f"compiled {2 * len(plans)} kernels (full and reduced shapes) of {len(plans)} candidates")
+        return 0
+    if not a.out:
+        ap.error("--out is required unless --compile-only")
+    import torch
     us = runner(progs, load(d["hw"]))
-    Path(a.out).write_text(json.dumps(d | {"measured_us": us, "device": os.environ.get("HOSTNAME", "")}, indent=1))
+    Path(a.out).write_text(json.dumps(d | {"measured_us": us, "device": torch.cuda.get_device_name()}, indent=1))
     for c, u in zip(d["candidates"], us):
         print(f"rank {c['rank']}: {c['tiling']} predicted {c['predicted_us']:.1f} µs, measured {u:.1f} µs")
     return 0

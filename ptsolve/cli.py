@@ -161,7 +161,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     """Prepare, run (with a GPU runner) or finish a measured selection."""
     from . import ops
     from .hw import load
-    from .tune import candidates, tune
+    from .tune import candidates, finish, tune
 
     if a.op not in OPS:
         raise PtsolveError(f"unknown operator {a.op!r}; use one of {sorted(OPS)}")
@@ -169,21 +169,21 @@ def cmd_tune(a: argparse.Namespace) -> int:
     hw = load(a.hw)
     if a.prepare:
         cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit)
-        doc = {"hw": hw.name, "op": op.op, "params": op.params, "rejected": rejected,
+        doc = {"hw": hw.name, "op": op.op, "params": op.params, "top_k": a.top_k, "solver": a.solver,
+               "time_limit": a.time_limit, "rejected": rejected,
                "candidates": [{"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us,
-                               "check": c.check.status, "program": c.result.program.to_json()} for c in cands]}
+                               "check": c.check.status, "program": c.result.program.to_json(),
+                               "result": c.result.to_json()} for c in cands]}
         Path(a.prepare).write_text(json.dumps(doc, indent=1))
         print(f"wrote {a.prepare} ({len(cands)} candidates, {len(rejected)} tilings rejected by the compiler)")
         return 0
     if a.finish:
-        d = json.loads(Path(a.finish).read_text())
-        if d.get("params") != op.params:
-            raise PtsolveError(f"{a.finish} holds candidates of {d.get('params')}, not of {op.params}")
-        us = d["measured_us"]
-        best = min(range(len(us)), key=lambda i: (us[i], i))
-        for c, u in zip(d["candidates"], us):
-            print(f"rank {c['rank']}: {c['tiling']} predicted {c['predicted_us']:.1f} µs, measured {u:.1f} µs"
-                  + ("  <- measured best" if c["rank"] == d["candidates"][best]["rank"] else ""))
+        r = finish(op, hw, json.loads(Path(a.finish).read_text()))
+        for m in r.measured:
+            print(f"rank {m['rank']}: {m['tiling']} predicted {m['predicted_us']:.1f} µs, measured "
+                  f"{m['measured_us']:.1f} µs" + ("  <- measured best" if m["measured_us"] == r.measured_us else ""))
+        print(r)
+        print("cached: `ptsolve tune` of this shape now returns it without timing")
         return 0
     print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit))
     return 0

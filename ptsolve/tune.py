@@ -5,8 +5,9 @@ tiling's graph, so solves are cached), drops those whose kernel the compiler rej
 stops once K compile-clean schedules are found and no remaining tiling's bound can beat the K-th: the K best
 distinct schedules (one per tiling). ``tune`` times them with a ``runner`` (a code generator's: codegen.tune.runner
 compiles and times them in one process on this machine's GPU, or one worker per GPU) and returns the measured best
-as a Result whose ``measured_us`` is set; it is cached like any Result. Without a GPU, ``candidates`` and
-``--prepare`` write the candidates for a GPU machine to time (codegen.tune).
+as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table, K and policy) so the
+next ``tune`` of that shape times nothing. Without a GPU, ``--prepare`` writes the candidates for a GPU machine to
+time (codegen.tune) and ``finish`` turns its times into the same cached Result.
 """
 from __future__ import annotations
 
@@ -79,13 +80,41 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
 
 
+def key(op: Operator, hw: Hardware, top_k: int, solver: str) -> str:
+    """The schedule-cache key of a measured selection (the measured best depends on the table's device)."""
+    from . import cache
+    return cache.key("tune", op.to_json(), hw.to_dict(), top_k, solver)
+
+
+def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
+           rejected: Sequence[tuple[dict, str]], solve_s: float) -> Result:
+    """The fastest of ``cands`` (model's order; ties go to the model's earlier choice) as a Result with
+    ``measured_us`` and every candidate's predicted and measured time in ``measured``."""
+    if len(us) != len(cands):
+        raise PtsolveError(f"tune: the runner returned {len(us)} times for {len(cands)} schedules")
+    if not any(u < float("inf") for u in us):
+        raise PtsolveError("tune: every candidate failed its correctness check on the GPU; see the runner's log")
+    best = min(range(len(cands)), key=lambda i: (us[i], i))
+    measured = tuple({"rank": i, "tiling": dict(r.tiling), "predicted_us": r.predicted_us, "measured_us": u,
+                      "check": c} for i, (r, u, c) in enumerate(zip(cands, us, checks)))
+    return replace(cands[best], measured_us=us[best], measured=measured, solve_s=solve_s,
+                   rejected=tuple((t, why) for t, why in rejected))
+
+
 def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
-         solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None) -> Result:
+         solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
+         cache: bool = True) -> Result:
     """The measured best of the model's ``top_k`` best compile-clean schedules. ``runner(programs, hw)`` returns
     their kernel times in µs (default: the code generator's, codegen.tune.runner, which needs a GPU). The Result
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
-    time; the model's own first choice is candidate 0."""
+    time; the model's own first choice is candidate 0. A measured selection of the same shape, table, K and
+    policy already in the schedule cache is returned without timing anything (``cache`` False times again)."""
+    from . import cache as store
+
     hw = load(hw)
+    k = key(op, hw, top_k, solver)
+    if cache and (hit := store.get(k, time_limit)) is not None and hit.measured_us is not None:
+        return hit
     t0 = time.perf_counter()
     cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress)
     if runner is None:
@@ -94,11 +123,25 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
             raise PtsolveError(f"tune: no kernel runner for {hw.arch} is installed (codegen registers one); time the "
                                "candidates elsewhere: ptsolve tune --prepare, then python3 -m codegen.tune on the GPU")
     us = list(runner([c.result.program for c in cands], hw))
-    if len(us) != len(cands):
-        raise PtsolveError(f"tune: the runner returned {len(us)} times for {len(cands)} schedules")
-    best = min(range(len(cands)), key=lambda i: (us[i], i))
-    measured = tuple({"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us, "measured_us": u,
-                      "check": c.check.status} for c, u in zip(cands, us))
-    r = cands[best].result
-    return replace(r, measured_us=us[best], measured=measured, rejected=tuple((t, why) for t, why in rejected),
-                   solve_s=time.perf_counter() - t0)
+    r = choose([c.result for c in cands], us, [c.check.status for c in cands], rejected, time.perf_counter() - t0)
+    store.put(k, time_limit, r)
+    return r
+
+
+def finish(op: Operator, hw: str | Hardware, doc: dict[str, Any]) -> Result:
+    """The measured selection of a ``--prepare`` document timed on a GPU machine (``measured_us`` added by
+    ``python3 -m codegen.tune``), cached as ``tune`` would have cached it."""
+    from . import cache as store
+
+    hw = load(hw)
+    if doc.get("params") != op.params or doc.get("op") != op.op:
+        raise PtsolveError(f"tune --finish: the file holds candidates of {doc.get('op')} {doc.get('params')}, not of "
+                           f"{op.op} {op.params}")
+    if "measured_us" not in doc:
+        raise PtsolveError("tune --finish: the file has no measured_us; time it first: python3 -m codegen.tune FILE "
+                           "--out TIMED")
+    cands = [Result.from_json(c["result"]) for c in doc["candidates"]]
+    r = choose(cands, doc["measured_us"], [c["check"] for c in doc["candidates"]],
+               [(t, why) for t, why in doc.get("rejected", [])], 0.0)
+    store.put(key(op, hw, doc["top_k"], doc["solver"]), doc["time_limit"], r)
+    return r

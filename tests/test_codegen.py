@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -464,3 +465,37 @@ def test_import_without_gpu_stack():
     code = ("import sys; import codegen, codegen.cuda, codegen.runtime, codegen.bench, codegen.lower; "
             "assert 'cuda.bindings' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_tune_split_round_robin():
+    from codegen.tune import split
+    assert split(5, 2) == [[0, 2, 4], [1, 3]]
+    assert split(3, 1) == [[0, 1, 2]] and split(2, 0) == [[0, 1]]
+    assert sorted(i for part in split(7, 3) for i in part) == list(range(7))
+
+
+def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
+    """`python3 -m codegen.tune C --compile-only` (CPU) compiles exactly the kernels the GPU run launches (full and
+    reduced shapes), so the device call finds them all in the carried cache."""
+    if not _have_nvcc():
+        pytest.skip("nvcc not available")
+    import json
+
+    from codegen import tune
+    from codegen.cuda import emit
+    from codegen.plan import plan_from_program
+    from codegen.round import reduced
+    from codegen.runtime import _key
+    from ptsolve.program import SProgram
+
+    d = json.loads((Path(__file__).parents[1] / "results" / "tune_h200" / "cands.json").read_text())
+    d["candidates"] = d["candidates"][:1]
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
+    assert tune.main([str(tmp_path / "c.json"), "--compile-only"]) == 0
+    plan = plan_from_program(SProgram.from_json(d["candidates"][0]["program"]), d["hw"])
+    want = {_key(emit(plan)), _key(emit(reduced(plan)))}
+    got = {p.stem for p in (tmp_path / "cache" / "cubin").glob("*.cubin")}
+    assert want <= got, (want, got)
+    with pytest.raises(SystemExit):
+        tune.main([str(tmp_path / "c.json")])  # neither --out nor --compile-only

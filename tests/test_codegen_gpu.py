@@ -256,3 +256,29 @@ def test_mamba_compare_runs():
     if not r["triton_error"]:
         assert all(e <= TOL for e in r["rel_err_vs_triton"].values()), r
     assert all(0 < ms < 100 for ms in r["ms"].values()), r
+
+
+def test_profile_measures_every_role():
+    """The instrumented build on the GPU: events for the producer and each consumer, a positive II and span, the
+    plain kernel timed beside it (codegen.profile.measure, what `ptsolve profile` runs)."""
+    from codegen.profile import measure
+
+    plan = default_plan("gemm", {"M": 2048, "N": 2048, "K": 2048, "dtype": "fp16"},
+                        {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2})
+    prof, words = measure(plan, "h200")
+    roles = {e.role for e in prof.events}
+    assert {"producer", "wg0", "wg1"} <= roles, roles
+    assert prof.ii > 0 and prof.span > prof.ii and prof.kernel_us > 0 and prof.instrumented_us > 0
+    assert all(e.t2 >= e.t1 >= e.t0 for e in prof.events)
+    assert words.any()
+
+
+def test_tune_runner_times_candidates():
+    """codegen.tune: each candidate is checked on a reduced shape, then all are timed in one process."""
+    from codegen import tune
+
+    p = _fa(2, 16, 4, 1024, 1024, 128, True)
+    good = fa3_order_plan(p, T2)
+    other = default_plan("flash_attention", p, {"BM": 128, "BN": 128, "depth": 3, "groups": 2})
+    us = tune.time_plans([good, other])
+    assert all(0 < u < 1e4 for u in us), us

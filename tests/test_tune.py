@@ -1,0 +1,72 @@
+"""Measured selection (ptsolve.tune) on the CPU with a stand-in runner: the K best distinct schedules in the
+model's order, the measured best returned and cached, the prepare / GPU / finish round trip of the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ptsolve
+from ptsolve.cli import main
+from ptsolve.errors import PtsolveError
+from ptsolve.tune import candidates, tune
+
+OP = ptsolve.ops.gemm(M=512, N=512, K=512)
+ARGS = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "3", "--time-limit", "10"]
+
+
+def test_candidates_are_distinct_and_in_the_models_order():
+    cands, rejected = candidates(OP, "h200", 3, time_limit=10)
+    assert [c.rank for c in cands] == [0, 1, 2] and rejected == []
+    tilings = [tuple(sorted(c.tiling.items())) for c in cands]
+    assert len(set(tilings)) == 3
+    objs = [c.result.objective for c in cands]
+    assert objs == sorted(objs)
+    assert cands[0].result.objective == ptsolve.optimize(OP, "h200", time_limit=10).objective
+    with pytest.raises(PtsolveError, match="top_k"):
+        candidates(OP, "h200", 0)
+
+
+def test_tune_keeps_the_measured_best_and_caches_it():
+    calls = []
+
+    def runner(programs, hw):
+        calls.append(len(programs))
+        return [30.0, 10.0, 20.0][:len(programs)]  # the model's second choice is the fastest kernel
+
+    r = tune(OP, "h200", top_k=3, runner=runner, time_limit=10)
+    assert r.measured_us == 10.0 and [m["measured_us"] for m in r.measured] == [30.0, 10.0, 20.0]
+    assert dict(r.tiling) == r.measured[1]["tiling"] and calls == [3]
+
+    def broken(programs, hw):
+        raise AssertionError("a cached selection must not be timed again")
+    again = tune(OP, "h200", top_k=3, runner=broken, time_limit=10)
+    assert again.measured_us == 10.0 and dict(again.tiling) == dict(r.tiling)
+    r2 = tune(OP, "h200", top_k=3, runner=lambda p, hw: [5.0, 9.0, 9.0], time_limit=10, cache=False)
+    assert r2.measured_us == 5.0 and dict(r2.tiling) == r.measured[0]["tiling"]
+
+
+@pytest.mark.parametrize("times,match", [([1.0], "returned 1 times"), ([float("inf")] * 2, "every candidate")])
+def test_tune_refuses_bad_runner_output(times, match):
+    with pytest.raises(PtsolveError, match=match):
+        tune(OP, "h200", top_k=2, runner=lambda p, hw: times, time_limit=10)
+
+
+def test_prepare_time_finish_round_trip(tmp_path, capsys):
+    f = tmp_path / "cands.json"
+    assert main(["tune", *ARGS, "--prepare", str(f)]) == 0
+    doc = json.loads(f.read_text())
+    assert len(doc["candidates"]) == 3 and doc["top_k"] == 3 and doc["solver"] == "cpsat"
+    assert main(["tune", *ARGS, "--finish", str(f)]) == 2  # not timed yet: one line, non-zero
+    assert "measured_us" in capsys.readouterr().err
+    doc["measured_us"] = [12.0, 11.0, float("inf")]  # what codegen.tune writes on the GPU (inf: failed check)
+    f.write_text(json.dumps(doc))
+    assert main(["tune", *ARGS, "--finish", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "measured 11.0 µs  <- measured best" in out and "cached" in out
+    r = tune(OP, "h200", top_k=3, runner=lambda p, hw: pytest.fail("timed again"), time_limit=10)
+    assert r.measured_us == 11.0 and dict(r.tiling) == doc["candidates"][1]["tiling"]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc | {"params": {"M": 1, "N": 8, "K": 8, "dtype": "fp16"}}))
+    assert main(["tune", *ARGS, "--finish", str(other)]) == 2
+    assert "not of gemm" in capsys.readouterr().err
