@@ -166,8 +166,10 @@ def _agree(g: STaskGraph, hw: Any) -> None:
     if gp is not None:
         assert _check(P, gp, {}, "greedy", hw) >= best
     # at the smallest ii alone the problem may be infeasible: every solver must say the same
-    lb = {"exhaustive": exhaustive.solve(P, ii_max=P.ii_lb), "cpsat": cpsat.solve(P, ii_max=P.ii_lb, num_workers=1)}
-    lb |= {f"milp-{b}": milp.solve(P, ii_max=P.ii_lb, backend=b) for b in milp.BACKENDS}
+    # (60 s: CBC proving infeasibility on a loaded 2-core CI machine took more than the default 10 s once)
+    lb = {"exhaustive": exhaustive.solve(P, ii_max=P.ii_lb),
+          "cpsat": cpsat.solve(P, ii_max=P.ii_lb, num_workers=1, time_limit=60)}
+    lb |= {f"milp-{b}": milp.solve(P, ii_max=P.ii_lb, backend=b, time_limit=60) for b in milp.BACKENDS}
     got = {k: (s["status"], s.get("objective")) for k, (_, s) in lb.items()}
     assert len({st for st, _ in got.values()}) == 1, got
     if lb["exhaustive"][1]["status"] == "OPTIMAL":
