@@ -357,8 +357,10 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
-  // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16. The
+  // offset is added to the __shared__ array itself (no integer round trip), so the compiler keeps the shared
+  // address space: ld.shared / st.shared (LDS / STS) for the bodies' own reads, not generic loads
+  uint8_t* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u);
 {chr(10).join(pre_ptrs)}
 {chr(10).join(bars)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
