@@ -1,6 +1,7 @@
 """A/B on the GPU (one process, interleaved, CUDA graphs): the tensor-core turns the skeleton enforces between two
 consumer warpgroups that read the same ring slots (GEMM, Mamba2), on and off; and ChunkState's old CP-SAT
 program with the xs copies its start times use (1) and with two. Kernels compiled beforehand (carried cubins)."""
+
 import dataclasses
 import json
 import sys
@@ -19,28 +20,54 @@ G = {"M": 8192, "N": 8192, "K": 8192, "dtype": "fp16"}
 root = Path(__file__).parents[2]
 st3 = plan_from_program(Result.from_json((root / "results/schedules_h200/ST3_cpsat.json").read_text()).program, "h200")
 cases = {
-    "ST hand g2 2cta overlap": {"turns": (default_plan("mamba2_chunk_state", ST, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True), {}),
-                                "no turns": (default_plan("mamba2_chunk_state", ST, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True), {"turns": False})},
-    "ST3 old cpsat program": {"xs 1 copy": (st3, {}), "xs 2 copies": (dataclasses.replace(st3, copies={"xs@0": 2}), {})},
-    "CS hand g2 bk64": {"turns": (default_plan("mamba2_chunk_scan", CS, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}), {}),
-                        "no turns": (default_plan("mamba2_chunk_scan", CS, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}), {"turns": False})},
-    "GEMM 8192 128x256 d4 g2": {"turns": (default_plan("gemm", G, {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}), {}),
-                                "no turns": (default_plan("gemm", G, {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}), {"turns": False})},
+    "ST hand g2 2cta overlap": {
+        "turns": (
+            default_plan("mamba2_chunk_state", ST, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True),
+            {},
+        ),
+        "no turns": (
+            default_plan("mamba2_chunk_state", ST, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True),
+            {"turns": False},
+        ),
+    },
+    "ST3 old cpsat program": {
+        "xs 1 copy": (st3, {}),
+        "xs 2 copies": (dataclasses.replace(st3, copies={"xs@0": 2}), {}),
+    },
+    "CS hand g2 bk64": {
+        "turns": (default_plan("mamba2_chunk_scan", CS, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}), {}),
+        "no turns": (
+            default_plan("mamba2_chunk_scan", CS, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}),
+            {"turns": False},
+        ),
+    },
+    "GEMM 8192 128x256 d4 g2": {
+        "turns": (default_plan("gemm", G, {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}), {}),
+        "no turns": (
+            default_plan("gemm", G, {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}),
+            {"turns": False},
+        ),
+    },
 }
 if sys.argv[1:] == ["compile"]:
     from codegen.runtime import compile_kernel
+
     for c in cases.values():
         for p, kw in c.values():
             compile_kernel(emit(p, "h200", **kw))
     sys.exit(0)
 import torch  # noqa: E402
+
 out = {}
 for name, c in cases.items():
     ks = {k: emit(p, "h200", **kw) for k, (p, kw) in c.items()}
     kern = {k: load(v) for k, v in ks.items()}
     sets = [random_args(next(iter(ks.values())), s) for s in range(2)]
     ptrs = [{k: t.data_ptr() for k, t in s.items()} for s in sets]
-    fns = {k: (lambda i, kk=kk: kk.launch(ptrs[i], int(torch.cuda.current_stream().cuda_stream))) for k, kk in kern.items()}
+    fns = {
+        k: (lambda i, kk=kk, pp=ptrs: kk.launch(pp[i], int(torch.cuda.current_stream().cuda_stream)))
+        for k, kk in kern.items()
+    }
     ms = time_many(fns, 2, graphs=True, rounds=30)
     out[name] = {k: v * 1e3 for k, v in ms.items()}
     print(name, {k: round(v * 1e3, 1) for k, v in ms.items()}, flush=True)
