@@ -222,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
+    from ptsolve.errors import PtsolveError
     from ptsolve.hw import load as load_hw
     from ptsolve.result import Result
     from ptsolve.simulate import simulate
+    from ptsolve.validate import check_valid
 
     from .lower import lower
 
@@ -242,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in a.only.split(","):
         r = Result.from_json((Path(a.schedules) / f"{name}.json").read_text())
+        if not (v := check_valid(r.program, hw)):  # its predicted timeline would be meaningless (or deadlock)
+            first = str(v).splitlines()[1].strip() if len(str(v).splitlines()) > 1 else str(v)
+            raise PtsolveError(f"{name}: the schedule is not valid for the current {hw.name} table ({first}); it was "
+                               f"solved with an older model or table: solve it again with ptsolve optimize --hw "
+                               f"{hw.name}, or pass the table it was solved with (--hw PATH)")
         ir = lower(r.program, hw)
         prof, words = measure(ir, a.hw)
         (out / f"{name}.profile.json").write_text(prof.to_json())

@@ -111,12 +111,13 @@ class Result:
                 + (f"; kernel {self.kernel_summary()}" if self.kernel_check else ""))
 
     def kernel_summary(self) -> str:
-        """The compiler's verdict in words (and how many better-predicted tilings it rejected)."""
+        """The compiler's verdict in words (and how many tilings it rejected on the way)."""
         k = self.kernel_check or {}
         what = k.get("status", "not compile-checked")
         if what == "ok":
             what = f"compile-checked ({k.get('registers')} registers, no spills, wgmma pipelined)"
         elif k.get("reason"):
             what = f"{what} ({k['reason']})"
-        return what + (f", {len(self.rejected)} better-predicted tiling(s) rejected by the compiler"
-                       if self.rejected else "")
+        # optimize rejects only tilings predicted better than its answer; tune's walk (measured) rejects any it met
+        kind = "tiling(s) met while collecting the candidates" if self.measured else "better-predicted tiling(s)"
+        return what + (f", {len(self.rejected)} {kind} rejected by the compiler" if self.rejected else "")

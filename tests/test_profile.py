@@ -122,3 +122,14 @@ def test_recorded_device_buffer():
     for c in {e.cta for e in ev}:
         assert {e.role for e in ev if e.cta == c} == {r.name for r in ir.roles}
     assert measured_ii(ev) > 0
+
+
+def test_profile_refuses_a_stale_schedule(tmp_path):
+    """A schedule the current table does not validate (solved with an older model) is refused before any GPU work,
+    naming the fix, instead of a deadlock message from the predicted replay."""
+    from codegen.profile import main
+    from ptsolve.errors import PtsolveError
+
+    with pytest.raises(PtsolveError, match="not valid for the current h200 table.*solve it again"):
+        main(["--schedules", str(Path(__file__).parents[1] / "results" / "schedules_h200"), "--only", "FA3_cpsat",
+              "--out", str(tmp_path)])

@@ -60,10 +60,12 @@ def test_prepare_time_finish_round_trip(tmp_path, capsys):
     assert main(["tune", *ARGS, "--finish", str(f)]) == 2  # not timed yet: one line, non-zero
     assert "measured_us" in capsys.readouterr().err
     doc["measured_us"] = [12.0, 11.0, float("inf")]  # what codegen.tune writes on the GPU (inf: failed check)
+    doc["rejected"] = [[{"BM": 256}, "rejected: 64 bytes of register spills"]]
     f.write_text(json.dumps(doc))
     assert main(["tune", *ARGS, "--finish", str(f)]) == 0
     out = capsys.readouterr().out
     assert "measured 11.0 µs  <- measured best" in out and "cached" in out
+    assert "1 tiling(s) met while collecting the candidates rejected by the compiler" in out
     r = tune(OP, "h200", top_k=3, runner=lambda p, hw: pytest.fail("timed again"), time_limit=10)
     assert r.measured_us == 11.0 and dict(r.tiling) == doc["candidates"][1]["tiling"]
     other = tmp_path / "other.json"
