@@ -69,12 +69,14 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
         loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
         post = {f"wg{g}": [(f"epilogue@{g}", 0), (f"store@{g}", 0)] for g in wgs}
         tc = [f"mma@{g}" for g in wgs]
-    elif op == "flash_attention":
+    elif op in ("flash_attention", "flash_decode"):
         pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in wgs}
         loop = {"producer": [("load_k", 0), ("load_v", 0)]}
         loop |= {f"wg{g}": [(f"mma_qk@{g}", 0), (f"rowmax@{g}", s), (f"exp2@{g}", s), (f"rowsum@{g}", s),
                             (f"rescale@{g}", s), (f"mma_pv@{g}", s)] for g in wgs}
-        post = {f"wg{g}": [(f"normalize@{g}", 0), (f"store@{g}", 0)] for g in wgs}
+        # split-KV with several pieces per query tile: the partial, the combine and the merged O (ptsolve.ops.decode)
+        tail = ["store", "combine", "out"] if op == "flash_decode" and _split(params, tiling) else ["store"]
+        post = {f"wg{g}": [(f"normalize@{g}", 0)] + [(f"{t}@{g}", 0) for t in tail] for g in wgs}
         tc = [f"{t}@{g}" for g in wgs for t in ("mma_qk", "mma_pv")] if overlap else []
     elif op == "mamba2_chunk_scan":
         pre = {"producer": [("load_c", 0), ("load_states", 0), ("load_dacs", 0)]}
@@ -96,6 +98,14 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
     else:
         raise ValueError(f"no default plan for {op!r}")
     return KernelPlan(op, dict(params), dict(tiling), {"pre": pre, "loop": loop, "post": post}, tc, copies=copies)
+
+
+def _split(params: dict[str, Any], tiling: dict[str, int]) -> bool:
+    """Does a flash_decode tiling cut some query tile into several pieces (so its epilogue combines)?"""
+    from ptsolve import ops
+    from ptsolve.ops.decode import pieces
+    p = ops.make("flash_decode", **params).params
+    return max(w[3] for w in pieces(p, tiling["BM"], tiling["BN"], tiling["splits"])) > 1
 
 
 def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan:

@@ -312,6 +312,44 @@ def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     return o
 
 
+_WORKSPACE: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def decode_workspace(ks: KernelSource, device: Any = None) -> dict[str, Any]:
+    """The split-KV kernel's scratch tensors (``KernelSource.info["workspace"]``: fp32 partial O and log-sum-exp,
+    int32 counters allocated zeroed, which the kernel leaves zero), one set per kernel and device, reused by every
+    launch: launches of one kernel must not overlap on different streams."""
+    import torch
+
+    dev = torch.device(device or "cuda")
+    key = (ks.name, dev.index if dev.index is not None else torch.cuda.current_device())
+    if key not in _WORKSPACE:
+        n = ks.info["workspace"]
+        _WORKSPACE[key] = {"ws": torch.empty(n["ws"], dtype=torch.float32, device=dev),
+                           "lse": torch.empty(n["lse"], dtype=torch.float32, device=dev),
+                           "cnt": torch.zeros(n["cnt"], dtype=torch.int32, device=dev)}
+    return _WORKSPACE[key]
+
+
+def run_decode(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
+    """Split-KV attention (ptsolve.ops.decode): q [B,Sq,H,D], k/v [B,Skv,Hkv,D] → o [B,Sq,H,D], scale 1/sqrt(D),
+    causal bottom-right aligned when the plan's operator is causal."""
+    import torch
+
+    ks = _emit_cached(plan)
+    p = ks.params
+    B, H, Hkv, D = p["batch"], p["heads"], p["kv_heads"], p["head_dim"]
+    _need(q, "q", (B, p["seq_q"], H, D), p["dtype"])
+    _need(k, "k", (B, p["seq_kv"], Hkv, D), p["dtype"])
+    _need(v, "v", (B, p["seq_kv"], Hkv, D), p["dtype"])
+    o = out if out is not None else torch.empty_like(q)
+    _need(o, "out", tuple(q.shape), p["dtype"])
+    w = decode_workspace(ks, q.device)
+    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr(),
+                     "ws": w["ws"].data_ptr(), "lse": w["lse"].data_ptr(), "cnt": w["cnt"].data_ptr()}, _stream())
+    return o
+
+
 def _mamba(p: dict[str, Any]) -> tuple[int, ...]:
     return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
 
@@ -373,13 +411,16 @@ def random_args(ks: KernelSource, seed: int = 0) -> dict[str, Any]:
         return {"a": torch.randn(p["M"], p["K"], device="cuda", dtype=t),
                 "b": torch.randn(p["N"], p["K"], device="cuda", dtype=t),
                 "c": torch.full((p["M"], p["N"]), float("nan"), device="cuda", dtype=t)}
-    if op == "flash_attention":
+    if op in ("flash_attention", "flash_decode"):
         t = _torch_dtype(p["dtype"])
         B, D = p["batch"], p["head_dim"]
         q = torch.randn(B, p["seq_q"], p["heads"], D, device="cuda", dtype=t)
-        return {"q": q, "k": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
-                "v": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
-                "o": torch.full_like(q, float("nan"))}
+        out = {"q": q, "k": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
+               "v": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
+               "o": torch.full_like(q, float("nan"))}
+        if op == "flash_decode":
+            out |= decode_workspace(ks)
+        return out
     from .mamba import scan_inputs, state_inputs
     if op == "mamba2_chunk_scan":
         s = scan_inputs(p, seed)

@@ -2,7 +2,7 @@
 
 A schedule (an SProgram, a KernelPlan, or an already lowered KernelIR) goes through ``codegen.lower`` to a
 KernelIR, which the one skeleton (``codegen.cuda.skeleton``) emits with the operator's task bodies
-(``gemm``, ``attention``, ``chunk_scan``, ``chunk_state``): warpgroup 0 is the TMA producer, warpgroups
+(``gemm``, ``attention``, ``decode``, ``chunk_scan``, ``chunk_state``): warpgroup 0 is the TMA producer, warpgroups
 1..W the wgmma consumers, every role's loop following its (task, stage) order.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from codegen.kernel_ir import KernelIR
 from codegen.plan import KernelPlan
 
-from . import attention, chunk_scan, chunk_state, gemm  # noqa: F401  (task bodies register themselves)
+from . import attention, chunk_scan, chunk_state, decode, gemm  # noqa: F401  (task bodies register themselves)
 from .common import KernelSource, TensorMapSpec
 from .skeleton import REGISTRY, emit_ir
 

@@ -75,6 +75,18 @@ def _buf(t: Task, buf: str) -> str:
     return f"{buf}{t.parity if c == 2 and t.parity is not None else 0}"
 
 
+def row_max(S: str) -> list[str]:
+    """The running row max of the (masked) scores ``S`` and the rescale factor of O (also the split-KV bodies')."""
+    return ["#pragma unroll", "  for (int hh = 0; hh < 2; ++hh) {",
+            f"    float mx = {S}[2 * hh];", "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)",
+            f"      mx = fmaxf(mx, fmaxf({S}[4 * j + 2 * hh], {S}[4 * j + 2 * hh + 1]));",
+            "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));",
+            "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));",
+            "    const float mn = fmaxf(m_r[hh], mx * SCALE_LOG2);",
+            "    const float mu = (mn == -INFINITY) ? 0.f : mn;  // a fully masked row so far: keep exp2 finite",
+            "    alpha[hh] = fast_exp2(m_r[hh] - mu);", "    m_r[hh] = mn;", "    muse[hh] = mu;", "  }"]
+
+
 def _body(t: Task) -> str:
     ir, b = t.ir, t.base
     p, BN = ir.params, ir.tiling["BN"]
@@ -107,14 +119,7 @@ def _body(t: Task) -> str:
             "          const int key = kb + 8 * j + 2 * (lane & 3) + c;",
             "          const int row = m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
             f"          if (key >= SKV || (CAUSAL && key > row + OFF)) {S}[4 * j + 2 * hh + c] = -INFINITY;",
-            "        }", "  }", "#pragma unroll", "  for (int hh = 0; hh < 2; ++hh) {",
-            f"    float mx = {S}[2 * hh];", "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)",
-            f"      mx = fmaxf(mx, fmaxf({S}[4 * j + 2 * hh], {S}[4 * j + 2 * hh + 1]));",
-            "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));",
-            "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));",
-            "    const float mn = fmaxf(m_r[hh], mx * SCALE_LOG2);",
-            "    const float mu = (mn == -INFINITY) ? 0.f : mn;  // a fully masked row so far: keep exp2 finite",
-            "    alpha[hh] = fast_exp2(m_r[hh] - mu);", "    m_r[hh] = mn;", "    muse[hh] = mu;", "  }"])
+            "        }", "  }", *row_max(S)])
     if b == "exp2":
         return "\n".join([
             "#pragma unroll", "  for (int j = 0; j < BN / 8; ++j)", "#pragma unroll", "    for (int i = 0; i < 4; ++i)",

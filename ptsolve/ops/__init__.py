@@ -1,7 +1,7 @@
 """Operator builders. Each returns an Operator: ``.tilings()``, ``.graph(tiling)``, ``.propagate(out_tile)``."""
 from __future__ import annotations
 
-from . import attention, mamba2  # noqa: F401  (registration)
+from . import attention, decode, mamba2  # noqa: F401  (registration)
 from . import gemm as _gemm  # noqa: F401  (registration)
 from .base import REGISTRY, Operator, make
 
@@ -22,6 +22,18 @@ def flash_attention(batch: int, heads: int, kv_heads: int | None = None, seq_q: 
     return make("flash_attention", **p)
 
 
+def flash_decode(batch: int, heads: int, kv_heads: int | None = None, seq_q: int = 1, seq_kv: int | None = None,
+                 head_dim: int = 128, causal: bool = False, dtype: str = "fp16") -> Operator:
+    """Split-KV attention (ptsolve.ops.decode): ``seq_q`` query positions (1-16 for decode; any for a
+    low-occupancy prefill) against ``seq_kv`` keys, the GQA group's heads packed into one query tile and the
+    keys split across CTAs with a combine step; the tiling key ``splits`` is the solver's choice."""
+    p = {"batch": batch, "heads": heads, "seq_q": seq_q, "head_dim": head_dim, "causal": causal, "dtype": dtype}
+    for k, v in (("kv_heads", kv_heads), ("seq_kv", seq_kv)):
+        if v is not None:
+            p[k] = v
+    return make("flash_decode", **p)
+
+
 def mamba2_chunk_scan(batch: int, seq: int, heads: int, head_dim: int, d_state: int, chunk: int,
                       groups: int = 1) -> Operator:
     """Mamba2 SSD ChunkScan (the output of each chunk from CB, x and the chunk states)."""
@@ -36,4 +48,4 @@ def mamba2_chunk_state(batch: int, seq: int, heads: int, head_dim: int, d_state:
                 chunk=chunk, groups=groups)
 
 
-__all__ = ["REGISTRY", "Operator", "flash_attention", "gemm", "mamba2_chunk_scan", "mamba2_chunk_state", "make"]
+__all__ = ["REGISTRY", "Operator", "flash_attention", "flash_decode", "gemm", "mamba2_chunk_scan", "mamba2_chunk_state", "make"]

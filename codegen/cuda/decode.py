@@ -1,0 +1,255 @@
+"""Split-KV attention task bodies (``ptsolve.ops.decode``: FlashDecoding, GQA-packed query tiles).
+
+Layout: q/o [B, Sq, H, D], k/v [B, Skv, Hkv, D] as in FlashAttention; scale 1/sqrt(D); causal bottom-right.
+A CTA is one entry of the operator's work table (``ptsolve.ops.decode.pieces``, emitted as ``dec_work``) for
+one (batch, kv head): query tile ``qt``, key blocks ``kb0 .. kb0 + T - 1``, ``ns`` pieces of that tile, this
+one ``piece``. The tile's row r is head ``j0 + r % GB`` of the group at position ``s0 + r / GB``: ``load_q`` is
+one 5-D TMA box (64 columns, GB heads, 1 kv head, SB positions, 1 batch) that lands in exactly that row order.
+
+The loop's tasks (S = QKᵀ, the online softmax in the exp2 domain, O += PV) are FlashAttention's bodies
+(``codegen.cuda.attention``); only the producer's key-block coordinate and the mask differ here. Epilogue of a
+tile with one piece: ``store`` writes O. Of a tile with several: ``store`` writes this piece's O / l and its
+log-sum-exp (log2 domain) in fp32 to the workspace, ``combine`` counts the tile's finished pieces (a fence,
+one atomic per warpgroup, a ``bar.red.or`` to tell the warpgroup) and in the last one merges every piece
+(weights exp2(lse_k - max lse), partials read through L2) and resets the counter for the next launch; ``out``
+stores the merged O. Offsets into q/o and the workspace are 64-bit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ptsolve.errors import CodegenError
+from ptsolve.ops.decode import packing, pieces, query_tiles
+
+from ..kernel_ir import KernelIR, Role
+from . import attention
+from .common import CTYPE, PACK2, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
+from .skeleton import REGISTRY, OpKernel, Task
+
+OP = "flash_decode"
+
+DEVICE = r"""
+__device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+               :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)),
+                  "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+// true in every thread of the calling warpgroup (128 threads, named barrier `bar`) iff `v` is in any of them
+__device__ __forceinline__ int wg_any(int bar, int v) {
+  int r;
+  asm volatile("{\n .reg .pred p, q;\n setp.ne.b32 p, %2, 0;\n bar.red.or.pred q, %1, 128, p;\n"
+               " selp.b32 %0, 1, 0, q;\n}" : "=r"(r) : "r"(bar), "r"(v) : "memory");
+  return r;
+}
+"""
+
+
+def _work(ir: KernelIR) -> list[tuple[int, int, int, int, int]]:
+    p, t = ir.params, ir.tiling
+    return pieces(p, t["BM"], t["BN"], t["splits"])
+
+
+def _nmax(ir: KernelIR) -> int:
+    return max(w[3] for w in _work(ir))
+
+
+def _bases(ir: KernelIR) -> tuple[list[int], int]:
+    """Per query tile, its first workspace slot among the slots of one (batch, kv head) (only tiles of several
+    pieces have slots, one per piece), and the slots per (batch, kv head)."""
+    n = {q: ns for q, _, _, ns, _ in _work(ir)}
+    out, at = [], 0
+    for q in range(query_tiles(ir.params, ir.tiling["BM"])):
+        out.append(at)
+        at += n[q] if n[q] > 1 else 0
+    return out, at
+
+
+def _check(ir: KernelIR) -> None:
+    p, t = ir.params, ir.tiling
+    check_dtype(p)
+    if p["head_dim"] not in (64, 128):
+        raise CodegenError(f"{OP}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
+    if t["BM"] != 64 * t["groups"]:
+        raise CodegenError(f"{OP}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
+    gbox, sbox = packing(p, t["BM"])
+    if gbox > 256 or sbox > 256:
+        raise CodegenError(f"{OP}: a query tile of {gbox} heads x {sbox} positions exceeds the TMA box (256 per "
+                           "dimension)")
+    # TMA coordinates and the per-tensor row counts stay 32-bit; element offsets are 64-bit
+    if max(p["batch"] * p["seq_q"], p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"]), p["seq_kv"]) >= 1 << 31:
+        raise CodegenError(f"{OP}: batch·seq_q, batch·kv_heads·query tiles and seq_kv must stay below 2^31")
+
+
+def _consts(ir: KernelIR) -> str:
+    p, t = ir.params, ir.tiling
+    D, BM = p["head_dim"], t["BM"]
+    gbox, sbox = packing(p, BM)
+    G = p["heads"] // p["kv_heads"]
+    return (f"  constexpr int H = {p['heads']}, HKV = {p['kv_heads']}, G = {G}, SQ = {p['seq_q']}, "
+            f"SKV = {p['seq_kv']};\n"
+            f"  constexpr int D = {D}, DCH = D / 64, BM = {BM}, BN = {t['BN']}, B_ = {p['batch']};\n"
+            f"  constexpr int GB = {gbox}, SB = {sbox}, PR = GB * SB, NGT = {-(-G // gbox)}, "
+            f"NQT = {query_tiles(p, BM)};\n"
+            f"  constexpr int NE = {len(_work(ir))}, NMAX = {_nmax(ir)}, NSLOT = {_bases(ir)[1]};  // per (batch, kv "
+            "head): CTAs, workspace slots; the most pieces of a tile\n"
+            f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
+            "  constexpr int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
+            f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
+            "  (void)B_; (void)NMAX; (void)NSLOT;")
+
+
+def _device(ir: KernelIR) -> str:
+    table = ", ".join(f"{{{q}, {kb}, {n}, {ns | (k << 16)}}}" for q, kb, n, ns, k in _work(ir))
+    bases = _bases(ir)[0]
+    return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
+            + DEVICE + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
+            "ptsolve.ops.decode.pieces\n"
+            f"__device__ const int4 dec_work[{len(_work(ir))}] = {{{table}}};\n"
+            "// first workspace slot of each query tile (tiles of several pieces only)\n"
+            f"__device__ const int dec_base[{len(bases)}] = {{{', '.join(map(str, bases))}}};\n")
+
+
+def _tiles(ir: KernelIR) -> tuple[int, str]:
+    p = ir.params
+    n = len(_work(ir)) * p["batch"] * p["kv_heads"]
+    return n, ("  const int e_ = tile % NE, row_ = tile / NE;  // row_: (batch, kv head)\n"
+               "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
+               "  const int4 wk_ = dec_work[e_];\n"
+               "  const int qt = wk_.x, kb0 = wk_.y, T = wk_.z, ns = wk_.w & 0xffff, piece = wk_.w >> 16;\n"
+               "  const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB;\n"
+               "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's combine counter\n"
+               "  const int base_ = dec_base[qt];  // its first workspace slot\n"
+               "  (void)ns; (void)piece; (void)ctr; (void)base_;")
+
+
+def _decls(ir: KernelIR, role: Role) -> str:
+    merge = "\nint last_ = 0;  // this warpgroup merges its tile's pieces" if _nmax(ir) > 1 else ""
+    return attention._decls(ir, role) + merge
+
+
+def _rows() -> list[str]:
+    """Per thread and row half ``hh``: the tile row, whether it holds a query, its head and position."""
+    return ["    const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
+            "    const int jq = j0 + r % GB, sq = s0 + r / GB;",
+            "    const bool valid = r < PR && jq < G && sq < SQ;"]
+
+
+def _slot(piece: str) -> str:
+    """64-bit workspace row of tile row ``r`` for piece ``piece``."""
+    return f"(((long long)row_ * NSLOT + base_ + ({piece})) * PR + r)"
+
+
+def _store_o(dt: str) -> list[str]:
+    return ["    if (valid) {",
+            "      uint32_t* orow = reinterpret_cast<uint32_t*>(",
+            "          out + (((long long)bz * SQ + sq) * H + (long long)hkv * G + jq) * D);",
+            "#pragma unroll", "      for (int j = 0; j < D / 8; ++j)",
+            f"        orow[4 * j + (lane & 3)] = {PACK2[dt]}(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);", "    }"]
+
+
+def _body(t: Task) -> str:
+    ir, b = t.ir, t.base
+    dt = ir.params["dtype"]
+    if b == "load_q":
+        return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
+                "    tma_load_5d(q_s + c * BM * 128, &tm_q, fbar_, c * 64, j0, hkv, s0, bz);")
+    if b in ("load_k", "load_v"):
+        return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
+                f"    tma_load_4d({b[-1]}_cur + c * BN * 128, &tm_{b[-1]}, fbar_, c * 64, hkv, (kb0 + it_) * BN, bz);")
+    if b == "rowmax":
+        S = attention._buf(t, "sacc")
+        return "\n".join([
+            f"  fence_regs({S});", "  const int kb = (kb0 + it_) * BN;",
+            # the warpgroup's first row has the smallest position: no key of the block is masked for any row
+            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + ROW0 / GB + OFF)) {  // the block crosses a mask edge",
+            "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
+            "      const int sq = s0 + (ROW0 + w * 16 + (lane >> 2) + 8 * hh) / GB;",
+            "#pragma unroll", "      for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
+            "        for (int c = 0; c < 2; ++c) {",
+            "          const int key = kb + 8 * j + 2 * (lane & 3) + c;",
+            f"          if (key >= SKV || (CAUSAL && key > sq + OFF)) {S}[4 * j + 2 * hh + c] = -INFINITY;",
+            "        }", "    }", "  }",
+            *attention.row_max(S)])
+    if b in ("init", "mma_qk", "exp2", "rowsum", "rescale", "mma_pv", "normalize"):
+        return attention._body(t)
+    if b == "store" and _nmax(ir) == 1:
+        return "\n".join(["#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(), *_store_o(dt), "}"])
+    if b == "store":  # a tile of one piece stores O; of several, this piece's O / l and log-sum-exp
+        return "\n".join([
+            "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(),
+            "  if (ns == 1) {", *_store_o(dt), "  } else if (r < PR) {",
+            f"    const long long sl = {_slot('piece')};",
+            "    lse[sl] = inv_l[hh] > 0.f ? m_r[hh] - __log2f(inv_l[hh]) : -INFINITY;",
+            "    float2* prow = reinterpret_cast<float2*>(ws + sl * D);",
+            "#pragma unroll", "    for (int j = 0; j < D / 8; ++j)",
+            "      prow[4 * j + (lane & 3)] = make_float2(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
+            "  }", "}"])
+    if b == "combine":
+        return "\n".join([
+            "if (ns > 1) {",
+            "  __threadfence();  // this piece's partial is visible before it is counted",
+            "  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(WG_BAR) : \"memory\");",
+            "  int done = 0;",
+            "  if ((threadIdx.x & 127) == 0) done = atomicAdd(&cnt[ctr * BM / 64 + g], 1) == ns - 1;",
+            "  last_ = wg_any(WG_BAR, done);",
+            "  if (last_) {",
+            "    __threadfence();  // the other pieces' partials, counted before ours, are visible",
+            "    if ((threadIdx.x & 127) == 0) cnt[ctr * BM / 64 + g] = 0;  // ready for the next launch",
+            "#pragma unroll",
+            "    for (int hh = 0; hh < 2; ++hh) {",
+            "      const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
+            "      if (r >= PR) continue;",
+            "      float mx = -INFINITY;",
+            f"      for (int k = 0; k < ns; ++k) mx = fmaxf(mx, __ldcg(lse + {_slot('k')}));",
+            "      const float mu = mx == -INFINITY ? 0.f : mx;",
+            "      float wsum = 0.f;",
+            "#pragma unroll", "      for (int j = 0; j < D / 8; ++j) o[4 * j + 2 * hh] = o[4 * j + 2 * hh + 1] = 0.f;",
+            "      for (int k = 0; k < ns; ++k) {",
+            f"        const long long sl = {_slot('k')};",
+            "        const float wk = fast_exp2(__ldcg(lse + sl) - mu);",
+            "        wsum += wk;",
+            "        const float2* prow = reinterpret_cast<const float2*>(ws + sl * D);",
+            "#pragma unroll", "        for (int j = 0; j < D / 8; ++j) {",
+            "          const float2 v = __ldcg(prow + 4 * j + (lane & 3));",
+            "          o[4 * j + 2 * hh] = fmaf(wk, v.x, o[4 * j + 2 * hh]);",
+            "          o[4 * j + 2 * hh + 1] = fmaf(wk, v.y, o[4 * j + 2 * hh + 1]);", "        }", "      }",
+            "      const float inv = wsum > 0.f ? 1.f / wsum : 0.f;",
+            "#pragma unroll", "      for (int j = 0; j < D / 8; ++j) {",
+            "        o[4 * j + 2 * hh] *= inv;", "        o[4 * j + 2 * hh + 1] *= inv;", "      }", "    }", "  }",
+            "}"])
+    assert b == "out", b
+    return "\n".join(["if (ns > 1 && last_) {", "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(),
+                      *_store_o(dt), "}", "}"])
+
+
+def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
+    p, t = ir.params, ir.tiling
+    B, H, Hkv, SQ, SKV, D, dt = (p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "dtype"))
+    G, e = H // Hkv, 2
+    gbox, sbox = packing(p, t["BM"])
+    kv = TensorMapSpec("k", dt, (D, Hkv, SKV, B), (D * e, Hkv * D * e, SKV * Hkv * D * e), (64, 1, t["BN"], 1))
+    # q as (d, head in group, kv head, position, batch): one box is a packed query tile
+    return (TensorMapSpec("q", dt, (D, G, Hkv, SQ, B), (D * e, G * D * e, H * D * e, SQ * H * D * e),
+                          (64, gbox, 1, sbox, 1)),
+            kv, replace(kv, tensor="v"))
+
+
+def workspace(ir: KernelIR) -> dict[str, int]:
+    """Elements of the scratch buffers a launch needs: ``ws`` (fp32 partial O, D per row), ``lse`` (fp32),
+    ``cnt`` (int32 counters, zero before the first launch; the kernel leaves them zero)."""
+    p, t = ir.params, ir.tiling
+    tiles = p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"])
+    rows = max(1, p["batch"] * p["kv_heads"] * _bases(ir)[1] * packing(p, t["BM"])[0] * packing(p, t["BM"])[1])
+    return {"ws": rows * p["head_dim"], "lse": rows, "cnt": tiles * t["groups"]}
+
+
+REGISTRY[OP] = OpKernel(
+    op=OP, check=_check, device=_device, consts=_consts, maps=_maps,
+    signature=lambda ir: (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),
+                          ("ptr:ws", "float* __restrict__ ws"), ("ptr:lse", "float* __restrict__ lse"),
+                          ("ptr:cnt", "int* __restrict__ cnt")),
+    tiles=_tiles, decls=_decls, body=_body, min_trips=1,  # every piece has at least one key block
+    info=lambda ir: {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir))})

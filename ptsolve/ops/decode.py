@@ -1,0 +1,206 @@
+"""Split-KV attention (FlashDecoding): decode against a long KV cache and low-occupancy prefill.
+
+One CTA owns a *query tile* of one (batch, kv head) and one *piece* of its key range. For GQA/MQA the
+query tile packs the heads of the kv head's group with the query positions into the wgmma M dimension
+(``packing``): row r of a tile is head ``j0 + r % gbox`` of the group at query position ``s0 + r // gbox``,
+so decode (seq_q 1-16, 1-71 heads per kv head) fills one 64-row wgmma tile instead of wasting 63 of 64 rows
+per head, and every K/V tile is read once for the whole group. The keys a query tile visits (``trip_counts``)
+are cut into pieces of at most ``ceil(T_max / splits)`` key blocks (``pieces``); the longest tile gets
+``splits`` pieces, shorter (causal) ones fewer, so a batch-1 causal prefill or a few-head decode fills the SMs.
+
+A piece's loop is FlashAttention's (load_k, load_v by the producer; mma_qk, rowmax, exp2, rowsum, rescale,
+mma_pv per consumer warpgroup). Its epilogue depends on whether its query tile has more than one piece:
+- one piece: ``normalize`` and ``store`` of O (the plain attention epilogue);
+- several: ``store`` writes the piece's O / l and its log-sum-exp (fp32, ``partial_bytes``) to a workspace;
+  ``combine``: the last piece of the tile to finish (an atomic counter per tile and warpgroup) reads every
+  piece's partial back (L2) and merges them (weights exp2(lse_k - max lse)); ``out`` stores the merged O.
+The model charges the partial write, the read of all pieces and the final store to every piece: the last
+piece of a tile does the combine after its own loop, and in a single wave (the low-occupancy shapes split-KV
+is for) the kernel ends with it; with several waves that over-charges the pieces that are not last.
+
+Causal masking is bottom-right aligned: query position i sees keys <= i + seq_kv - seq_q.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .. import checks
+from ..errors import ShapeError
+from ..ir import DTYPE_BYTES, Edge, STaskGraph
+from .attention import kept_pairs
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+
+KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate pieces of the longest query tile
+BNS = (64, 128)
+DEPTHS = (2, 3, 4)
+
+
+def _validate(p: dict[str, Any]) -> dict[str, Any]:
+    if "heads" in p:
+        p.setdefault("kv_heads", p["heads"])
+    p = check_keys("flash_decode", p, ("batch", "heads", "seq_q", "seq_kv"),
+                   {"kv_heads": None, "head_dim": 128, "causal": False, "dtype": "fp16"})
+    positive(**{k: p[k] for k in KEYS[:6]})
+    dtype_ok(p["dtype"])
+    if p["heads"] % p["kv_heads"]:
+        raise ShapeError(f"flash_decode: heads={p['heads']} is not divisible by kv_heads={p['kv_heads']}; "
+                         "each kv head must serve a whole group of query heads")
+    if p["head_dim"] not in (64, 128):
+        raise ShapeError(f"flash_decode: head_dim={p['head_dim']}; the split-KV kernel supports 64 and 128")
+    if not isinstance(p["causal"], bool):
+        raise ShapeError(f"flash_decode: causal={p['causal']!r} must be true or false")
+    if p["causal"] and p["seq_q"] > p["seq_kv"]:
+        raise ShapeError(f"flash_decode: causal with seq_q={p['seq_q']} > seq_kv={p['seq_kv']} leaves query rows "
+                         "with no key; use seq_q <= seq_kv")
+    T = cdiv(p["seq_kv"], WG_ROWS)
+    rows = p["heads"] // p["kv_heads"] * p["seq_q"]  # query rows of one (batch, kv head)
+    checks.size("flash_decode", p["batch"] * p["kv_heads"] * max(SPLITS) * cdiv(rows, WG_ROWS),
+                "batch·kv_heads·seq_q·heads/kv_heads", 30 * T * (T + 1) // 2 if p["causal"] else 30 * T,
+                "seq_kv" + (" (causal)" if p["causal"] else ""))
+    return p
+
+
+def packing(p: dict[str, Any], BM: int) -> tuple[int, int]:
+    """(gbox, sbox): heads of the GQA group and query positions one BM-row tile packs (row r = head r % gbox at
+    position r // gbox); gbox * sbox <= BM rows are used."""
+    G = p["heads"] // p["kv_heads"]
+    gbox = min(G, BM)
+    return gbox, min(p["seq_q"], BM // gbox)
+
+
+def query_tiles(p: dict[str, Any], BM: int) -> int:
+    """Query tiles of one (batch, kv head): tile q covers heads (q % ngt)·gbox.. and positions (q // ngt)·sbox.."""
+    gbox, sbox = packing(p, BM)
+    return cdiv(p["heads"] // p["kv_heads"], gbox) * cdiv(p["seq_q"], sbox)
+
+
+def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
+    """Key blocks each query tile of one (batch, kv head) visits (causal: up to its last position's diagonal)."""
+    gbox, sbox = packing(p, BM)
+    ngt = cdiv(p["heads"] // p["kv_heads"], gbox)
+    full = cdiv(p["seq_kv"], BN)
+    off = p["seq_kv"] - p["seq_q"]
+    out = []
+    for q in range(query_tiles(p, BM)):
+        last = min(p["seq_q"], (q // ngt + 1) * sbox) - 1  # the tile's last query position
+        out.append(min(full, cdiv(last + off + 1, BN)) if p["causal"] else full)
+    return out
+
+
+def pieces(p: dict[str, Any], BM: int, BN: int, splits: int) -> list[tuple[int, int, int, int, int]]:
+    """The CTAs of one (batch, kv head), in launch order (longest first): (query tile, first key block, key blocks,
+    pieces of that tile, piece index). A tile of T blocks gets ceil(T / ceil(T_max / splits)) pieces, as even as
+    whole blocks allow. The one rule the graph (trip counts) and the kernel (its work table) share."""
+    trips = trip_counts(p, BM, BN)
+    chunk = cdiv(max(trips), splits)
+    out = []
+    for q, T in enumerate(trips):
+        n = cdiv(T, chunk)
+        out += [(q, k * T // n, (k + 1) * T // n - k * T // n, n, k) for k in range(n)]
+    return sorted(out, key=lambda x: (-x[2], x[0], x[4]))
+
+
+def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
+    rows = (p["heads"] // p["kv_heads"]) * p["seq_q"]
+    for groups in (1, 2) if rows > WG_ROWS else (1,):  # a second warpgroup only when one tile has > 64 rows
+        for bn in BNS:
+            tmax = max(trip_counts(p, WG_ROWS * groups, bn))
+            seen = set()
+            for splits in SPLITS:
+                eff = cdiv(tmax, cdiv(tmax, splits))  # pieces the longest tile really gets
+                if eff in seen:
+                    continue
+                seen.add(eff)
+                for depth in DEPTHS:
+                    yield {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": eff}
+
+
+def partial_bytes(rows: int, D: int) -> int:
+    """Bytes of one piece's partial result for ``rows`` query rows: O / l and the log-sum-exp, fp32."""
+    return rows * (D + 1) * 4
+
+
+def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+    B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
+    BM, BN, depth, W, splits = t["BM"], t["BN"], t["depth"], t["groups"], t["splits"]
+    positive(BM=BM, BN=BN, depth=depth, groups=W, splits=splits)
+    if BM != WG_ROWS * W:
+        raise ShapeError(f"flash_decode tiling: BM={BM} must be {WG_ROWS} rows per consumer warpgroup ({W})")
+    if BN % 16 or BN > 256:
+        raise ShapeError(f"flash_decode tiling: BN={BN} must be a multiple of 16 up to 256")
+    gbox, sbox = packing(p, BM)
+    used = gbox * sbox
+    if used <= WG_ROWS * (W - 1):
+        raise ShapeError(f"flash_decode tiling: {W} warpgroups for {used} packed query rows leaves a warpgroup idle; "
+                         f"use groups={cdiv(used, WG_ROWS)}")
+    e = DTYPE_BYTES[dt]
+    work = pieces(p, BM, BN, splits)
+    nmax = max(w[3] for w in work)
+    tasks = [
+        # TMA delivers the whole box (gbox x sbox rows); the rest of the 64-row wgmma tile is never read back
+        task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=used * D * e, is_async=True,
+             allocs=(smem("q", BM * D * e),)),
+        # the query tiles of one (batch, kv head) read the same K/V tiles; the pieces of a tile read disjoint ones
+        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=query_tiles(p, BM), is_async=True,
+             allocs=(smem("k", BN * D * e),)),
+        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=query_tiles(p, BM), is_async=True,
+             allocs=(smem("v", BN * D * e),)),
+    ]
+    edges = []
+    for g in range(W):
+        s, r = f"@{g}", WG_ROWS
+        rows = min(WG_ROWS, used - WG_ROWS * g)  # rows of this warpgroup that hold a query
+        tasks += [
+            task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
+                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
+            task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+                 reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
+            task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
+            task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
+                 reads=("s" + s,)),
+            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, group=g,
+                 reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
+            task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
+                 reads=("o" + s, "ml" + s)),
+            task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+                 reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
+            task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
+                 reads=("o" + s, "ml" + s)),
+        ]
+        edges += [
+            Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
+            Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
+            Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
+            Edge("rowsum" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
+            Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
+            Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
+            Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),
+            Edge("normalize" + s, "store" + s),
+        ]
+        if nmax == 1:
+            tasks.append(task("store" + s, "store", phase="post", tile=(rows, D), dtype=dt, bytes=rows * D * e,
+                              is_async=True, group=g, reads=("o" + s,)))
+            continue
+        # the partial write, the read of every piece's partial (just written: L2) and the merged O's store
+        tasks += [
+            task("store" + s, "store", phase="post", tile=(rows, D + 1), dtype="fp32",
+                 bytes=partial_bytes(rows, D), is_async=True, group=g, reads=("o" + s, "ml" + s)),
+            task("combine" + s, "load", phase="post", tile=(nmax * rows, D + 1), dtype="fp32",
+                 bytes=nmax * partial_bytes(rows, D), reuse=nmax, group=g, reads=("o" + s,)),
+            task("out" + s, "store", phase="post", tile=(rows, D), dtype=dt, bytes=rows * D * e, is_async=True,
+                 group=g, reads=("o" + s,)),
+        ]
+        edges += [Edge("store" + s, "combine" + s), Edge("combine" + s, "out" + s)]
+    flops = 4 * B * H * D * kept_pairs(p)
+    name = f"fd_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}_{dt}"
+    return STaskGraph(name=name, op="flash_decode", params=dict(p), tiling=dict(t), tasks=tuple(tasks),
+                      edges=tuple(edges), row=tuple(w[2] for w in work), rows=B * Hkv, useful_flops=flops)
+
+
+REGISTRY["flash_decode"] = OpSpec(
+    _validate, _tilings, _build,
+    out_tile=lambda t: (t["BM"], 0),
+    from_out_tile=lambda p, o: {"BM": o[0]},
+)
