@@ -164,7 +164,7 @@ def _body(t: Task) -> str:
         return "\n".join([
             f"  fence_regs({S});", "  const int kb = (kb0 + it_) * BN;",
             # the warpgroup's first row has the smallest position: no key of the block is masked for any row
-            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + ROW0 / GB + OFF)) {  // the block crosses a mask edge",
+            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + ROW0 / GB + OFF)) {  // the block crosses a mask edge",  # noqa: E501
             "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
             "      const int sq = s0 + (ROW0 + w * 16 + (lane >> 2) + 8 * hh) / GB;",
             "#pragma unroll", "      for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",

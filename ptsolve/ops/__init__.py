@@ -48,4 +48,5 @@ def mamba2_chunk_state(batch: int, seq: int, heads: int, head_dim: int, d_state:
                 chunk=chunk, groups=groups)
 
 
-__all__ = ["REGISTRY", "Operator", "flash_attention", "flash_decode", "gemm", "mamba2_chunk_scan", "mamba2_chunk_state", "make"]
+__all__ = ["REGISTRY", "Operator", "flash_attention", "flash_decode", "gemm", "mamba2_chunk_scan",
+           "mamba2_chunk_state", "make"]

@@ -138,6 +138,9 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     e = DTYPE_BYTES[dt]
     work = pieces(p, BM, BN, splits)
     nmax = max(w[3] for w in work)
+    if nmax != splits:
+        raise ShapeError(f"flash_decode tiling: splits={splits} cuts the longest query tile ({max(w[2] for w in work)}"
+                         f" key blocks of {BN} per piece at most) into {nmax} pieces; use splits={nmax}")
     tasks = [
         # TMA delivers the whole box (gbox x sbox rows); the rest of the 64-row wgmma tile is never read back
         task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=used * D * e, is_async=True,
