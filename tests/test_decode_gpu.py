@@ -4,12 +4,21 @@ agree bit for bit (the combine counters are back at zero); the 2^32-element atte
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
 import ptsolve
 
 pytestmark = pytest.mark.gpu
+_CACHE = os.environ.get("PTSOLVE_CACHE_DIR")  # before conftest gives every test its own
+
+
+@pytest.fixture(autouse=True)
+def _carried_cubins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Use the cubins compiled on the CPU machine and carried along (these tests use no schedule cache)."""
+    if _CACHE:
+        monkeypatch.setenv("PTSOLVE_CACHE_DIR", _CACHE)
 
 
 def _gpu() -> None:
