@@ -25,6 +25,7 @@ from .errors import ConfigError, PtsolveError
 from .provenance import stamp
 
 OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
+       "decode": "flash_decode", "flash_decode": "flash_decode",
        "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
        "chunk_state": "mamba2_chunk_state", "mamba2_chunk_state": "mamba2_chunk_state"}
 LEGEND = """notation: one line per phase (pre = prologue, once; loop = steady state, one iteration every ii
