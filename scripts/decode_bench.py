@@ -369,9 +369,13 @@ def sweep_section(sw: dict[str, Any], main: dict[str, Any]) -> list[str]:
              "expands the K/V heads, see the warnings in the log), so the masked SDPA times above are no target for "
              "the seq_q = 4 rows. Here SDPA also runs *unmasked* on the same tensors (`_nc`: the same K/V bytes, at "
              "least the causal work); the fair baseline is the faster of masked and unmasked.", "",
+             "SDPA has no GQA packing for seq_q > 1 (each query head streams its K/V), so even unmasked it reads "
+             "the cache H/Hkv times; as a same-bytes proxy the last column divides cuDNN's seq_q = 1 time on the same "
+             "cache (first run) by ours: what a packed decode kernel at cuDNN's seq_q = 1 speed would score.", "",
              "| shape | ours µs | cuDNN masked | cuDNN unmasked | best SDPA (either) | fair ratio vs cuDNN | "
-             "fair ratio vs best |", "|---|---|---|---|---|---|---|"]
-    fair_c, fair_b = [], []
+             "fair ratio vs best | cuDNN seq_q=1 proxy ratio |", "|---|---|---|---|---|---|---|---|"]
+    q1 = {r["name"]: r["us"].get("sdpa_cudnn") for r in main["shapes"]}
+    fair_c, fair_b, proxies = [], [], []
     for r in sw["shapes"]:
         us = r["us"]
         if "choice" not in us:
@@ -383,11 +387,16 @@ def sweep_section(sw: dict[str, Any], main: dict[str, Any]) -> list[str]:
             fair_c.append(cud / ours)
         if best:
             fair_b.append(best / ours)
+        proxy = q1.get(r["name"].replace("_q4_", "_q1_"))
+        if proxy:
+            proxies.append(proxy / ours)
         lines.append(f"| {r['name']} | {ours:.2f} | {us.get('sdpa_cudnn', float('nan')):.2f} | "
                      f"{us.get('sdpa_cudnn_nc', float('nan')):.2f} | {best:.2f} | "
-                     f"{cud / ours if cud else float('nan'):.2f} | {best / ours if best else float('nan'):.2f} |")
+                     f"{cud / ours if cud else float('nan'):.2f} | {best / ours if best else float('nan'):.2f} | "
+                     f"{proxy / ours if proxy else float('nan'):.2f} |")
     lines += ["", f"seq_q = 4, fair: geomean ratio vs cuDNN {geo(fair_c)}, vs the best SDPA {geo(fair_b)}; at >= 0.9x "
-              f"cuDNN: {sum(x >= 0.9 for x in fair_c)} of {len(fair_c)}.", ""]
+              f"cuDNN: {sum(x >= 0.9 for x in fair_c)} of {len(fair_c)}. Against the seq_q = 1 proxy: geomean "
+              f"{geo(proxies)}, >= 0.9x on {sum(x >= 0.9 for x in proxies)} of {len(proxies)}.", ""]
     rest_c = []
     for r in main["shapes"]:
         if r["params"]["seq_q"] == 4 and r["kind"] == "decode":
@@ -399,7 +408,8 @@ def sweep_section(sw: dict[str, Any], main: dict[str, Any]) -> list[str]:
     allc = rest_c + fair_c
     lines += [f"All {len(allc)} shapes with the fair seq_q = 4 baseline: geomean ratio vs cuDNN {geo(allc)}; at "
               f">= 0.9x cuDNN: {sum(x >= 0.9 for x in allc)} of {len(allc)} (the issue's target: every decode and "
-              "batch-1 causal shape >= 0.9x).", "",
+              f"batch-1 causal shape >= 0.9x). Without the seq_q = 4 shapes (where SDPA lacks GQA packing): "
+              f"geomean {geo(rest_c)} over {len(rest_c)}, >= 0.9x on {sum(x >= 0.9 for x in rest_c)}.", "",
               "### Neighbouring splits (each the solver's best schedule at that splits value; pieces of the longest "
               "query tile)", "", "| shape | splits: predicted µs / measured µs |", "|---|---|"]
     for r in sw["shapes"]:
