@@ -115,6 +115,10 @@ def _source(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None
     if isinstance(schedule, SProgram):
         hwt = load(hw or schedule.hw)
         plan = plan_from_program(schedule, hwt)
+        if graph_of(plan, hwt) != schedule.graph:  # the kernel's protocol must be the current model's
+            raise CodegenError(f"{schedule.graph.op} {dict(schedule.graph.params)} {dict(schedule.graph.tiling)}: the "
+                               "schedule's sTask graph differs from the one the operator builds now (solved with an "
+                               "older model, or a graph edited by hand): solve it again with ptsolve optimize")
         return plan, schedule.graph, hwt, dict(plan.copies)
     if isinstance(schedule, KernelPlan):
         hwt = load(hw or "h100")

@@ -117,6 +117,21 @@ def test_old_result_files_still_load():
     assert r.kernel_check is None and r.rejected == () and r.measured_us is None
 
 
+
+def test_a_stale_graph_is_refused(fa_prog):
+    """A program whose graph the operator no longer builds (an older model's bytes) is refused, not emitted with a
+    protocol the kernel's copies no longer match (ChunkState's 16-byte dalast once expected 4 bytes: a hang)."""
+    import dataclasses
+
+    from ptsolve.errors import CodegenError
+    g = fa_prog.graph
+    t = next(t for t in g.tasks if t.kind == "load")
+    stale = dataclasses.replace(g, tasks=tuple(dataclasses.replace(x, bytes=x.bytes // 2) if x is t else x
+                                               for x in g.tasks))
+    with pytest.raises(CodegenError, match="older model"):
+        lower(dataclasses.replace(fa_prog, graph=stale), H200)
+    lower(fa_prog, H200)
+
 OPS = {
     "flash_attention": st.builds(
         lambda h, g, s, d, c: ptsolve.ops.flash_attention(batch=1, heads=h * g, kv_heads=h, seq=s, head_dim=d,
