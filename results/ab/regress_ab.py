@@ -1,18 +1,20 @@
-"""Issue 8 A/B on the GPU: the old per-op emitters' kernels (commit ae3a8a0), the one-lowering skeleton's before
-the issue-8 fixes (commit 0e0a5f1, "base") and the current code's ("fix", plus variants that switch single fixes
-off) for the same committed schedules (results/schedules_h200), interleaved in one process
-(codegen.bench.time_many, CUDA graphs, 30 rounds).
+"""Issue 8 A/B on the GPU: the old per-op emitters' kernels (commit ae3a8a0, emitted from the schedules committed
+then), the one-lowering skeleton's on main ("base") and with the issue-8 fixes ("fix", plus variants that switch
+single fixes off), base and fix emitted, as ``codegen.round`` does, from the committed schedules' orders and tilings
+(``plan_from_program``: the committed programs predate the current release-point model, so their barriers are
+not reused), interleaved in one process (codegen.bench.time_many, CUDA graphs captured on the launch stream, 30 rounds).
 
-    PTSOLVE_CACHE_DIR=/work/wt8/.cubin3 python3 results/ab/regress_ab.py compile   # CPU: nvcc every cubin
-    PTSOLVE_CACHE_DIR=/work/wt8/.cubin3 python3 results/ab/regress_ab.py check     # CPU: every cubin is a cache hit
-    PTSOLVE_CACHE_DIR=/tmp/pc PYTHONPATH=$PWD timeout 300 python3 results/ab/regress_ab.py   # GPU: time
+    python3 results/ab/regress_ab.py emit base --root /work/main   # CPU: main's sources  -> ab_sources.json
+    python3 results/ab/regress_ab.py emit fix                       # CPU: this tree's sources (fix + variants)
+    PTSOLVE_CACHE_DIR=$PWD/.cubin3 python3 results/ab/regress_ab.py compile   # CPU: nvcc every cubin
+    PTSOLVE_CACHE_DIR=$PWD/.cubin3 python3 results/ab/regress_ab.py check     # every cubin is a cache hit
+    PTSOLVE_CACHE_DIR=... timeout 300 python3 results/ab/regress_ab.py        # GPU: smoke, compare, time
 
-old and base sources come from results/ab/regress_sources.json (emitted on the CPU with the code of those commits);
-the fix sources are emitted here. Every kernel takes exactly the arguments its own ``args`` / ``tensor_maps`` list
-(old and new kernels name the same tensors of the same shapes; the script checks). Before timing, each kernel runs
-once in a child process that the parent kills when one kernel takes longer than SMOKE_S: a kernel that hangs or
-faults is reported and skipped, and so is a variant whose output differs from the base kernel's. One line per
-schedule as it is timed, a markdown table last.
+Every kernel takes exactly the arguments its own ``args`` / ``tensor_maps`` list (old and new kernels name the
+same tensors of the same shapes; the script checks). Before timing, each kernel runs once in a child process
+that the parent kills when one kernel takes longer than SMOKE_S: a kernel that hangs or faults is reported and
+skipped, and so is a variant whose output differs from the base kernel's. One line per schedule as it is
+timed, a markdown table last.
 """
 from __future__ import annotations
 
@@ -26,16 +28,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+if "--root" in sys.argv:  # emit base with another checkout's code
+    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
+sys.path.insert(0 if "--root" not in sys.argv else 1, str(ROOT))
 
 from codegen.cuda.common import KernelSource, TensorMapSpec  # noqa: E402
 
 NAMES = ["CS3_cpsat", "CS8_cpsat", "CS9_cpsat", "ST3_cpsat", "ST5_cpsat", "FA17c_cpsat", "FA8c_cpsat", "FA3_cpsat",
          "FA3c_cpsat", "FA13c_cpsat"]
-SRC = ROOT / "results/ab/regress_sources.json"
+SRC = ROOT / "results/ab/regress_sources.json"  # the old emitters' sources
 SCHED = ROOT / "results/schedules_h200"
+AB = ROOT / "results/ab/ab_sources.json"  # {schedule: {variant: KernelSource}}
 SMOKE_S = 30.0  # one kernel's first launch + synchronize (random inputs made on the GPU)
-COLS = ["old", "base", "fix", "fix_no_early_p", "fix_xs_fewest"]
+COLS = ["old", "base", "fix", "fix_no_early_p", "fix_xs2"]
 
 
 def ks_of(d: dict) -> KernelSource:
@@ -47,34 +52,58 @@ def ks_of(d: dict) -> KernelSource:
     return KernelSource(**d)
 
 
-def variants(name: str) -> dict[str, KernelSource]:
-    """The kernels to compare for one schedule (missing ones left out)."""
-    from codegen.cuda import emit, skeleton
+def _plan(name: str):
     from codegen.plan import plan_from_program
     from ptsolve.result import Result
+    return plan_from_program(Result.from_json((SCHED / f"{name}.json").read_text()).program, "h200")
 
-    src = json.loads(SRC.read_text())
-    out = {k: ks_of(src[k][name]) for k in ("old", "base") if name in src[k]}
-    prog = Result.from_json((SCHED / f"{name}.json").read_text()).program
-    out["fix"] = emit(prog, "h200")
-    if prog.graph.op == "flash_attention":  # P packed in rowsum again (the early write of OpKernel.early off)
+
+def _emit_fix(name: str) -> dict[str, KernelSource]:
+    """fix and the variants that switch one fix off or on (left out where they emit the same source)."""
+    from codegen.cuda import emit, skeleton
+    from codegen.lower import lower
+
+    plan = _plan(name)
+    out = {"fix": emit(plan, "h200")}
+    if plan.op == "flash_attention":  # P packed in rowsum again (the early write of OpKernel.early off)
         keep = skeleton.early_writes
         skeleton.early_writes = lambda opk, role, loop, commits, needs, steady: (needs, steady, set())
         try:
-            ks = emit(prog, "h200")
+            ks = emit(plan, "h200")
         finally:
             skeleton.early_writes = keep
         if ks.source != out["fix"].source:
             out["fix_no_early_p"] = ks
-    if prog.graph.op == "mamba2_chunk_state":  # the fewest xs copies the schedule needs (named: lower keeps them)
-        from codegen.lower import lower
-        plan = plan_from_program(prog, "h200")
-        fewest = lower(plan, "h200").copies
-        named = dataclasses.replace(plan, copies={b: 1 for b in fewest})
+    if plan.op == "mamba2_chunk_state":  # two xs copies named (a plan keeps its own copies; the old emitter's)
+        named = dataclasses.replace(plan, copies={b: 2 for b in lower(plan, "h200").copies})
         ks = emit(named, "h200")
         if ks.source != out["fix"].source:
-            out["fix_xs_fewest"] = ks
+            out["fix_xs2"] = ks
     return out
+
+
+def emit_sources(which: str) -> None:
+    """Add ``which`` (base: the code on sys.path's first checkout; fix: this tree's) to ab_sources.json."""
+    from codegen.cuda import emit
+
+    old = json.loads(SRC.read_text())["old"]
+    ab = json.loads(AB.read_text()) if AB.exists() else {}
+    for n in NAMES:
+        if which == "base":
+            got = {"base": emit(_plan(n), "h200")}
+        else:
+            got = _emit_fix(n)
+        row = ab.setdefault(n, {})
+        row["old"] = old[n]
+        row.update({k: dataclasses.asdict(ks) for k, ks in got.items()})
+        print(n, which, sorted(got), flush=True)
+    AB.write_text(json.dumps(ab, indent=0, sort_keys=True))
+
+
+def variants(name: str) -> dict[str, KernelSource]:
+    """The kernels to compare for one schedule, in COLS order (missing ones left out)."""
+    row = json.loads(AB.read_text())[name]
+    return {k: ks_of(row[k]) for k in COLS if k in row}
 
 
 def compile_all(check: bool) -> None:
@@ -191,7 +220,7 @@ def main() -> None:
                     good.pop(k)
             ptrs = [{k: t.data_ptr() for k, t in s.items()} for s in sets]
             kern = {k: load(ks) for k, ks in good.items()}
-            stream = int(torch.cuda.current_stream().cuda_stream)
+            stream = int(torch.cuda.current_stream().cuda_stream)  # the comparison launches (no capture)
             outk = next(a.split(":")[1] for a in ref.args if a.split(":")[1] in ("o", "out"))
             outs = {}
             for k, kk in kern.items():  # every variant's output next to base's (old's where base failed)
@@ -208,7 +237,10 @@ def main() -> None:
                     print(f"  {n}/{k}: output differs from {rk} by {d:.3g}, not timed", flush=True)
                     kern.pop(k)
             del outs
-            fns = {k: (lambda i, kk=kk, pp=ptrs, st=stream: kk.launch(pp[i], st)) for k, kk in kern.items()}
+            # the stream is read at each launch: under torch.cuda.graph it is the capture stream (a stream fixed
+            # before the capture leaves the graph empty and times nothing)
+            fns = {k: (lambda i, kk=kk, pp=ptrs: kk.launch(pp[i], int(torch.cuda.current_stream().cuda_stream)))
+                   for k, kk in kern.items()}
             ms = time_many(fns, 2, graphs=True, rounds=30)
         except Exception as e:  # noqa: BLE001
             print(f"{n}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -234,7 +266,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["compile"]:
+    if sys.argv[1:2] == ["emit"]:
+        emit_sources(sys.argv[2])
+    elif sys.argv[1:2] == ["compile"]:
         compile_all(check=False)
     elif sys.argv[1:2] == ["check"]:
         compile_all(check=True)
