@@ -74,23 +74,31 @@ def test_kernel_ir_is_the_models_protocol(fa_prog):
 
 
 def _committed(name):
+    """A committed program's orders and start times on the graph the operator builds now (the committed programs
+    predate the current graphs, which lower refuses as they are; these tests look at how orders are lowered)."""
+    import dataclasses
     from pathlib import Path
 
     from ptsolve.result import Result
-    return Result.from_json((Path(__file__).parents[1] / "results/schedules_h200" / f"{name}.json").read_text()).program
+    p = Result.from_json((Path(__file__).parents[1] / "results/schedules_h200" / f"{name}.json").read_text()).program
+    g = p.graph
+    return dataclasses.replace(p, graph=ptsolve.ops.make(g.op, **g.params).graph(dict(g.tiling)))
 
 
 def test_shared_copy_buffers_follow_the_stagger():
     """ChunkState's committed program runs its mma a stage behind the scale: two xs buffers (the old emitter's),
     within what the program allocated, though its start times would do with one; a register copy is still trimmed
-    to what the start times use. The scale's shared-memory reads go through the shared-space base (LDS)."""
+    to what the start times use. ChunkState keeps the generic shared-memory base (measured faster), ChunkScan takes
+    the shared-space one (LDS in its decay)."""
     from codegen.cuda import emit
     p = _committed("ST3_cpsat")
     ir = lower(p, H200)
     assert ir.copies == {"xs@0": 2} and dict(ir.role("wg0").loop) == {"mma@0": 1, "scale@0": 0}
     assert ir.waits["scale@0"] == (("mma@0", -2),)
-    assert "__cvta_generic_to_shared(smem_raw)" in emit(ir).source
-    assert lower(_committed("CS3_cpsat@1cta"), H200).copies == {"w@0": 1, "w@1": 1}  # registers: trimmed
+    assert "__cvta_generic_to_shared(smem_raw)" not in emit(ir).source
+    cs = lower(_committed("CS3_cpsat@1cta"), H200)
+    assert cs.copies == {"w@0": 1, "w@1": 1}  # registers: trimmed
+    assert "__cvta_generic_to_shared(smem_raw)" in emit(cs).source
 
 
 def test_early_register_write():

@@ -75,6 +75,9 @@ class OpKernel:
     # task -> an earlier task of the same iteration whose body may also do its write of the register buffer it
     # allocates (FlashAttention: exp2 packs the P fragments rowsum allocates), see early_writes
     early: Mapping[str, str] = field(default_factory=dict)
+    # the aligned shared-memory base kept in the shared window (see _smem_base): measured per operator on an H200
+    # (results/ab/regress_ab_h200.log, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
+    shared_base: bool = False
 
 
 REGISTRY: dict[str, OpKernel] = {}
@@ -363,7 +366,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
   // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
-{_smem_base(ir)}
+{_smem_base(opk.shared_base)}
 {chr(10).join(pre_ptrs)}
 {chr(10).join(bars)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
@@ -429,16 +432,15 @@ def early_writes(opk: OpKernel, role: Role, loop: Any, commits: set[str], needs:
     return needs, steady, early
 
 
-def _smem_base(ir: KernelIR) -> str:
-    """The aligned shared-memory base. Where a consumer reads or writes shared memory with ordinary loads and
-    stores (a ring released ``generic``, a shared-memory copy buffer: ChunkScan's decay, ChunkState's scale), the
-    offset is added to the ``__shared__`` array itself, so the compiler keeps the shared address space and emits
-    LDS / STS (through a ``uintptr_t`` it loses it: generic LD / ST with 64-bit address arithmetic, 689 instead of
-    495 SASS instructions in ChunkScan's decay loop). Elsewhere (only TMA and wgmma descriptors touch shared
-    memory) the generic form: there the shared form makes ptxas rematerialise the shared window's base in the
-    loop (S2UR SR_CgaCtaId, FlashAttention's steady loop 9 instructions longer)."""
-    generic = any(x.generic for r in ir.rings for x in r.releases) or any(s.name in ir.copies for s in ir.smem)
-    if generic:
+def _smem_base(shared: bool) -> str:
+    """The aligned shared-memory base. ``shared``: the offset is added to the ``__shared__`` array itself, so the
+    compiler keeps the shared address space for the consumers' ordinary loads and stores (LDS / STS; through a
+    ``uintptr_t`` it loses it: generic LD / ST with 64-bit address arithmetic, 689 instead of 495 SASS instructions
+    in ChunkScan's decay loop). Else the generic form: where only TMA and wgmma descriptors touch shared memory the
+    shared form makes ptxas rematerialise the window's base in the loop (S2UR SR_CgaCtaId: FlashAttention's steady
+    loop 9 instructions longer), and ChunkState's scale ran 9% slower with it. Which one an operator takes is its
+    OpKernel's ``shared_base``, chosen by measuring both."""
+    if shared:
         return ("  uint8_t* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & "
                 "1023u)) & 1023u);")
     return ("  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & "
