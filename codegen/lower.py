@@ -201,6 +201,28 @@ def _turns(plan: KernelPlan, g: STaskGraph, stream: dict[str, str], turns: bool)
     return (True, "") if turns else (False, "turns switched off (lower(..., turns=False))")
 
 
+def _smem_copies(g: STaskGraph, loops: dict[str, LoopOrder], stream: dict[str, str], copies: dict[str, int],
+                 cap: dict[str, int]) -> dict[str, int]:
+    """Copies of the shared-memory copy buffers (a consumer writes them, its wgmma reads them, e.g. ChunkState's
+    scaled x): an order that puts the asynchronous reader d stages behind the writer asks the writer to run d
+    iterations ahead of the tensor cores, which takes d + 1 copies (else the writer waits for the wgmma it has
+    just issued and vector and tensor-core work serialise). The schedule's start times may prove fewer enough
+    (``plan.min_copies``), but those only cost registers for register buffers; a shared-memory copy costs shared
+    memory, which ``_smem`` checks against the budget (the fewest are kept when it does not fit). For an SProgram,
+    never more than it allocated (``cap``; a KernelPlan keeps its own copies). The old per-op emitters did the
+    same (ChunkState: two xs buffers for the overlapped order, whatever the start times)."""
+    bufs = g.buffers()
+    out = dict(copies)
+    for b in protocol.copy_buffers(g):
+        if bufs[b].space != "smem":
+            continue
+        a, frees = protocol.ring_users(g)[b]
+        st = dict(loops[stream[a]].ops)
+        d = max((st[f] - st[a] for f in frees if f in st and g.task[f].is_async), default=0)
+        out[b] = max(out[b], min(3, cap.get(b, 1), 1 + d))
+    return out
+
+
 def _smem(g: STaskGraph, rings: dict[str, int], copies: dict[str, int], hw: Hardware, ctas: int
           ) -> tuple[tuple[Smem, ...], protocol.Layout]:
     """Every shared-memory buffer at the offset of the model's layout; CodegenError beyond the budget."""
@@ -253,10 +275,21 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
     for b in protocol.copy_buffers(g):  # a hand plan that names no copies gets the fewest its order needs
         if b not in copies:
             copies[b] = next((c for c in (1, 2, 3) if _order_ok(g, tm, hwt, rings, copies | {b: c}, loops)), 3)
+    fewest = dict(copies)
+    if isinstance(schedule, SProgram):  # a KernelPlan's copies are its own (named, or the fewest its order needs)
+        # at most what the program allocated (programs of an older model listed shared copy buffers as rings)
+        cap = {b: int(schedule.copies.get(b) or schedule.rings.get(b) or 1) for b in protocol.copy_buffers(g)}
+        copies = _smem_copies(g, loops, stream, copies, cap)
     for r in roles:
         check_deps(r, loops[r], _deps(g, tm, hwt, rings, copies, r))
     enforce, note = _turns(plan, g, stream, turns)
-    smem, lay = _smem(g, rings, copies, hwt, ctas)
+    try:
+        smem, lay = _smem(g, rings, copies, hwt, ctas)
+    except CodegenError:
+        if copies == fewest:
+            raise
+        copies = fewest  # the staggered copies do not fit: the fewest the schedule needs
+        smem, lay = _smem(g, rings, copies, hwt, ctas)
     prod_regs = tgt.producer_regs(ctas)
     out_roles = tuple(Role(r, -1 if r == "producer" else int(r[2:]),
                            (prod_regs if r == "producer" else tgt.consumer_regs(W, ctas)) if prod_regs else 0,

@@ -75,6 +75,17 @@ def _buf(t: Task, buf: str) -> str:
     return f"{buf}{t.parity if c == 2 and t.parity is not None else 0}"
 
 
+def _pack(t: Task, S: str) -> list[str]:
+    """P (rowsum's register buffer) packed into the wgmma A fragments: the fp32 accumulator layout of S is the
+    A-fragment layout once packed in pairs."""
+    P, dt = _buf(t, "pf"), t.ir.params["dtype"]
+    lines = [f"  fence_regs({P}_flat);"]
+    for kk in range(t.ir.tiling["BN"] // 16):
+        for r in range(4):
+            lines.append(f"  {P}[{kk}][{r}] = {PACK2[dt]}({S}[{8 * kk + 2 * r}], {S}[{8 * kk + 2 * r + 1}]);")
+    return lines
+
+
 def _body(t: Task) -> str:
     ir, b = t.ir, t.base
     p, BN = ir.params, ir.tiling["BN"]
@@ -118,18 +129,15 @@ def _body(t: Task) -> str:
     if b == "exp2":
         return "\n".join([
             "#pragma unroll", "  for (int j = 0; j < BN / 8; ++j)", "#pragma unroll", "    for (int i = 0; i < 4; ++i)",
-            f"      {S}[4 * j + i] = fast_exp2(fmaf({S}[4 * j + i], SCALE_LOG2, -muse[i >> 1]));"])
+            f"      {S}[4 * j + i] = fast_exp2(fmaf({S}[4 * j + i], SCALE_LOG2, -muse[i >> 1]));",
+            *(_pack(t, S) if t.early else [])])
     if b == "rowsum":
         # per-thread partial sums (the 4 lanes of a row are combined once, in normalize); then P is packed into
-        # the wgmma A fragments: the fp32 accumulator layout of S is the A-fragment layout once packed in pairs
-        P = _buf(t, "pf")
+        # the wgmma A fragments, unless exp2 did (OpKernel.early: the skeleton found it free there)
         lines = ["#pragma unroll", "  for (int hh = 0; hh < 2; ++hh) {", "    float sm = 0.f;", "#pragma unroll",
                  "    for (int j = 0; j < BN / 8; ++j)", f"      sm += {S}[4 * j + 2 * hh] + {S}[4 * j + 2 * hh + 1];",
-                 "    l_r[hh] = l_r[hh] * alpha[hh] + sm;", "  }", f"  fence_regs({P}_flat);"]
-        for kk in range(BN // 16):
-            for r in range(4):
-                lines.append(f"  {P}[{kk}][{r}] = {PACK2[dt]}({S}[{8 * kk + 2 * r}], {S}[{8 * kk + 2 * r + 1}]);")
-        return "\n".join(lines)
+                 "    l_r[hh] = l_r[hh] * alpha[hh] + sm;", "  }"]
+        return "\n".join(lines + ([] if t.early else _pack(t, S)))
     if b == "rescale":
         return "\n".join(["  fence_regs(o);", "#pragma unroll", "  for (int j = 0; j < D / 8; ++j)", "#pragma unroll",
                           "    for (int i = 0; i < 4; ++i)", "      o[4 * j + i] *= alpha[i >> 1];"])
@@ -173,5 +181,6 @@ REGISTRY["flash_attention"] = OpKernel(
                                                                                 ir.params["dtype"], 1),
     consts=_consts, maps=_maps,
     signature=lambda ir: (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),),
-    tiles=_tiles, decls=_decls, body=_body, min_trips=1,  # every query block sees key block 0 (seq_q <= seq_kv)
+    tiles=_tiles, decls=_decls, body=_body, early={"rowsum": "exp2"},
+    min_trips=1,  # every query block sees key block 0 (seq_q <= seq_kv)
     info=lambda ir: {"score_buffers": [_copies(ir, "s", g) for g in range(ir.groups)]})

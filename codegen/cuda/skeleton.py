@@ -46,6 +46,7 @@ class Task:
     parity: int | None
     phase: str
     ir: KernelIR
+    early: bool = False  # the register write moved from the later task to the earlier one (OpKernel.early)
 
     @property
     def base(self) -> str:
@@ -71,6 +72,12 @@ class OpKernel:
     trips: Callable[[KernelIR], int | str] = lambda ir: "T"
     min_trips: int = 1
     info: Callable[[KernelIR], dict[str, Any]] = field(default=lambda ir: {})
+    # task -> an earlier task of the same iteration whose body may also do its write of the register buffer it
+    # allocates (FlashAttention: exp2 packs the P fragments rowsum allocates), see early_writes
+    early: Mapping[str, str] = field(default_factory=dict)
+    # the aligned shared-memory base kept in the shared window (see _smem_base): measured per operator on an H200
+    # (results/ab/regress_ab_h200.log, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
+    shared_base: bool = False
 
 
 REGISTRY: dict[str, OpKernel] = {}
@@ -228,13 +235,14 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         commits = {t for t in ir.commits if t in names}
         needs = {t: list(v) for t, v in ir.waits.items() if t in names}
         steady = wait_depths(loop, commits, needs)
+        needs, steady, early = early_writes(opk, role, loop, commits, needs, steady)
         nbuf = _regbufs(ir, role)
         waiter_of = {t: [r for r in loop_rings if (rn, t) in r.waiters] for t in names}
         rel = {t: [(r, x) for r in loop_rings for x in r.releases if x.role == rn and x.task == t] for t in names}
 
         def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
                  role: Role = role, commits: set[str] = commits, needs: dict = needs,  # noqa: B008
-                 waiter_of: dict = waiter_of, rel: dict = rel) -> str:
+                 waiter_of: dict = waiter_of, rel: dict = rel, early: set[str] = early) -> str:
             lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;", probe("p0_")]
             depth = (0 if waits is None else waits.get("depth")) if name in needs else None
             if depth is not None and name not in commits:
@@ -249,7 +257,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                              f"// {', '.join(r.buffers)} of iteration it_ landed")
             lines += pointers(name, "q_")
             lines.append(probe("p1_"))
-            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir))
+            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir, name in early))
             # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
             ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
                               f"{release(r, 'q_', x.generic)}\n  }}" for r, x in rel[name] if x.mode == "end")
@@ -358,7 +366,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
   // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+{_smem_base(opk.shared_base)}
 {chr(10).join(pre_ptrs)}
 {chr(10).join(bars)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
@@ -392,6 +400,51 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
                               "profile_words": prof_words(ir) if ir.profile else 0,
                               "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
                               **opk.info(ir)})
+
+
+def early_writes(opk: OpKernel, role: Role, loop: Any, commits: set[str], needs: dict[str, list],
+                 steady: dict[str, dict[str, int]]) -> tuple[dict[str, list], dict[str, dict[str, int]], set[str]]:
+    """Where an operator lets an earlier task of the iteration do a later task's write of the register buffer that
+    task allocates (``OpKernel.early``), do it when that is free: the earlier task then needs what the later one
+    waits for (the wgmma readers of the buffer's older copy complete, from the KernelIR's waits), and in the steady
+    loop an earlier wait of the role must already cover it (no wait is added there; the prologue and epilogue wait
+    for everything anyway). Only where the later task runs a stage behind the earlier one: the write then moves
+    into the previous emitted iteration, before the loop's back edge, which ptxas does not schedule across; left in
+    the later task it lands between that task's tensor-core turn (``bar.sync``) and its wgmma issue, since ptxas
+    moves register work across ``bar.sync`` towards its use (FlashAttention's second warpgroup: 32 F2FP there).
+    Within one stage the write stays where it is (same basic block: ptxas places it either way). Returns (needs,
+    steady wait depths, tasks whose bodies take the early form)."""
+    stage = dict(loop.ops)
+    tag = f"@{role.group}"
+    early: set[str] = set()
+    for late, first in opk.early.items():
+        t, e = late + tag, first + tag
+        if t not in stage or e not in stage or t not in needs or e in needs or stage[t] <= stage[e]:
+            continue
+        aug = {**needs, e: list(needs[t])}
+        try:
+            st = wait_depths(loop, commits, aug)
+        except CodegenError:
+            continue  # a reader of the older copy is issued after the earlier task: not possible there
+        if st.get(e) == {} and all(st.get(k) == v for k, v in steady.items()):
+            needs, steady = aug, st
+            early |= {t, e}
+    return needs, steady, early
+
+
+def _smem_base(shared: bool) -> str:
+    """The aligned shared-memory base. ``shared``: the offset is added to the ``__shared__`` array itself, so the
+    compiler keeps the shared address space for the consumers' ordinary loads and stores (LDS / STS; through a
+    ``uintptr_t`` it loses it: generic LD / ST with 64-bit address arithmetic, 689 instead of 495 SASS instructions
+    in ChunkScan's decay loop). Else the generic form: where only TMA and wgmma descriptors touch shared memory the
+    shared form makes ptxas rematerialise the window's base in the loop (S2UR SR_CgaCtaId: FlashAttention's steady
+    loop 9 instructions longer), and ChunkState's scale ran 9% slower with it. Which one an operator takes is its
+    OpKernel's ``shared_base``, chosen by measuring both."""
+    if shared:
+        return ("  uint8_t* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & "
+                "1023u)) & 1023u);")
+    return ("  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & "
+            "~uintptr_t(1023));")
 
 
 def block(*lines: str) -> str:
