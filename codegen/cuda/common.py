@@ -71,13 +71,6 @@ def check_dtype(p: dict[str, Any]) -> None:
                            f"{sorted(CTYPE)}")
 
 
-def consumer_regs(groups: int) -> int:
-    """Registers per consumer thread after ``setmaxnreg.inc``: the budget ptsolve's model schedules with."""
-    from ptsolve.hw import load
-    from ptsolve.ops.base import consumer_reg_budget
-    return consumer_reg_budget(groups, load("h100"))  # every sm_90 part has the same register file
-
-
 PRELUDE = r"""
 #include <cuda.h>
 #include <cuda_fp16.h>
