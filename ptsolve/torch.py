@@ -12,8 +12,9 @@ bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is z
 GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. ``gemm(a, b)`` is a · bᵀ with K and N multiples of
 8. Each call picks its shape class's schedule (``codegen.generic``: the shipped table, or solved on first use where
 OR-Tools is installed), compiles that class's kernel once (the cubin is cached on disk, so a second process runs
-no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are registered with fake (meta)
-implementations, so ``torch.compile(fullgraph=True)`` and CUDA-graph capture work. Forward only (no autograd).
+no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are registered as ``torch.ops.ptsolve.*``
+with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and CUDA-graph capture work. Forward
+only (no autograd): an output never requires grad.
 
 This is the one module of ``ptsolve`` that imports ``codegen``, lazily, inside the ops' CUDA implementations: the
 rest of ptsolve stays the solver that never depends on its code generator; this module is where a PyTorch user
@@ -86,65 +87,107 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-# ---------------------------------------------------------------------------------------------- custom ops
+# ---------------------------------------------------------------------------------------------- the ops
+# Defined with torch.library's low-level API (a schema, a CUDA kernel, a fake kernel): torch.library.custom_op's
+# wrapper costs ~25 µs a call on torch 2.11. In eager mode the public functions call the CUDA implementations
+# directly (same code, no dispatcher: the host overhead the issue asks about); under torch.compile they go through
+# the registered ops, whose fake kernels give the output's shape.
+
+_LIB = torch.library.Library("ptsolve", "DEF")
+_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
+
+_CLASSES: dict[tuple[Any, ...], Any] = {}
 
 
-@torch.library.custom_op("ptsolve::flash_attention", mutates_args=(), device_types="cuda")
-def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                     softmax_scale: float) -> torch.Tensor:
+def _attn_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
+    key = (q.dtype, q.shape[-1], causal, q.shape[-2], k.shape[-2])
+    c = _CLASSES.get(key)
+    if c is None:
+        c = _CLASSES[key] = _gen().attention_class(_DT[q.dtype], q.shape[-1], causal, q.shape[-2], k.shape[-2])
+    return c
+
+
+def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          softmax_scale: float) -> torch.Tensor:
     out = q.new_empty(q.shape)
     if out.numel() == 0:
         return out
     if k.shape[1] == 0:
         return out.zero_()  # no key at all: every row is zeros
-    g = _gen()
-    c = g.attention_class(_DT[q.dtype], q.shape[3], causal, q.shape[2], k.shape[2])
-    g.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, c, softmax_scale)
+    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale)
     return out
 
 
-@_flash_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
-    return q.new_empty(q.shape)
-
-
-@torch.library.custom_op("ptsolve::flash_attention_varlen", mutates_args=(), device_types="cuda")
-def _flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                            softmax_scale: float) -> torch.Tensor:
+def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                 softmax_scale: float) -> torch.Tensor:
     out = q.new_empty(q.shape)
     if out.numel() == 0 or cu_seqlens_q.shape[0] < 2:
         return out
     if max_seqlen_k == 0 or k.shape[0] == 0:
         return out.zero_()
-    g = _gen()
-    c = g.attention_class(_DT[q.dtype], q.shape[2], causal, q.shape[1], k.shape[1])
-    g.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, c, softmax_scale,
-                cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max(1, max_seqlen_q), max_seqlen_k)
+    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale,
+                     cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max(1, max_seqlen_q), max_seqlen_k)
     return out
 
 
-@_flash_attention_varlen.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> torch.Tensor:
-    return q.new_empty(q.shape)
+_GEMM_CLASSES: dict[torch.dtype, Any] = {}
 
 
-@torch.library.custom_op("ptsolve::gemm", mutates_args=(), device_types="cuda")
-def _gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = a.new_empty((a.shape[0], b.shape[0]))
     if out.numel() == 0:
         return out
     if a.shape[1] == 0:
         return out.zero_()
-    g = _gen()
-    g.gemm(_tma_ready(a), _tma_ready(b), out, g.gemm_class(_DT[a.dtype]))
+    c = _GEMM_CLASSES.get(a.dtype)
+    if c is None:
+        c = _GEMM_CLASSES[a.dtype] = _gen().gemm_class(_DT[a.dtype])
+    _gen().gemm(_tma_ready(a), _tma_ready(b), out, c)
     return out
 
 
-@_gemm.register_fake
+_LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
+_LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
+_LIB.impl("gemm", _gemm_cuda, "CUDA")
+
+
+@torch.library.register_fake("ptsolve::flash_attention", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_varlen", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::gemm", lib=_LIB)
 def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((a.shape[0], b.shape[0]))
+
+
+_compiling = torch.compiler.is_compiling
+_CHECKED: dict[tuple[Any, ...], float] = {}
+
+
+def _checked_scale(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, causal: bool,
+                   softmax_scale: float | None) -> float:
+    """_check_attention, remembered per (shapes, dtypes, device, causal, scale) in eager mode (a model calls the
+    same few shapes again and again)."""
+    if _compiling():
+        return _check_attention(q, k, v, rank, causal, softmax_scale)
+    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, softmax_scale)
+    s = _CHECKED.get(key)
+    if s is None:
+        if len(_CHECKED) > 4096:
+            _CHECKED.clear()
+        s = _CHECKED[key] = _check_attention(q, k, v, rank, causal, softmax_scale)
+    return s
 
 
 # ---------------------------------------------------------------------------------------------- the API
@@ -154,8 +197,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     softmax_scale: float | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
     ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros)."""
-    scale = _check_attention(q, k, v, 4, causal, softmax_scale)
-    return torch.ops.ptsolve.flash_attention(q, k, v, bool(causal), scale)
+    causal = bool(causal)
+    scale = _checked_scale(q, k, v, 4, causal, softmax_scale)
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
+    return _flash_attention_cuda(q, k, v, causal, scale)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -163,6 +209,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            softmax_scale: float | None = None) -> torch.Tensor:
     """Variable-length batches, packed as flash-attn's: q [total_q, H, D], k / v [total_k, Hkv, D], sequence b
     at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones."""
+    causal = bool(causal)
     scale = _check_attention(q, k, v, 3, causal, softmax_scale)
     for n, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
@@ -173,21 +220,25 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                          "must both have batch + 1 entries")
     if min(max_seqlen_q, max_seqlen_k) < 0:
         raise ShapeError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0")
-    return torch.ops.ptsolve.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                                     int(max_seqlen_k), bool(causal), scale)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale)
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention_varlen(*args)
+    return _flash_attention_varlen_cuda(*args)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a · bᵀ: a [..., K], b [N, K] (F.linear(a, b)'s layout) → [..., N]; fp32 accumulation. K and N multiples of 8."""
-    _same("gemm", {"a": a, "b": b})
-    _dtype(a, "a")
+    if a.dtype not in _DT or a.dtype != b.dtype or a.device != b.device or not a.is_cuda:
+        _same("gemm", {"a": a, "b": b})
+        _dtype(a, "a")
     if a.dim() < 1 or b.dim() != 2 or a.shape[-1] != b.shape[1]:
         raise ShapeError(f"gemm takes a [..., K] and b [N, K]; got {tuple(a.shape)} and {tuple(b.shape)}")
     K, N = b.shape[1], b.shape[0]
     if K % 8 or N % 8:
         raise ShapeError(f"gemm: K={K} and N={N} must be multiples of 8 (16-byte rows for TMA); pad them")
-    lead = a.shape[:-1]
-    return torch.ops.ptsolve.gemm(a.reshape(-1, K), b).reshape(*lead, N)
+    a2 = a.reshape(-1, K)
+    out = torch.ops.ptsolve.gemm(a2, b) if _compiling() else _gemm_cuda(a2, b)
+    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], N)
 
 
 # ---------------------------------------------------------------------------------------------- transformers

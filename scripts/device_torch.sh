@@ -5,7 +5,7 @@
 # Run from a checkout whose $PTSOLVE_CACHE_DIR holds the class kernels' cubins (python3 -m codegen.generic
 # precompile, on the CPU machine), so no nvcc runs here; writes everything under $OUT. QUICK=1: fewer shapes.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, installed or not
 : "${PTSOLVE_CACHE_DIR:?set PTSOLVE_CACHE_DIR to the carried cubin cache}"
 S="$OUT/summary.txt"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -174,3 +174,17 @@ def test_second_process_compiles_nothing(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         runs.append(json.loads(r.stdout.strip().splitlines()[-1])["nvcc"])
     assert runs == [2, 0]
+
+
+def test_only_ptsolve_torch_imports_codegen_and_lazily():
+    """The arrows point one way: ptsolve never imports codegen, except ptsolve/torch.py, inside a function."""
+    import ast
+    for f in sorted((ROOT / "ptsolve").rglob("*.py")):
+        tree = ast.parse(f.read_text())
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "codegen" or n.startswith("codegen.") for n in names):
+                assert f.name == "torch.py" and f.parent.name == "ptsolve", f"{f} imports codegen"
+                assert id(node) not in top, "ptsolve/torch.py must import codegen lazily"
