@@ -249,6 +249,66 @@ def attention_speed(quick: bool) -> list[dict]:
     return rows
 
 
+def _f(x: object, nd: int = 2) -> str:
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def render(res: dict, command: str) -> str:
+    """The Markdown report of a torch_bench.json."""
+    L = [f"# ptsolve.torch on an {res['device']}", "",
+         f"Made by `{command}` on {res['date']}, commit {res['commit']}, torch {res['torch']}.", ""]
+    if isinstance(res.get("host_us"), dict) and "error" not in res["host_us"]:
+        L += ["## Host overhead of a warm call (µs per call, tight loop on a tiny shape, best of 5 × 2000)", "",
+              "| call | µs |", "|---|---|"]
+        L += [f"| {k} | {_f(v, 1)} |" for k, v in res["host_us"].items()]
+        L.append("")
+    sp = res.get("second_process")
+    if isinstance(sp, dict):
+        L += ["## A second process (warm disk cache)", "", "| " + " | ".join(sp) + " |",
+              "|" + "---|" * len(sp), "| " + " | ".join(_f(v, 3) for v in sp.values()) + " |", ""]
+    at = res.get("attention")
+    if isinstance(at, list):
+        L += ["## Attention, LLaMA3-8B heads (32 q, 8 kv, d 128), causal, fp16", "",
+              "| batch | seq | ptsolve ms | SDPA cuDNN ms | ptsolve TFLOP/s | cuDNN TFLOP/s | ratio |",
+              "|---|---|---|---|---|---|---|"]
+        L += [f"| {r['batch']} | {r['seq']} | {_f(r['ms_ptsolve'], 3)} | {_f(r['ms_sdpa_cudnn'], 3)} | "
+              f"{_f(r['tflops_ptsolve'], 0)} | {_f(r['tflops_sdpa_cudnn'], 0)} | "
+              f"{_f(r['ms_sdpa_cudnn'] / r['ms_ptsolve'], 3)} |" for r in at]
+        L.append("")
+    hf = res.get("hf_llama")
+    if isinstance(hf, dict):
+        L += ["## transformers Llama (random weights) with `attn_implementation=\"ptsolve\"` vs SDPA", "",
+              f"transformers {hf.get('transformers')}; {hf.get('config')}.", ""]
+        for k, v in hf.items():
+            if isinstance(v, dict):
+                L += [f"- {k}, tokens {v['tokens']}: max |logits − fp32| ptsolve "
+                      f"{_f(v['max_abs_err_ptsolve_vs_fp32'], 4)}, SDPA {_f(v['max_abs_err_sdpa_vs_fp32'], 4)} "
+                      f"(logits up to {_f(v['logits_scale'])}); "
+                      f"ptsolve vs SDPA {_f(v['max_abs_ptsolve_vs_sdpa'], 4)}; within 2·SDPA's + 1e-2: {v['ok']}; "
+                      f"forward {_f(v['forward_ms_ptsolve'], 3)} ms vs SDPA {_f(v['forward_ms_sdpa'], 3)} ms"]
+        if "error" in hf:
+            L.append(f"- error: {hf['error']}")
+        L.append("")
+    ly = res.get("llama3_8b_layer")
+    if isinstance(ly, list):
+        L += ["## One LLaMA3-8B decoder layer, fp16: ptsolve (attention + GEMMs) vs PyTorch (SDPA cuDNN + cuBLAS)", "",
+              "| batch | seq | max abs diff (out up to) | eager ptsolve ms | eager torch ms | eager ratio | "
+              "compiled ptsolve ms | compiled torch ms | compiled ratio |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in ly:
+            c = "– | – | –"
+            if "compile_ms_ptsolve" in r:
+                c = (f"{_f(r['compile_ms_ptsolve'], 3)} | {_f(r['compile_ms_torch'], 3)} | "
+                     f"{_f(r['compile_ms_torch'] / r['compile_ms_ptsolve'], 3)}")
+            L.append(f"| {r['batch']} | {r['seq']} | {_f(r['max_abs_diff'], 4)} ({_f(r['ref_max_abs'], 1)}) | "
+                     f"{_f(r['eager_ms_ptsolve'], 3)} | {_f(r['eager_ms_torch'], 3)} | "
+                     f"{_f(r['eager_ms_torch'] / r['eager_ms_ptsolve'], 3)} | {c} |")
+        L += ["", "ratio = PyTorch time / ptsolve time (> 1: ptsolve faster)."]
+    for k, v in res.items():
+        if isinstance(v, dict) and "error" in v:
+            L += ["", f"**{k} failed**: `{v['error']}`"]
+    return "\n".join(L) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -273,6 +333,7 @@ def main() -> int:
             res[name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
         print(f"== {name} ({time.perf_counter() - t:.1f} s)\n{json.dumps(res[name], indent=1)}", flush=True)
         (a.out / "torch_bench.json").write_text(json.dumps(res, indent=1))
+    (a.out / "torch_h200.md").write_text(render(res, "python3 scripts/torch_bench.py " + " ".join(sys.argv[1:])))
     return 0
 
 
