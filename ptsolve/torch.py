@@ -34,9 +34,15 @@ __all__ = ["flash_attention", "flash_attention_varlen", "gemm", "register_transf
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
+_GEN: list[Any] = []
+
+
 def _gen() -> Any:
-    import codegen.generic as g  # the one ptsolve -> codegen import (see the module docstring)
-    return g
+    """codegen.generic, imported on first use (kept: an import statement costs a warm call about a microsecond)."""
+    if not _GEN:
+        import codegen.generic as g  # the one ptsolve -> codegen import (see the module docstring)
+        _GEN.append(g)
+    return _GEN[0]
 
 
 def _dtype(x: torch.Tensor, name: str) -> str:

@@ -76,16 +76,20 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
            "KB = VARLEN ? 0 : bz;\n"
            "  const int SQB = VARLEN ? cu_q[bz + 1] - QR : SQ, SKVB = VARLEN ? cu_k[bz + 1] - KR : SKV;\n"
            "  const size_t OROW = (size_t)QB * SQ + QR;\n  (void)OROW; (void)KR; (void)KB; (void)QR;\n")
-    zero = (f"  if (!skip_ && T <= 0) {{  // causal, seq_q > seq_kv: rows that see no key are zeros, as in FA\n"
-            f"    if (wg > 0)\n"
-            f"      for (int i = threadIdx.x - 128; i < BM * (D / 8); i += {ir.threads - 128}) {{\n"
-            "        const int r = m0 + i / (D / 8);\n"
-            "        if (r < SQB) reinterpret_cast<uint4*>(out + ((OROW + r) * H + hq) * D)[i % (D / 8)] = "
-            "make_uint4(0u, 0u, 0u, 0u);\n"
-            "      }\n    skip_ = true;\n  }")
+    # only a generic build meets a query block beyond a shorter sequence or one that sees no key (causal, seq_q >
+    # seq_kv: stored as zeros, as FlashAttention's); an exact build needs seq_q <= seq_kv and keeps these branches
+    # out of its tile loop (ptxas serialises a persistent kernel's wgmma across them)
+    skip = "" if not ir.generic else "  if (m0 >= SQB) skip_ = true;  // varlen: a shorter sequence than the longest\n"
+    zero = "" if not ir.generic else (
+        "  if (!skip_ && T <= 0) {  // no key for this query block: zeros\n"
+        "    if (wg > 0)\n"
+        f"      for (int i = threadIdx.x - 128; i < BM * (D / 8); i += {ir.threads - 128}) {{\n"
+        "        const int r = m0 + i / (D / 8);\n"
+        "        if (r < SQB) reinterpret_cast<uint4*>(out + ((OROW + r) * H + hq) * D)[i % (D / 8)] = "
+        "make_uint4(0u, 0u, 0u, 0u);\n"
+        "      }\n    skip_ = true;\n  }")
     return n, (split + seq + "  const int mb = CAUSAL ? (NMB - 1 - mb_) : mb_;\n"
-               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n"
-               "  if (m0 >= SQB) skip_ = true;  // varlen: a shorter sequence than the longest\n"
+               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n" + skip +
                "  const int OFF = SKVB - SQB;  // bottom-right aligned causal mask: query i sees keys <= i + OFF\n"
                "  int T = (SKVB + BN - 1) / BN;  // key blocks this query block visits\n"
                "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }\n" + zero)
