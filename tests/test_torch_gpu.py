@@ -182,3 +182,17 @@ def test_errors_name_the_fix(torch, pt):
     with pytest.raises(ShapeError, match="multiples of 8"):
         pt.gemm(torch.randn(4, 12, device="cuda", dtype=torch.float16),
                 torch.randn(8, 12, device="cuda", dtype=torch.float16))
+
+
+def test_one_binary_serves_every_shape_of_a_class(torch, pt):
+    from codegen import generic, runtime
+    q = torch.randn(2, 100, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.bfloat16)
+    pt.flash_attention(q, k, k, causal=True)
+    runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    for sq, skv, b in ((1, 1, 1), (1000, 77, 3), (4097, 5000, 1)):
+        q = torch.randn(b, sq, 8, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, skv, 2, 64, device="cuda", dtype=torch.bfloat16)
+        pt.flash_attention(q, k, k, causal=True)
+    torch.cuda.synchronize()
+    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
