@@ -12,8 +12,9 @@ naming the class and the command. The generic kernel is compiled once: its cubin
 new shape, runs no nvcc.
 
 The launchers (``attention``, ``gemm``) take torch tensors, build the tensor maps and arguments of a shape once and
-keep the prepared launch keyed by (addresses, shapes, strides, scalars): a warm call is a dict lookup and a
-``cuLaunchKernel`` on the current stream. ``ptsolve.torch`` is the user's front door over them.
+keep the prepared launch keyed by the inputs' (addresses, shapes, strides) and the scalars (the output's address is
+written into it per call): a warm call is a dict lookup and a ``cuLaunchKernel`` on the current stream.
+``ptsolve.torch`` is the user's front door over them.
 """
 from __future__ import annotations
 
@@ -260,17 +261,25 @@ def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_
     """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
     [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
     q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks)."""
+    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)
+    ln.ptrs["o"].value = out.data_ptr()
+    ln(current_stream(q.get_device()))
+
+
+def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
+                     max_q: int = 0, max_k: int = 0) -> Any:
+    """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
+    strides, scalars); point its ``ptrs["o"]`` at the output before calling it."""
     varlen = cu_q is not None
-    key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), q.shape, q.stride(), k.shape,
-           k.stride(), v.stride(), scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0,
-           max_q, max_k)
+    key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
     ln = _LAUNCHES.get(key)
     if ln is None:
-        ln = _remember(key, _attention_launch(q, k, v, out, c, scale, cu_q, cu_k, max_q, max_k))
-    ln(current_stream(q.device.index))
+        ln = _remember(key, _attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k))
+    return ln
 
 
-def _attention_launch(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any,
+def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any,
                       max_q: int, max_k: int) -> Any:
     from .cuda.attention import sizes, tensor_map
 
@@ -292,7 +301,7 @@ def _attention_launch(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: fl
     maps = tuple(tensor_map(n, c.dtype, D, H if n == "q" else Hkv, rows, nb, st, t["BM"] if n == "q" else t["BN"])
                  for n, (rows, nb, st) in lay.items())
     sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
-    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": out.data_ptr(),
+    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
             "scale_log2": scale * math.log2(math.e), **sz}
     return ck.module().prepare(vals, maps, sz["NTILES"])
@@ -301,14 +310,21 @@ def _attention_launch(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: fl
 def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:
     """Launch ``c``'s kernel: out [M, N] (contiguous) = a [M, K] · b [N, K]ᵀ (rows contiguous, row strides
     multiples of 8 elements; the caller checks)."""
-    key = ("gemm", c, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
+    ln = gemm_launch(a, b, c)
+    ln.ptrs["c"].value = out.data_ptr()
+    ln(current_stream(a.get_device()))
+
+
+def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``gemm`` for these inputs; point its ``ptrs["c"]`` at the output before calling it."""
+    key = ("gemm", c, a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
     ln = _LAUNCHES.get(key)
     if ln is None:
-        ln = _remember(key, _gemm_launch(a, b, out, c))
-    ln(current_stream(a.device.index))
+        ln = _remember(key, _gemm_launch(a, b, c))
+    return ln
 
 
-def _gemm_launch(a: Any, b: Any, out: Any, c: ShapeClass) -> Any:
+def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
     from .cuda.common import TensorMapSpec
     from .cuda.gemm import sizes
 
@@ -318,7 +334,7 @@ def _gemm_launch(a: Any, b: Any, out: Any, c: ShapeClass) -> Any:
     maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, t["BM"])),
             TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
     sz = sizes({"M": M, "N": N, "K": K}, t)
-    vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": out.data_ptr(), **sz}
+    vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
     return ck.module().prepare(vals, maps, sz["NTILES"])
 
 

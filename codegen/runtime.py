@@ -200,6 +200,7 @@ class Loaded:
         spec = {m.tensor: m for m in maps}
         keep: list[Any] = []
         addrs = []
+        ptrs: dict[str, Any] = {}
         for arg in self.ks.args:
             kind, name = arg.split(":")
             if name not in values:
@@ -210,13 +211,15 @@ class Loaded:
             else:
                 v = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}[kind](values[name])
                 addrs.append(ctypes.addressof(v))
+                if kind == "ptr":
+                    ptrs[name] = v
             keep.append(v)
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         gx = min(grid, self.sms) if self.ks.persistent_tiles else grid
         if not 1 <= gx < 1 << 31:
             raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
         return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
-                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name)
+                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs)
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -240,14 +243,17 @@ class Loaded:
 
 
 class Launch:
-    """One prepared kernel launch (``Loaded.prepare``): calling it with a stream handle (int) only launches."""
+    """One prepared kernel launch (``Loaded.prepare``): calling it with a stream handle (int) only launches.
+    ``ptrs[name].value`` re-points a raw-pointer argument (e.g. a fresh output) before a call: cuLaunchKernel copies
+    the parameters when it is called, so one prepared launch serves every output buffer."""
 
-    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name")
+    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem: int, keep: tuple[Any, ...], params: int, name: str):
+                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any]):
         self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
         self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
+        self.ptrs = ptrs
 
     def __call__(self, stream: int) -> None:
         err, = self._launch(self.func, *self.grid, *self.block, self.smem, _cu_stream(stream), self.params, 0)

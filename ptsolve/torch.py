@@ -178,22 +178,20 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _compiling = torch.compiler.is_compiling
-_CHECKED: dict[tuple[Any, ...], float] = {}
+# eager warm path: (input addresses, shapes, strides, dtypes, causal, scale) -> the prepared launch
+# (codegen.runtime.Launch) of inputs that were checked and that the tensor maps take as they are; a hit allocates
+# the output, points the launch at it and launches
+_FAST: dict[tuple[Any, ...], Any] = {}
 
 
-def _checked_scale(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, causal: bool,
-                   softmax_scale: float | None) -> float:
-    """_check_attention, remembered per (shapes, dtypes, device, causal, scale) in eager mode (a model calls the
-    same few shapes again and again)."""
-    if _compiling():
-        return _check_attention(q, k, v, rank, causal, softmax_scale)
-    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, softmax_scale)
-    s = _CHECKED.get(key)
-    if s is None:
-        if len(_CHECKED) > 4096:
-            _CHECKED.clear()
-        s = _CHECKED[key] = _check_attention(q, k, v, rank, causal, softmax_scale)
-    return s
+def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
+    if len(_FAST) >= 4096:
+        _FAST.clear()
+    _FAST[key] = ln
+
+
+def _ready(*xs: torch.Tensor) -> bool:
+    return all(_tma_ready(x) is x for x in xs)
 
 
 # ---------------------------------------------------------------------------------------------- the API
@@ -203,11 +201,23 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     softmax_scale: float | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
     ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros)."""
+    if not _compiling():
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
+               v.stride(), q.dtype, k.dtype, v.dtype, causal, softmax_scale)
+        ln = _FAST.get(key)
+        if ln is not None:
+            out = q.new_empty(q.shape)
+            ln.ptrs["o"].value = out.data_ptr()
+            ln(_gen().current_stream(q.get_device()))
+            return out
     causal = bool(causal)
-    scale = _checked_scale(q, k, v, 4, causal, softmax_scale)
+    scale = _check_attention(q, k, v, 4, causal, softmax_scale)
     if _compiling():
         return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
-    return _flash_attention_cuda(q, k, v, causal, scale)
+    out = _flash_attention_cuda(q, k, v, causal, scale)
+    if out.numel() and k.shape[1] and _ready(q, k, v):
+        _fast_put(key, _gen().attention_launch(q, k, v, _attn_class(q, k, causal), scale))
+    return out
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -234,16 +244,29 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a · bᵀ: a [..., K], b [N, K] (F.linear(a, b)'s layout) → [..., N]; fp32 accumulation. K and N multiples of 8."""
-    if a.dtype not in _DT or a.dtype != b.dtype or a.device != b.device or not a.is_cuda:
-        _same("gemm", {"a": a, "b": b})
-        _dtype(a, "a")
+    if not _compiling():
+        key = ("gemm", a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype)
+        hit = _FAST.get(key)
+        if hit is not None:
+            ln, shape = hit
+            out = a.new_empty(shape)
+            ln.ptrs["c"].value = out.data_ptr()
+            ln(_gen().current_stream(a.get_device()))
+            return out
+    _same("gemm", {"a": a, "b": b})
+    _dtype(a, "a")
     if a.dim() < 1 or b.dim() != 2 or a.shape[-1] != b.shape[1]:
         raise ShapeError(f"gemm takes a [..., K] and b [N, K]; got {tuple(a.shape)} and {tuple(b.shape)}")
     K, N = b.shape[1], b.shape[0]
     if K % 8 or N % 8:
         raise ShapeError(f"gemm: K={K} and N={N} must be multiples of 8 (16-byte rows for TMA); pad them")
     a2 = a.reshape(-1, K)
-    out = torch.ops.ptsolve.gemm(a2, b) if _compiling() else _gemm_cuda(a2, b)
+    if _compiling():
+        out = torch.ops.ptsolve.gemm(a2, b)
+    else:
+        out = _gemm_cuda(a2, b)
+        if out.numel() and K and a2.data_ptr() == a.data_ptr() and _ready(a2, b):  # a2 a view of a, not a copy
+            _fast_put(key, (_gen().gemm_launch(a2, b, _GEMM_CLASSES[a.dtype]), (*a.shape[:-1], N)))
     return out if a.dim() == 2 else out.reshape(*a.shape[:-1], N)
 
 

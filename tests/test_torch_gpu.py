@@ -196,3 +196,17 @@ def test_one_binary_serves_every_shape_of_a_class(torch, pt):
         pt.flash_attention(q, k, k, causal=True)
     torch.cuda.synchronize()
     assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+
+
+def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
+    q, k, v = (torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    a = pt.flash_attention(q, k, v, causal=True)
+    b = pt.flash_attention(q, k, v, causal=True)  # the eager fast path: the prepared launch, a new output
+    assert a.data_ptr() != b.data_ptr()
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    q.copy_(torch.randn_like(q))  # same addresses, new values
+    check(torch, pt.flash_attention(q, k, v, causal=True), q, k, v, True, 1 / math.sqrt(64))
+    w = torch.randn(64, 96, device="cuda", dtype=torch.float16) / 10
+    x = torch.randn(96, 3, 5, device="cuda", dtype=torch.float16).permute(1, 2, 0)  # [3, 5, 96], reshape copies
+    for _ in range(2):
+        torch.testing.assert_close(pt.gemm(x, w).float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
