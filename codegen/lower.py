@@ -253,11 +253,13 @@ def _tasks(g: STaskGraph, stream: dict[str, str]) -> tuple[TaskInfo, ...]:
 
 
 def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = None, *,
-          persistent: bool | None = None, turns: bool = True, profile: bool = False) -> KernelIR:
+          persistent: bool | None = None, turns: bool = True, profile: bool = False, generic: bool = False
+          ) -> KernelIR:
     """The KernelIR of an SProgram (copies trimmed to what its start times use, ``plan.min_copies``) or of a
     KernelPlan (its own copies; the fewest its order needs where it names none). ``persistent`` overrides the
     plan's tiling key; ``turns`` False leaves the consumers' tensor-core order unenforced; ``profile`` asks for
-    the instrumented build (codegen.profile)."""
+    the instrumented build (codegen.profile); ``generic`` for the shape-generic build (the schedule's shape is only
+    its representative: sizes become kernel arguments)."""
     from ptsolve import ops
     from ptsolve.validate import regs_per_thread
 
@@ -305,4 +307,4 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
         predicted_ii=int(plan.ii), trips=g.trip_count,
         model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
-        profile=profile)
+        profile=profile, generic=generic)

@@ -25,11 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import ptsolve
     from ptsolve import suites
+    from ptsolve.errors import InfeasibleError
 
     cfgs = [c for c in getattr(suites, a.suite)() if not a.only or c["name"] in a.only.split(",")]
     rows, t0 = [], time.time()
     for c in cfgs:
-        r = ptsolve.optimize(suites.operator(c), hw=a.hw, solver=a.solver, time_limit=a.time_limit, compile_check=True)
+        try:
+            r = ptsolve.optimize(suites.operator(c), hw=a.hw, solver=a.solver, time_limit=a.time_limit,
+                                 compile_check=True)
+        except InfeasibleError as e:  # every tiling rejected: that is a result too
+            rows.append((c["name"], "—", "none compiles", None, None, None, ((("every tiling"), str(e)[:300]),)))
+            print(f"{c['name']}: no tiling compiles ({str(e)[:120]})", file=sys.stderr, flush=True)
+            continue
         kc = r.kernel_check or {}
         rows.append((c["name"], r.tiling, kc.get("status"), kc.get("registers"), kc.get("spill_bytes"),
                      kc.get("serialized"), r.rejected))
@@ -46,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|"]
     for n, t, st, reg, sp, ser, rej in rows:
         lines.append(f"| {n} | {t} | {st} | {reg} | {sp} | {ser} | "
-                     + ("; ".join(f"{dict(x)}: {why}" for x, why in rej) or "—") + " |")
+                     + ("; ".join(f"{x if isinstance(x, str) else dict(x)}: {why}" for x, why in rej) or "—") + " |")
     Path(a.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(rows) - 2:]))
     return 0

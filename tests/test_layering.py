@@ -43,8 +43,10 @@ def _files(root: Path, *pkgs: str) -> list[Path]:
 
 def wrong_arrows(root: Path) -> list[tuple[str, str]]:
     """(module, import) pairs where ptsolve reaches into codegen or baselines, or codegen's library into baselines."""
-    out = [(_module(root, f), i) for f in _files(root, "ptsolve") if _module(root, f) not in FRONT_DOORS
-           for i in sorted(_imports(root, f, top_level_only=False)) if i.split(".")[0] in ("codegen", "baselines")]
+    out = [(_module(root, f), i) for f in _files(root, "ptsolve")
+           # a front door reaches codegen only lazily, inside the functions that launch kernels
+           for i in sorted(_imports(root, f, top_level_only=_module(root, f) in FRONT_DOORS))
+           if i.split(".")[0] in ("codegen", "baselines")]
     return out + [(_module(root, f), i) for f in _files(root, "codegen") if _module(root, f) not in DRIVERS
                   for i in sorted(_imports(root, f, top_level_only=False)) if i.split(".")[0] == "baselines"]
 
@@ -88,5 +90,6 @@ def test_the_checks_bite(tmp_path):
     (pkg / "__init__.py").write_text("from . import a\n")
     (pkg / "a.py").write_text("from .b import x\n")
     (pkg / "b.py").write_text("from ptsolve.a import y\n\ndef f():\n    import codegen.lower\n")
-    assert wrong_arrows(tmp_path) == [("ptsolve.b", "codegen.lower")]
+    (pkg / "torch.py").write_text("import codegen.generic\n\ndef f():\n    import codegen.lower\n")
+    assert wrong_arrows(tmp_path) == [("ptsolve.b", "codegen.lower"), ("ptsolve.torch", "codegen.generic")]
     assert cycles(tmp_path, "ptsolve") == [["ptsolve.a", "ptsolve.b", "ptsolve.a"]]

@@ -61,6 +61,9 @@ class KernelSource:
     flags: tuple[str, ...] = NVCC_FLAGS
     info: dict[str, Any] = field(default_factory=dict)
     persistent_tiles: int = 0  # > 0: grid.x = min(this, the device's SMs); the kernel loops over tiles
+    # shape-generic: sizes are kernel arguments (``i32:<name>``, ``f32:<name>``), tensor maps and grid are made per
+    # shape at launch (codegen.generic); ``grid`` and ``tensor_maps`` describe the representative shape only
+    generic: bool = False
 
 
 def check_dtype(p: dict[str, Any]) -> None:

@@ -7,6 +7,9 @@ boxes; ``mma@g``: wgmma from shared memory, both operands K-major; ``epilogue@g`
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Role
@@ -25,22 +28,28 @@ def _check(ir: KernelIR) -> None:
         raise CodegenError("gemm: M, N and K must stay below 2^30 (32-bit TMA coordinates)")
 
 
+SIZE_PARAMS = ("M", "N", "K")
+
+
+def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
+    """The sizes a generic build takes at launch, NTILES last."""
+    tm, tn = -(-p["M"] // t["BM"]), -(-p["N"] // t["BN"])
+    return {"M": p["M"], "N": p["N"], "K": p["K"], "TM": tm, "TN": tn, "KT": -(-p["K"] // 64), "NTILES": tm * tn}
+
+
 def _consts(ir: KernelIR) -> str:
-    p, t = ir.params, ir.tiling
+    t = ir.tiling
     rows = t["BM"] // t["groups"]
-    return (f"  constexpr int M = {p['M']}, N = {p['N']}, K = {p['K']}, BM = {t['BM']}, BN = {t['BN']};\n"
-            f"  constexpr int MT = {rows // 64}, TM = {-(-p['M'] // t['BM'])}, TN = {-(-p['N'] // t['BN'])};\n"
-            f"  constexpr int GROUP_M = {GROUP_M}, KT = {-(-p['K'] // 64)};")
+    return (f"  constexpr int BM = {t['BM']}, BN = {t['BN']}, MT = {rows // 64}, GROUP_M = {GROUP_M};")
 
 
-def _tiles(ir: KernelIR) -> tuple[int, str]:
-    p, t = ir.params, ir.tiling
-    n = -(-p["M"] // t["BM"]) * -(-p["N"] // t["BN"])
+def _tiles(ir: KernelIR) -> tuple[int | str, str]:
+    n = "NTILES" if ir.generic else sizes(ir.params, ir.tiling)["NTILES"]
     return n, ("  // grouped rasterisation: GROUP_M M-tiles sweep N together\n"
                "  const int per_group = GROUP_M * TN, first_m = (tile / per_group) * GROUP_M;\n"
                "  const int gsz = (TM - first_m) < GROUP_M ? (TM - first_m) : GROUP_M;\n"
                "  const int m0 = (first_m + (tile % per_group) % gsz) * BM, n0 = ((tile % per_group) / gsz) * BN;\n"
-               "  constexpr int T = KT;")
+               f"  {'const' if ir.generic else 'constexpr'} int T = KT;")
 
 
 def _decls(ir: KernelIR, role: Role) -> str:
@@ -80,8 +89,8 @@ def _body(t: Task) -> str:
             "        if (col < N) crow[col >> 1] = cpk[m][jj * 2 + h];\n      }\n    }\n  }\n}")
 
 
-def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
-    p, t = ir.params, ir.tiling
+def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
+    """Tensor maps of A [M, K] and B [N, K] (innermost first; strides in bytes)."""
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     return (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, t["BM"])),
             TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"])))
@@ -89,6 +98,8 @@ def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
 
 REGISTRY["gemm"] = OpKernel(
     op="gemm", check=_check, device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]), consts=_consts,
-    maps=_maps, signature=lambda ir: (("ptr:c", f"{CTYPE[ir.params['dtype']]}* __restrict__ c"),), tiles=_tiles,
-    decls=_decls, body=_body, trips=lambda ir: -(-ir.params["K"] // 64),
-    min_trips=1, info=lambda ir: {"trips": -(-ir.params["K"] // 64)})
+    maps=lambda ir: maps(ir.params, ir.tiling),
+    signature=lambda ir: (("ptr:c", f"{CTYPE[ir.params['dtype']]}* __restrict__ c"),), tiles=_tiles,
+    decls=_decls, body=_body, trips=lambda ir: "T" if ir.generic else -(-ir.params["K"] // 64),
+    min_trips=1, info=lambda ir: {"trips": "T" if ir.generic else -(-ir.params["K"] // 64)},
+    sizes=sizes, size_params=SIZE_PARAMS)

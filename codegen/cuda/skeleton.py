@@ -15,6 +15,7 @@ for a double-buffered register copy, the parity of its iteration (the ``parity``
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +59,12 @@ class OpKernel:
     """What one operator adds to the skeleton (see the module doc). ``signature``: (launch argument kind:name,
     C parameter) pairs after the tensor maps; ``tiles(ir)`` -> (number of tiles, C++ that turns ``tile`` into
     the operator's coordinates and ``const int T`` (trip count) and may set ``skip_`` for a tile with nothing to
-    do); ``trips(ir)``: the trip count as an int when every tile has the same compile-time one, else ``"T"``."""
+    do); ``trips(ir)``: the trip count as an int when every tile has the same compile-time one, else ``"T"``.
+    ``sizes(params, tiling)``: the sizes that do not change the schedule (batch, lengths, heads; M, N, K) and the
+    counts derived from them, ``NTILES`` among them, by their C names: ``constexpr int`` in an exact-shape build,
+    ``int`` kernel arguments (``i32:<name>``) in a generic one (``KernelIR.generic``); the launcher of a generic
+    kernel calls it with the actual shape, so each formula exists once. ``size_params``: the parameter names those
+    sizes come from (left out of a generic kernel's plan id, so every shape of a class names the same binary)."""
 
     op: str
     check: Callable[[KernelIR], None]
@@ -78,6 +84,32 @@ class OpKernel:
     # the aligned shared-memory base kept in the shared window (see _smem_base): measured per operator on an H200
     # (results/ab/regress_ab_h200.log, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
     shared_base: bool = False
+    sizes: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, int]] | None = None
+    size_params: tuple[str, ...] = ()
+
+
+def size_decls(ir: KernelIR, opk: OpKernel) -> str:
+    """The op's sizes as ``constexpr int`` lines (exact-shape build; a generic build takes them as arguments)."""
+    if opk.sizes is None or ir.generic:
+        return ""
+    sz = opk.sizes(ir.params, ir.tiling)
+    return "\n".join([*(f"  constexpr int {k} = {v};" for k, v in sz.items()),
+                      "  " + " ".join(f"(void){k};" for k in sz)])
+
+
+def size_args(ir: KernelIR, opk: OpKernel) -> tuple[tuple[str, str], ...]:
+    """The op's sizes as (``i32:<name>``, ``const int <name>``) kernel parameters of a generic build."""
+    if opk.sizes is None or not ir.generic:
+        return ()
+    return tuple((f"i32:{k}", f"const int {k}") for k in opk.sizes(ir.params, ir.tiling))
+
+
+def generic_id(ir: KernelIR, opk: OpKernel) -> str:
+    """The plan id of a generic build: the IR's hash without the sizes a generic kernel takes at launch."""
+    d = json.loads(ir.to_json())
+    d["params"] = {k: v for k, v in d["params"].items() if k not in opk.size_params}
+    d.pop("trips", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
 REGISTRY: dict[str, OpKernel] = {}
@@ -152,7 +184,10 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     opk = REGISTRY[ir.op]
     opk.check(ir)
     check_protocol(ir)
-    pid = plan_id or hashlib.sha256(ir.to_json().encode()).hexdigest()[:8]
+    if ir.generic and (opk.sizes is None or ir.profile):
+        raise CodegenError(f"{ir.op}: no shape-generic build" + (" of the profiler" if ir.profile else
+                                                                  " (its sizes are compile-time constants)"))
+    pid = plan_id or (generic_id(ir, opk) if ir.generic else hashlib.sha256(ir.to_json().encode()).hexdigest()[:8])
     lo = loops(ir)
     tn = turns(ir, lo)
     W = ir.groups
@@ -333,10 +368,11 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 for b in (pre.buffers if pre else ())]
     maps = opk.maps(ir)
     extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
-    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opk.signature(ir)]
+    opsig = (*opk.signature(ir), *size_args(ir, opk))
+    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
     sig += [c for _, c in extra]
-    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opk.signature(ir), *extra))
-    grid_x = min(ntiles, ir.sms) if ir.persistent else ntiles
+    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
+    grid_x = (min(ntiles, ir.sms) if ir.persistent else ntiles) if isinstance(ntiles, int) else 0
     prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
                    f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
     name = _kernel_name(ir, pid)
@@ -345,10 +381,11 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     dec = f'asm volatile("setmaxnreg.dec.sync.aligned.u32 {prod_regs};");' if prod_regs else ""
     inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
     if ir.persistent:
-        head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x, ++lt) {\n"
+        # lt counts the tiles this CTA ran (the pre ring's phase): a skipped tile (skip_) is not one of them
+        head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x) {\n"
                 "  bool skip_ = false; (void)skip_;\n" + decode +
                 "\n  if (skip_) continue;")
-        end = "  rbase += T;  // ring position of the next tile's first iteration\n}"
+        end = "  rbase += T;  // ring position of the next tile's first iteration\n  ++lt;\n}"
     else:
         head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"
                 "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) return;")
@@ -360,8 +397,10 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
 extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {name}({', '.join(sig)}) {{
   using namespace pts;
+{size_decls(ir, opk)}
 {opk.consts(ir)}
-  constexpr int NTILES = {ntiles}; (void)NTILES;
+{"" if opk.sizes is not None else f"  constexpr int NTILES = {ntiles};"}
+  (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
@@ -390,12 +429,14 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 }}
 """
     src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
-    grid = (min(ntiles, ir.sms), 1, 1) if ir.persistent else (ntiles, 1, 1)
-    if not ir.persistent and ntiles >= 1 << 31:
+    # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
+    grid = (grid_x, 1, 1)
+    if not ir.persistent and grid_x >= 1 << 31:
         raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")
     return KernelSource(source=src, name=name, op=ir.op, params=dict(ir.params), grid=grid, block=(ir.threads, 1, 1),
                         smem_bytes=ir.smem_bytes, tensor_maps=maps, args=args,
-                        persistent_tiles=ntiles if ir.persistent else 0,
+                        persistent_tiles=(ntiles if isinstance(ntiles, int) else 1) if ir.persistent else 0,
+                        generic=ir.generic,
                         info={"tiling": dict(ir.tiling), "consumer_regs": cons_regs, "copies": dict(ir.copies),
                               "profile_words": prof_words(ir) if ir.profile else 0,
                               "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
