@@ -44,7 +44,8 @@ def shapes(only: tuple[str, ...] = ()) -> list[tuple[str, int, int, int, str]]:
     return [s for s in SHAPES if not only or s[0] in only]
 
 
-def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True) -> dict[str, Any]:
+def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True,
+            executor: str = "serial") -> dict[str, Any]:
     """Solve every shape (the full space and, when ``base``, the space without split-K); write the JSON."""
     import ptsolve
     from ptsolve.errors import PtsolveError
@@ -61,7 +62,7 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
         for label, fix in spaces.items():
             try:
                 # no result cache: the cached schedules may predate the space's current structures
-                r = ptsolve.optimize(ptsolve.ops.gemm(M=M, N=N, K=K), hw=hw, fix=fix, cache=False)
+                r = ptsolve.optimize(ptsolve.ops.gemm(M=M, N=N, K=K), hw=hw, fix=fix, cache=False, executor=executor)
                 e["cands"][label] = {"tiling": dict(r.program.graph.tiling), "predicted_us": r.predicted_us,
                                      "status": r.status, "check": (r.kernel_check or {}).get("status"),
                                      "plan": plan_from_program(r.program, hw).to_json()}
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hw", default="h200")
     p.add_argument("--only", default="")
     p.add_argument("--no-base", action="store_true", help="skip the search without split-K")
+    p.add_argument("--executor", default="serial", help="ptsolve.optimize's executor (serial: few CPUs)")
     c = sub.add_parser("precompile")
     c.add_argument("cands", type=Path, nargs="+")
     r = sub.add_parser("run")
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     only = tuple(x for x in getattr(a, "only", "").split(",") if x)
     if a.cmd == "prepare":
-        prepare(a.out, a.tag, a.hw, only, base=not a.no_base)
+        prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor)
         return 0
     if a.cmd == "precompile":
         print(precompile([json.loads(x.read_text()) for x in a.cands]), "plans compiled")
