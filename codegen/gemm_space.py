@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -45,8 +46,10 @@ def shapes(only: tuple[str, ...] = ()) -> list[tuple[str, int, int, int, str]]:
 
 
 def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True,
-            executor: str = "serial") -> dict[str, Any]:
-    """Solve every shape (the full space and, when ``base``, the space without split-K); write the JSON."""
+            executor: str = "serial", top_k: int = 0) -> dict[str, Any]:
+    """Solve every shape (the full space and, when ``base``, the space without split-K; with ``top_k``, instead the
+    model's ``top_k`` best compile-clean tilings, labelled ``<tag>_c<rank>``, for a measured selection); write the
+    JSON."""
     import ptsolve
     from ptsolve.errors import PtsolveError
 
@@ -59,6 +62,18 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
         spaces = {tag: None}
         if base:
             spaces[f"{tag}_nosplit"] = {"splits": 1}
+        if top_k:  # measured selection (ptsolve tune's procedure): the model's top_k compile-clean tilings
+            from ptsolve.tune import candidates
+            try:
+                cands, _ = candidates(ptsolve.ops.gemm(M=M, N=N, K=K), hw, top_k)
+                for c in cands:
+                    e["cands"][f"{tag}_c{c.rank}"] = {
+                        "tiling": dict(c.result.program.graph.tiling), "predicted_us": c.result.predicted_us,
+                        "status": c.result.status, "check": c.check.status,
+                        "plan": plan_from_program(c.result.program, hw).to_json()}
+            except PtsolveError as ex:
+                e["cands"][f"{tag}_c0"] = {"error": f"{type(ex).__name__}: {ex}"}
+            spaces = {}
         for label, fix in spaces.items():
             try:
                 # no result cache: the cached schedules may predate the space's current structures
@@ -148,6 +163,65 @@ def run(paths: list[Path], out: Path, only: tuple[str, ...] = ()) -> int:
     return 0 if ok_all else 1
 
 
+def _geo(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def _tiling(t: dict[str, Any]) -> str:
+    s = f"{t['BM']}x{t['BN']} d{t['depth']} g{t['groups']}"
+    return s + (f" **split{t['splits']}**" if t.get("splits", 1) > 1 else "")
+
+
+def report(cand_paths: list[Path], run_path: Path, meta: str = "") -> str:
+    """Markdown: per shape cuBLAS, the schedule before split-K, the model's choice with it ("after"; the same as
+    before where the space has no split tiling for the shape), the measured best of the model's top 3 (tune), ratios
+    (cuBLAS time / ours: > 1 is faster than cuBLAS), the predicted and measured gain of the split choice; geomeans."""
+    cands: dict[str, dict[str, Any]] = {}
+    for p in cand_paths:
+        for name, e in json.loads(p.read_text())["shapes"].items():
+            cands.setdefault(name, {}).update(e["cands"])
+    res = json.loads(run_path.read_text())
+    rows, ratios = [], {"before": {}, "after": {}, "tune": {}}
+    for name, M, N, K, kind in SHAPES:
+        r = res["shapes"].get(name)
+        if r is None:
+            continue
+        us, c = r["us"], cands.get(name, {})
+        cub = us["cublas"]
+        after = "after" if "after" in us else "before"
+        tl = [k for k in us if k.startswith("tune_c")]
+        best = min(tl, key=lambda k: us[k]) if tl else None
+        for col, lab in (("before", "before"), ("after", after), ("tune", best)):
+            if lab in us:
+                ratios[col][name] = cub / us[lab]
+
+        def cell(lab: str | None, us: dict[str, float] = us, cub: float = cub) -> str:
+            return f"{us[lab]:.1f} ({cub / us[lab]:.3f})" if lab in us else "-"
+        pb, pa = (c.get(k, {}).get("predicted_us") for k in ("before", after))
+        gain_p = f"{pb / pa:.2f}" if pb and pa else "-"
+        gain_m = f"{us['before'] / us[after]:.2f}" if "before" in us and after in us else "-"
+        chose = _tiling(c[after]["tiling"]) if "tiling" in c.get(after, {}) else c.get(after, {}).get("error", "-")
+        rows.append(f"| {name} | {kind} | {M}x{N}x{K} | {cub:.1f} | {cell('before')} | {cell(after)} | {chose} | "
+                    f"{gain_p} / {gain_m} | {cell(best)} | {_tiling(c[best]['tiling']) if best else '-'} |")
+    out = [meta, "", "Times in µs (median of interleaved CUDA-graph rounds, one process); in brackets cuBLAS time / "
+           "ours (> 1: faster than cuBLAS). before: ptsolve's choice without split-K (the space as it was); after: "
+           "ptsolve's choice (CP-SAT + compile check) in the space with split-K (where the space has no split tiling "
+           "for the shape, the space and the choice are the old ones, timed once); gain: before / after, predicted "
+           "by the model / measured; tune: the measured best of the model's 3 best compile-clean tilings "
+           "(`ptsolve tune`'s procedure).", "",
+           "| shape | set | MxNxK | cuBLAS | before | after | after's structure | gain pred / meas | tune | tune's "
+           "tiling |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+           "| geomean of cuBLAS / ours | shapes | before | after | tune |", "|---|---|---|---|---|"]
+    for label, sel in (("paper (GEMM0-3)", {"paper"}), ("shapes.md (LLM, square, odd)", {"llm", "square", "odd"}),
+                       ("skinny M (1, 16, 128)", None), ("all", {"paper", "llm", "square", "odd"})):
+        names = [n for n, M, _, _, k in SHAPES if (k in sel if sel else (k == "llm" and M <= 128))]
+        cols = [_geo([ratios[c][n] for n in names if n in ratios[c]]) for c in ("before", "after", "tune")]
+        cnt = len([n for n in names if n in ratios["after"]])
+        out.append(f"| {label} | {cnt} | " + " | ".join(f"{x:.3f}" for x in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m codegen.gemm_space", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -158,16 +232,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="")
     p.add_argument("--no-base", action="store_true", help="skip the search without split-K")
     p.add_argument("--executor", default="serial", help="ptsolve.optimize's executor (serial: few CPUs)")
+    p.add_argument("--top-k", type=int, default=0, help="the model's K best tilings instead (measured selection)")
     c = sub.add_parser("precompile")
     c.add_argument("cands", type=Path, nargs="+")
     r = sub.add_parser("run")
     r.add_argument("cands", type=Path, nargs="+")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--only", default="")
+    rp = sub.add_parser("report")
+    rp.add_argument("run", type=Path, help="gemm_space.json of a run")
+    rp.add_argument("cands", type=Path, nargs="+")
+    rp.add_argument("--meta", default="", help="markdown put above the table (device, date, commit, command)")
     a = ap.parse_args(argv)
+    if a.cmd == "report":
+        print(report(a.cands, a.run, a.meta))
+        return 0
     only = tuple(x for x in getattr(a, "only", "").split(",") if x)
     if a.cmd == "prepare":
-        prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor)
+        prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor, top_k=a.top_k)
         return 0
     if a.cmd == "precompile":
         print(precompile([json.loads(x.read_text()) for x in a.cands]), "plans compiled")

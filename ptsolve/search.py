@@ -142,7 +142,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in _fixed(op, fix) if t not in exclude]
+    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t, hw) for t in _fixed(op, fix) if t not in exclude]
     for g in graphs:
         t = g.tiling
         why = fits(g, hw)

@@ -46,6 +46,8 @@ T2 = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
     (300, 4096, 2048, "bf16", {"BM": 256, "BN": 128, "BK": 64, "depth": 4, "groups": 2}),
     (64, 64, 8, "fp16", {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1}),  # K < BK: one k-step
     (2048, 2048, 1024, "bf16", {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2, "persistent": 0}),
+    (4095, 4097, 1024, "fp16", {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}),  # odd N: half stores
+    (100, 77, 72, "bf16", {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1}),
 ])
 def test_gemm(M, N, K, dtype, tiling):
     from codegen.bench import check_gemm
@@ -59,6 +61,7 @@ SPLIT_CASES = [  # split-K: even and uneven K ranges, one and two warpgroups, pe
     (100, 768, 1000, "fp16", {"BM": 128, "BN": 64, "BK": 64, "depth": 4, "groups": 2, "splits": 3}),
     (777, 520, 4104, "bf16", {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2, "splits": 6, "persistent": 0}),
     (128, 4096, 14336, "fp16", {"BM": 64, "BN": 256, "BK": 64, "depth": 3, "groups": 1, "splits": 4}),
+    (33, 1001, 512, "fp16", {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1, "splits": 2}),  # odd N
 ]
 
 

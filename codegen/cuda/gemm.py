@@ -108,7 +108,12 @@ def _body(t: Task) -> str:
             "    if (row < M) {\n      uint32_t* crow = reinterpret_cast<uint32_t*>(c + (size_t)row * N);\n"
             "#pragma unroll\n      for (int jj = 0; jj < BN / 8; ++jj) {\n"
             "        const int col = n0 + jj * 8 + 2 * (lane & 3);\n"
-            "        if (col < N) crow[col >> 1] = cpk[m][jj * 2 + h];\n      }\n    }\n  }\n}\n}")
+            "        if (N % 2 == 0) { if (col < N) crow[col >> 1] = cpk[m][jj * 2 + h]; }\n"
+            "        else {  // odd N: rows are not 4-byte aligned, store the two halves apart\n"
+            "          uint16_t* const c16 = reinterpret_cast<uint16_t*>(c + (size_t)row * N);\n"
+            "          if (col < N) c16[col] = cpk[m][jj * 2 + h] & 0xffffu;\n"
+            "          if (col + 1 < N) c16[col + 1] = cpk[m][jj * 2 + h] >> 16;\n        }\n"
+            "      }\n    }\n  }\n}\n}")
 
 
 def _partial() -> str:

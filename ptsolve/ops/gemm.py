@@ -11,12 +11,14 @@ and store; the others store nothing.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware, load
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
@@ -25,12 +27,13 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     p = check_keys("gemm", p, ("M", "N", "K"), {"dtype": "fp16"})
     positive(M=p["M"], N=p["N"], K=p["K"])
     dtype_ok(p["dtype"])
-    if p["K"] % 8 or p["N"] % 8:
-        raise ShapeError(f"gemm: K={p['K']} and N={p['N']} must be multiples of 8 (16-byte TMA rows of fp16)")
+    if p["K"] % 8:
+        raise ShapeError(f"gemm: K={p['K']} must be a multiple of 8 (16-byte TMA rows of A and B in fp16); pad K")
     checks.size("gemm", cdiv(p["M"], WG_ROWS) * cdiv(p["N"], 64), "M·N", 12 * cdiv(p["K"], 64), "K")
     return p
 
 
+DEFAULT_HW = "h100"  # the table a graph is built for when the caller names none (optimize's default)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
@@ -60,7 +63,12 @@ def split_trips(kt: int, splits: int) -> tuple[int, ...]:
     return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
 
 
-def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+@functools.cache
+def _default_sms() -> int:
+    return load(DEFAULT_HW).sms
+
+
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
     positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
@@ -74,7 +82,8 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         raise ShapeError(f"gemm tiling: splits={S} exceeds the {trip} K steps of BK={BK}; use splits <= {trip}")
     e = DTYPE_BYTES[dt]
     tm, tn = cdiv(M, BM), cdiv(N, BN)
-    side = math.isqrt(132)  # concurrent CTAs form about a square of the grid: each A/B tile is reread that often
+    # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
+    side = math.isqrt(hw.sms if hw is not None else _default_sms())
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
              allocs=(smem("a", BM * BK * e),)),
