@@ -53,7 +53,7 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                             continue
                         for depth in (2, 3, 4, 5) if splits == 1 else SPLIT_DEPTHS:
                             t = {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
-                            yield t | ({"splits": splits} if splits > 1 else {})
+                            yield t | {"splits": splits}
 
 
 def split_trips(kt: int, splits: int) -> tuple[int, ...]:
