@@ -99,7 +99,7 @@ def _body(t: Task) -> str:
                 "#pragma unroll\nfor (int m = 0; m < MT; ++m) {\n#pragma unroll\n"
                 f"  for (int i = 0; i < BN / 4; ++i) cpk[m][i] = {PACK2[dt]}(acc[m][2 * i], acc[m][2 * i + 1]);\n}}")
     if b == "partial":
-        return _partial()
+        return _partial(ir)
     assert b == "store", b
     # a thread holds rows r, r+8 of each 16-row slice, columns 8j + 2*(lane%4) (+1)
     return ("if (last_) {  // split-K: only the last split of the tile stores\n"
@@ -116,10 +116,20 @@ def _body(t: Task) -> str:
             "      }\n    }\n  }\n}\n}")
 
 
-def _partial() -> str:
+SUM_LOADS = 32  # float4 loads a thread keeps in flight while summing partials (128 registers, beside acc and cpk)
+
+
+def _partial(ir: KernelIR) -> str:
     """Split-K's meeting of the partial tiles (see the module doc); float4 chunk q of acc[m] is n8-block q: rows r
-    and r + 8 of the thread, so a chunk is skipped when row r is past M."""
-    return r"""const int tid_ = threadIdx.x & 127;
+    and r + 8 of the thread, so a chunk is skipped when row r is past M. The sum loop is unrolled over as many splits
+    as SUM_LOADS float4s allow."""
+    chunks = ir.tiling["BM"] // ir.tiling["groups"] // 64 * ir.tiling["BN"] // 8
+    unroll = max(1, min(_splits(ir), SUM_LOADS // chunks))
+    # no pragma at all for one split at a time: ptxas spills BN=256 tiles under an explicit "unroll 1"
+    return _PARTIAL.replace("#pragma unroll U_\n", f"#pragma unroll {unroll}\n" if unroll > 1 else "")
+
+
+_PARTIAL = r"""const int tid_ = threadIdx.x & 127;
 constexpr int CH = MT * BN / 8;  // float4 chunks per thread
 float4* const ws4_ = reinterpret_cast<float4*>(ws);
 const size_t unit_ = (size_t)(tmn_ * GROUPS + g) * SPLITS;  // partials of (tile, warpgroup): SPLITS slices
@@ -143,7 +153,9 @@ if (last_) {
   if (lane == 0) atomicExch(ctr_, 0);  // every split of this launch has arrived: ready for the next launch
   __threadfence();
   // all S partials (this split's too, just written) in split order: the sum does not depend on who arrived last,
-  // and acc is the only accumulator (no second tile of registers)
+  // and acc is the only accumulator (no second tile of registers); unrolled by U so that the loads of U splits
+  // are in flight together (one L2 round trip per U splits, not per split)
+#pragma unroll U_
   for (int s = 0; s < SPLITS; ++s) {
     const float4* const src = ws4_ + (unit_ + s) * CH * 128 + tid_;
 #pragma unroll
