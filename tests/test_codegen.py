@@ -583,3 +583,33 @@ def test_split_k_in_the_space_and_chosen_for_skinny_m():
     unsplit = ptsolve.optimize(ptsolve.ops.gemm(M=1, N=4096, K=4096), hw="h200", solver="greedy", cache=False,
                                compile_check=False, executor="serial", fix={"splits": 1})
     assert r.predicted_us < unsplit.predicted_us
+
+
+def test_gemm_space_report(tmp_path):
+    """codegen.gemm_space report: "after" falls back to the old choice where the space has no split tiling, and to
+    the top-1 candidate where the old space refused the shape; the geomeans are cuBLAS time / ours."""
+    import json
+
+    from codegen import gemm_space
+    t1 = {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1}
+    cands = {"shapes": {
+        "GEMM0": {"cands": {"before": {"tiling": t1, "predicted_us": 10.0},
+                            "tune_c0": {"tiling": t1, "predicted_us": 10.0}}},
+        "M1_4096x4096": {"cands": {"before": {"tiling": t1, "predicted_us": 20.0},
+                                   "after": {"tiling": t1 | {"splits": 4}, "predicted_us": 10.0}}},
+        "odd4095x4097x1024": {"cands": {"before": {"error": "ShapeError: N"},
+                                        "tune_c0": {"tiling": t1, "predicted_us": 5.0}}}}}
+    run = {"shapes": {"GEMM0": {"us": {"cublas": 9.0, "before": 10.0, "tune_c0": 9.5}},
+                      "M1_4096x4096": {"us": {"cublas": 10.0, "before": 20.0, "after": 12.5}},
+                      "odd4095x4097x1024": {"us": {"cublas": 40.0, "tune_c0": 10.0}}}}
+    (tmp_path / "c.json").write_text(json.dumps(cands))
+    (tmp_path / "r.json").write_text(json.dumps(run))
+    md = gemm_space.report([tmp_path / "c.json"], tmp_path / "r.json")
+    rows = {r.split("|")[1].strip(): [x.strip() for x in r.split("|")[1:-1]] for r in md.splitlines()
+            if r.startswith("| ") and "geomean" not in r}
+    assert rows["GEMM0"][5] == "10.0 (0.900)" and rows["GEMM0"][8] == "9.5 (0.947)"
+    assert rows["M1_4096x4096"][5] == "12.5 (0.800)" and "split4" in rows["M1_4096x4096"][6]
+    assert rows["M1_4096x4096"][7] == "2.00 / 1.60"
+    assert rows["odd4095x4097x1024"][4] == "-" and rows["odd4095x4097x1024"][5] == "10.0 (4.000)"
+    assert "| paper (GEMM0-3) | 1 | 0.900 | 0.900 | 0.947 |" in md
+    assert f"| all | 3 | {(0.9 * 0.5) ** 0.5:.3f} | {(0.9 * 0.8 * 4.0) ** (1 / 3):.3f} |" in md
