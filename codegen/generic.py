@@ -120,8 +120,10 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
 
     from .plan import plan_from_program
 
+    # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out
+    fix = {"splits": 1} if c.op == "gemm" else None
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
-                           time_limit=time_limit, compile_check=compile_check)
+                           time_limit=time_limit, compile_check=compile_check, fix=fix)
     plan = plan_from_program(res.program)
     return {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
             "solve_s": round(res.solve_s, 2), "representative": representative(c)}

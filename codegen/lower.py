@@ -32,7 +32,7 @@ def graph_of(plan: KernelPlan, hw: Hardware) -> STaskGraph:
 
     try:
         op = ops.make(plan.op, **dict(plan.params))
-        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS})
+        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS}, hw)
     except PtsolveError as e:
         raise CodegenError(f"plan for {plan.op}: {e}") from e
     except TypeError as e:

@@ -226,6 +226,7 @@ class Loaded:
         keep: list[Any] = []
         addrs = []
         maps = {m.tensor: m for m in self.ks.tensor_maps}
+        ptrs = workspace_ptrs(self.ks) | ptrs  # scratch buffers the caller did not pass: the cached ones
         for arg in self.ks.args:
             kind, tensor = arg.split(":")
             if tensor not in ptrs:
@@ -360,6 +361,25 @@ def _need(t: Any, name: str, shape: tuple[int, ...], dt: str, convert: bool = Fa
 def _stream() -> int:
     import torch
     return int(torch.cuda.current_stream().cuda_stream)
+
+
+_WORKSPACE: dict[tuple[int, str, str], Any] = {}
+
+
+def workspace_ptrs(ks: KernelSource) -> dict[str, int]:
+    """Device pointers of the scratch buffers ``ks.info["workspace"]`` names ({tensor: bytes}; e.g. split-K's fp32
+    partial tiles and its per-tile arrival counters), zero-filled once per (device, kernel) and kept: the kernels
+    that take them leave them as they found them (counters back at zero), so launches on one stream may share
+    them. Empty for kernels without scratch buffers."""
+    import torch
+
+    out = {}
+    for name, nbytes in sorted(ks.info.get("workspace", {}).items()):
+        key = (torch.cuda.current_device(), ks.name, name)
+        if key not in _WORKSPACE:
+            _WORKSPACE[key] = torch.zeros(max(16, nbytes), dtype=torch.uint8, device="cuda")
+        out[name] = _WORKSPACE[key].data_ptr()
+    return out
 
 
 def run_gemm(a: Any, b: Any, plan: Any, out: Any = None) -> Any:

@@ -71,7 +71,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     say = progress or (lambda s: None)
     bounded = []
     for t in op.tilings():
-        g = op.graph(t)
+        g = op.graph(t, hw)
         if fits(g, hw) is None:
             bounded.append((lower_bound(build(g, hw)), sorted(t.items()), g))
     if not bounded:

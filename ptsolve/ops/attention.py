@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
@@ -76,7 +77,7 @@ def kept_pairs(p: dict[str, Any]) -> int:
     return sum(min(skv, i + off + 1) for i in range(sq))
 
 
-def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
     BM, BN, depth, W = t["BM"], t["BN"], t["depth"], t["groups"]
     positive(BM=BM, BN=BN, depth=depth, groups=W)

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import SchemaError, ShapeError
 from ..hw import Hardware, Target
+from ..hw import load as load_hw
 from ..ir import SCHEMA_VERSION, Buffer, STask, STaskGraph, check_schema, loads
 
 # rows of one wgmma instruction and its K step (fp16/bf16): warpgroup tiles come in these units
@@ -64,7 +65,7 @@ class OpSpec:
 
     validate: Callable[[dict[str, Any]], dict[str, Any]]
     tilings: Callable[[dict[str, Any]], Iterator[dict[str, int]]]
-    build: Callable[[dict[str, Any], dict[str, int]], STaskGraph]
+    build: Callable[[dict[str, Any], dict[str, int], Hardware | None], STaskGraph]  # hw: the table it builds for
     out_tile: Callable[[dict[str, int]], tuple[int, ...]]
     from_out_tile: Callable[[dict[str, Any], tuple[int, ...]], dict[str, int]]
     optional: dict[str, int] = field(default_factory=dict)  # tiling keys a caller may leave out, with defaults
@@ -88,13 +89,14 @@ class Operator:
         """Every candidate tiling (block sizes, ring depth, consumer warpgroups), sorted."""
         return sorted(self.spec.tilings(self.params), key=lambda t: sorted(t.items()))
 
-    def graph(self, tiling: dict[str, int]) -> STaskGraph:
-        """The sTask-graph of one CTA under ``tiling`` (optional keys such as ``ctas`` take their defaults)."""
+    def graph(self, tiling: dict[str, int], hw: Hardware | str | None = None) -> STaskGraph:
+        """The sTask-graph of one CTA under ``tiling`` (optional keys such as ``ctas`` take their defaults) for the
+        hardware ``hw`` (a table or its name; None: the builder's default, the h100 table, ``optimize``'s)."""
         tiling = {**self.spec.optional, **tiling}
         missing = set(self.tilings()[0]) - set(tiling)
         if missing:
             raise ShapeError(f"{self.op}: tiling {tiling} lacks {sorted(missing)}")
-        return self.spec.build(self.params, dict(tiling))
+        return self.spec.build(self.params, dict(tiling), None if hw is None else load_hw(hw))
 
     def propagate(self, out_tile: tuple[int, ...], **rest: int) -> dict[str, tuple[int, ...]]:
         """Tile shape of every sTask, inferred from the output tile (paper Fig. 8).
