@@ -14,7 +14,7 @@ from .. import checks
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 
@@ -89,7 +89,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     e = DTYPE_BYTES[dt]
     trips = trip_counts(p, BM, BN)
     group = H // Hkv
-    reuse = min(len(trips) * group, 132)  # Q blocks of a head and heads of a GQA group reread each K/V tile
+    reuse = min(len(trips) * group, sms_of(hw))  # Q blocks of a head and heads of a GQA group reread a K/V tile
     tasks = [
         task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=BM * D * e, is_async=True,
              allocs=(smem("q", BM * D * e),)),

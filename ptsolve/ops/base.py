@@ -1,6 +1,7 @@
 """Operators: a named shape, its candidate tilings, and the sTask-graph of one tiling."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,21 @@ def check_keys(op: str, p: dict[str, Any], required: tuple[str, ...], defaults: 
 def dtype_ok(dtype: str) -> None:
     if dtype not in ("fp16", "bf16"):
         raise ShapeError(f"dtype {dtype!r} is not supported; use 'fp16' or 'bf16'")
+
+
+DEFAULT_HW = "h100"  # the table a graph is built for when the caller names none (optimize's default)
+
+
+def sms_of(hw: Hardware | None) -> int:
+    """SMs of the hardware a graph is built for (``DEFAULT_HW``'s when none is named): how many CTAs run at once,
+    which bounds how often a tile is reread from L2 while it is resident."""
+    return hw.sms if hw is not None else _default_sms()
+
+
+@functools.cache
+def _default_sms() -> int:
+    from ..hw import load
+    return load(DEFAULT_HW).sms
 
 
 def ctas_of(tiling: dict[str, int]) -> int:

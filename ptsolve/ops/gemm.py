@@ -11,16 +11,15 @@ and store; the others store nothing.
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterator
 from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
-from ..hw import Hardware, load
+from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
@@ -33,7 +32,6 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-DEFAULT_HW = "h100"  # the table a graph is built for when the caller names none (optimize's default)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
@@ -63,11 +61,6 @@ def split_trips(kt: int, splits: int) -> tuple[int, ...]:
     return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
 
 
-@functools.cache
-def _default_sms() -> int:
-    return load(DEFAULT_HW).sms
-
-
 def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
@@ -83,7 +76,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     e = DTYPE_BYTES[dt]
     tm, tn = cdiv(M, BM), cdiv(N, BN)
     # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
-    side = math.isqrt(hw.sms if hw is not None else _default_sms())
+    side = math.isqrt(sms_of(hw))
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
              allocs=(smem("a", BM * BK * e),)),
