@@ -129,6 +129,9 @@ class KernelIR:
     trips: int = 1  # the largest trip count of a tile (the profiler sizes its buffers by it)
     model_regs: int = 0  # registers per consumer thread the model counts (ptsolve.validate.regs_per_thread)
     profile: bool = False
+    # shape-generic build: the sizes that do not change the schedule (batch, sequence lengths, heads; M, N, K) are
+    # kernel arguments, not constants, so one binary serves every shape of its class (codegen.cuda.skeleton)
+    generic: bool = False
     schema: int = field(default=SCHEMA)
 
     @property
@@ -148,7 +151,10 @@ class KernelIR:
         return next((r for r in self.rings if buf in r.buffers), None)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        d = asdict(self)
+        if not d["generic"]:
+            del d["generic"]  # exact-shape IRs keep their JSON (and so their plan ids and cached cubins)
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, s: str) -> KernelIR:
@@ -175,7 +181,8 @@ class KernelIR:
                        smem=tuple(Smem(**x) for x in d["smem"]), barriers=int(d["barriers"]),
                        smem_bytes=int(d["smem_bytes"]), threads=int(d["threads"]), ctas=int(d["ctas"]),
                        persistent=bool(d["persistent"]), sms=int(d["sms"]), predicted_ii=int(d["predicted_ii"]),
-                       trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]))
+                       trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]),
+                       generic=bool(d.get("generic", False)))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             if isinstance(e, SchemaError):
                 raise

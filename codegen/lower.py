@@ -32,7 +32,7 @@ def graph_of(plan: KernelPlan, hw: Hardware) -> STaskGraph:
 
     try:
         op = ops.make(plan.op, **dict(plan.params))
-        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS})
+        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS}, hw)
     except PtsolveError as e:
         raise CodegenError(f"plan for {plan.op}: {e}") from e
     except TypeError as e:
@@ -115,6 +115,10 @@ def _source(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None
     if isinstance(schedule, SProgram):
         hwt = load(hw or schedule.hw)
         plan = plan_from_program(schedule, hwt)
+        if graph_of(plan, hwt) != schedule.graph:  # the kernel's protocol must be the current model's
+            raise CodegenError(f"{schedule.graph.op} {dict(schedule.graph.params)} {dict(schedule.graph.tiling)}: the "
+                               "schedule's sTask graph differs from the one the operator builds now (solved with an "
+                               "older model, or a graph edited by hand): solve it again with ptsolve optimize")
         return plan, schedule.graph, hwt, dict(plan.copies)
     if isinstance(schedule, KernelPlan):
         hwt = load(hw or "h100")
@@ -197,6 +201,28 @@ def _turns(plan: KernelPlan, g: STaskGraph, stream: dict[str, str], turns: bool)
     return (True, "") if turns else (False, "turns switched off (lower(..., turns=False))")
 
 
+def _smem_copies(g: STaskGraph, loops: dict[str, LoopOrder], stream: dict[str, str], copies: dict[str, int],
+                 cap: dict[str, int]) -> dict[str, int]:
+    """Copies of the shared-memory copy buffers (a consumer writes them, its wgmma reads them, e.g. ChunkState's
+    scaled x): an order that puts the asynchronous reader d stages behind the writer asks the writer to run d
+    iterations ahead of the tensor cores, which takes d + 1 copies (else the writer waits for the wgmma it has
+    just issued and vector and tensor-core work serialise). The schedule's start times may prove fewer enough
+    (``plan.min_copies``), but those only cost registers for register buffers; a shared-memory copy costs shared
+    memory, which ``_smem`` checks against the budget (the fewest are kept when it does not fit). For an SProgram,
+    never more than it allocated (``cap``; a KernelPlan keeps its own copies). The old per-op emitters did the
+    same (ChunkState: two xs buffers for the overlapped order, whatever the start times)."""
+    bufs = g.buffers()
+    out = dict(copies)
+    for b in protocol.copy_buffers(g):
+        if bufs[b].space != "smem":
+            continue
+        a, frees = protocol.ring_users(g)[b]
+        st = dict(loops[stream[a]].ops)
+        d = max((st[f] - st[a] for f in frees if f in st and g.task[f].is_async), default=0)
+        out[b] = max(out[b], min(3, cap.get(b, 1), 1 + d))
+    return out
+
+
 def _smem(g: STaskGraph, rings: dict[str, int], copies: dict[str, int], hw: Hardware, ctas: int
           ) -> tuple[tuple[Smem, ...], protocol.Layout]:
     """Every shared-memory buffer at the offset of the model's layout; CodegenError beyond the budget."""
@@ -227,11 +253,13 @@ def _tasks(g: STaskGraph, stream: dict[str, str]) -> tuple[TaskInfo, ...]:
 
 
 def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = None, *,
-          persistent: bool | None = None, turns: bool = True, profile: bool = False) -> KernelIR:
+          persistent: bool | None = None, turns: bool = True, profile: bool = False, generic: bool = False
+          ) -> KernelIR:
     """The KernelIR of an SProgram (copies trimmed to what its start times use, ``plan.min_copies``) or of a
     KernelPlan (its own copies; the fewest its order needs where it names none). ``persistent`` overrides the
     plan's tiling key; ``turns`` False leaves the consumers' tensor-core order unenforced; ``profile`` asks for
-    the instrumented build (codegen.profile)."""
+    the instrumented build (codegen.profile); ``generic`` for the shape-generic build (the schedule's shape is only
+    its representative: sizes become kernel arguments)."""
     from ptsolve import ops
     from ptsolve.validate import regs_per_thread
 
@@ -249,10 +277,21 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
     for b in protocol.copy_buffers(g):  # a hand plan that names no copies gets the fewest its order needs
         if b not in copies:
             copies[b] = next((c for c in (1, 2, 3) if _order_ok(g, tm, hwt, rings, copies | {b: c}, loops)), 3)
+    fewest = dict(copies)
+    if isinstance(schedule, SProgram):  # a KernelPlan's copies are its own (named, or the fewest its order needs)
+        # at most what the program allocated (programs of an older model listed shared copy buffers as rings)
+        cap = {b: int(schedule.copies.get(b) or schedule.rings.get(b) or 1) for b in protocol.copy_buffers(g)}
+        copies = _smem_copies(g, loops, stream, copies, cap)
     for r in roles:
         check_deps(r, loops[r], _deps(g, tm, hwt, rings, copies, r))
     enforce, note = _turns(plan, g, stream, turns)
-    smem, lay = _smem(g, rings, copies, hwt, ctas)
+    try:
+        smem, lay = _smem(g, rings, copies, hwt, ctas)
+    except CodegenError:
+        if copies == fewest:
+            raise
+        copies = fewest  # the staggered copies do not fit: the fewest the schedule needs
+        smem, lay = _smem(g, rings, copies, hwt, ctas)
     prod_regs = tgt.producer_regs(ctas)
     out_roles = tuple(Role(r, -1 if r == "producer" else int(r[2:]),
                            (prod_regs if r == "producer" else tgt.consumer_regs(W, ctas)) if prod_regs else 0,
@@ -268,4 +307,4 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
         predicted_ii=int(plan.ii), trips=g.trip_count,
         model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
-        profile=profile)
+        profile=profile, generic=generic)

@@ -67,7 +67,9 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
         pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
         loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
         loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
-        post = {f"wg{g}": [(f"epilogue@{g}", 0), (f"store@{g}", 0)] for g in wgs}
+        split = [("partial@{g}", 0)] if int(tiling.get("splits", 1)) > 1 else []  # split-K meets before the epilogue
+        post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0), (f"store@{g}", 0)]
+                for g in wgs}
         tc = [f"mma@{g}" for g in wgs]
     elif op in ("flash_attention", "flash_decode"):
         pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in wgs}

@@ -71,7 +71,11 @@ def _key(ks: KernelSource, extra: tuple[str, ...] = ()) -> str:
     return hashlib.sha256((ks.source + "\0" + " ".join(ks.flags + extra)).encode()).hexdigest()
 
 
+NVCC_RUNS = [0]  # nvcc invocations of this process (a warm cubin cache keeps it at 0: tests and drivers read it)
+
+
 def _nvcc(ks: KernelSource, out_flag: str, out: Path, extra: tuple[str, ...] = ()) -> str:
+    NVCC_RUNS[0] += 1
     with tempfile.TemporaryDirectory(prefix="ptsolve_") as td:
         src = Path(td) / f"{ks.name}.cu"
         src.write_text(ks.source)
@@ -164,6 +168,7 @@ class Loaded:
         sms = _check(driver.cuDeviceGetAttribute(
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count")
         g = self.ks.grid
+        self.sms = int(sms)
         self.grid = (min(self.ks.persistent_tiles, int(sms)), g[1], g[2]) if self.ks.persistent_tiles else g
         self.module = _check(driver.cuModuleLoadData(comp.cubin), "cuModuleLoadData")
         self.func = _check(driver.cuModuleGetFunction(self.module, self.ks.name.encode()), "cuModuleGetFunction")
@@ -186,11 +191,42 @@ class Loaded:
         _check(driver.cuLaunchKernel(self.func, *g, *b, self.ks.smem_bytes, driver.CUstream(stream),
                                      ctypes.addressof(arr), 0), f"cuLaunchKernel({self.ks.name})")
 
+    def prepare(self, values: dict[str, Any], maps: tuple[Any, ...], grid: int) -> Launch:
+        """A ready launch of a generic kernel (``KernelSource.generic``) on one shape: ``values`` gives every
+        argument by name (``ptr:`` device addresses, 0 for a null pointer; ``i32:`` / ``f32:`` scalars; ``tmap:``
+        the address its map describes), ``maps`` the tensor maps of that shape, ``grid`` the number of tiles
+        (a persistent kernel launches at most one CTA per SM)."""
+        driver = _drv()
+        spec = {m.tensor: m for m in maps}
+        keep: list[Any] = []
+        addrs = []
+        ptrs: dict[str, Any] = {}
+        for arg in self.ks.args:
+            kind, name = arg.split(":")
+            if name not in values:
+                raise DeviceError(f"launch of {self.ks.name} needs a value for {name!r}")
+            if kind == "tmap":
+                v: Any = tensor_map(spec[name], int(values[name]))
+                addrs.append(v.getPtr())
+            else:
+                v = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}[kind](values[name])
+                addrs.append(ctypes.addressof(v))
+                if kind == "ptr":
+                    ptrs[name] = v
+            keep.append(v)
+        arr = (ctypes.c_void_p * len(addrs))(*addrs)
+        gx = min(grid, self.sms) if self.ks.persistent_tiles else grid
+        if not 1 <= gx < 1 << 31:
+            raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
+        return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
+                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs)
+
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
         keep: list[Any] = []
         addrs = []
         maps = {m.tensor: m for m in self.ks.tensor_maps}
+        ptrs = workspace_ptrs(self.ks) | ptrs  # scratch buffers the caller did not pass: the cached ones
         for arg in self.ks.args:
             kind, tensor = arg.split(":")
             if tensor not in ptrs:
@@ -205,6 +241,51 @@ class Loaded:
                 addrs.append(ctypes.addressof(v))
         keep.append((ctypes.c_void_p * len(addrs))(*addrs))
         return keep
+
+
+class Launch:
+    """One prepared kernel launch (``Loaded.prepare``): calling it with a stream handle (int) only launches.
+    ``ptrs[name].value`` re-points a raw-pointer argument (e.g. a fresh output) before a call: cuLaunchKernel copies
+    the parameters when it is called, so one prepared launch serves every output buffer."""
+
+    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs")
+
+    def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any]):
+        self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
+        self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
+        self.ptrs = ptrs
+
+    def __call__(self, stream: int) -> None:
+        err, = self._launch(self.func, *self.grid, *self.block, self.smem, _cu_stream(stream), self.params, 0)
+        if err != self._ok:
+            _check((err,), f"cuLaunchKernel({self.name})")
+
+
+_STREAMS: dict[int, Any] = {}
+
+
+def _cu_stream(handle: int) -> Any:
+    """The cuda-python CUstream of a raw stream handle, made once per handle (a warm launch allocates nothing)."""
+    s = _STREAMS.get(handle)
+    if s is None:
+        s = _STREAMS[handle] = _drv().CUstream(handle)
+    return s
+
+
+_TMAPS: dict[tuple[Any, int], Any] = {}
+
+
+def tensor_map(spec: Any, ptr: int) -> Any:
+    """encode_tensor_map, cached by (spec: shape, strides, box; address): cuTensorMapEncodeTiled costs
+    microseconds, and a model calls the same few (pointer, shape) pairs again and again."""
+    key = (spec, ptr)
+    tm = _TMAPS.get(key)
+    if tm is None:
+        if len(_TMAPS) >= 4096:
+            _TMAPS.clear()
+        tm = _TMAPS[key] = encode_tensor_map(spec, ptr)
+    return tm
 
 
 def encode_tensor_map(spec: Any, ptr: int) -> Any:
@@ -280,6 +361,25 @@ def _need(t: Any, name: str, shape: tuple[int, ...], dt: str, convert: bool = Fa
 def _stream() -> int:
     import torch
     return int(torch.cuda.current_stream().cuda_stream)
+
+
+_WORKSPACE: dict[tuple[int, str, str], Any] = {}
+
+
+def workspace_ptrs(ks: KernelSource) -> dict[str, int]:
+    """Device pointers of the scratch buffers ``ks.info["workspace"]`` names ({tensor: bytes}; e.g. split-K's fp32
+    partial tiles and its per-tile arrival counters), zero-filled once per (device, kernel) and kept: the kernels
+    that take them leave them as they found them (counters back at zero), so launches on one stream may share
+    them. Empty for kernels without scratch buffers."""
+    import torch
+
+    out = {}
+    for name, nbytes in sorted(ks.info.get("workspace", {}).items()):
+        key = (torch.cuda.current_device(), ks.name, name)
+        if key not in _WORKSPACE:
+            _WORKSPACE[key] = torch.zeros(max(16, nbytes), dtype=torch.uint8, device="cuda")
+        out[name] = _WORKSPACE[key].data_ptr()
+    return out
 
 
 def run_gemm(a: Any, b: Any, plan: Any, out: Any = None) -> Any:

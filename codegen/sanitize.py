@@ -1,6 +1,7 @@
 """Small launches of the generated kernels, for compute-sanitizer (memcheck, racecheck, synccheck).
 
-On the GPU machine::
+On the GPU machine (after ``python3 -m codegen.sanitize precompile`` on any machine with nvcc, with the same
+``$PTSOLVE_CACHE_DIR``, so that no nvcc runs under the sanitizer)::
 
     compute-sanitizer --tool memcheck  --error-exitcode 9 python3 -m codegen.sanitize
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m codegen.sanitize
@@ -9,70 +10,108 @@ Each kernel runs once on a small, ragged shape (GEMM 200×136×200; attention ca
 the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from results/schedules_h200 with
 its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
 of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
-in results/study_h200, the release-point model's) and is checked against a float32 / float64 reference, so a clean
-sanitizer run is also a correct one.
+in results/study_h200, the release-point model's; a split-K GEMM; ptsolve.torch's shape-generic attention and GEMM)
+and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
 """
 from __future__ import annotations
 
 import sys
+from typing import Any
+
+FA_SMALL = {"batch": 1, "heads": 8, "kv_heads": 2, "seq_q": 200, "seq_kv": 200, "head_dim": 128, "causal": True,
+            "dtype": "fp16"}
+GEMM_SMALL = {"M": 200, "N": 136, "K": 200, "dtype": "fp16"}
+MAMBA_SMALL = {"batch": 1, "heads": 2, "seq": 300}
+
+
+def cases() -> list[tuple[str, Any]]:
+    """(label, KernelPlan at its small shape) of every kernel ``main`` checks besides ptsolve.torch's."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from codegen.bench import fa3_order_plan
+    from codegen.plan import default_plan, plan_from_program
+    from ptsolve.program import SProgram
+    from ptsolve.result import Result
+
+    res = Path(__file__).parents[1] / "results"
+    tg = {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2}
+    ts = {"BM": 64, "BN": 128, "BK": 64, "depth": 3, "groups": 1, "splits": 4}  # partials met in the workspace
+    out = [("default", default_plan("gemm", GEMM_SMALL, tg)),
+           (f"split-K {ts}", default_plan("gemm", GEMM_SMALL | {"M": 100, "K": 1000}, ts)),
+           ("fa3_hand", fa3_order_plan(FA_SMALL, {"BM": 128, "BN": 128, "depth": 2, "groups": 2}))]
+
+    def small(pl: Any) -> Any:
+        return dataclasses.replace(pl, params=FA_SMALL if pl.op == "flash_attention" else GEMM_SMALL
+                                   if pl.op == "gemm" else pl.params | MAMBA_SMALL)
+    # the exact schedule ptsolve found for FA3 (no solver on the GPU machine: it travels as JSON); Mamba2's with
+    # co-resident CTAs and with one CTA per SM
+    for name in ("FA3_cpsat", "CS3_cpsat", "CS3_cpsat@1cta", "ST3_cpsat", "ST3_cpsat@1cta"):
+        r = Result.from_json((res / f"schedules_h200/{name}.json").read_text())
+        out.append((name, small(plan_from_program(r.program, "h200"))))
+    # the measured-selection study's CP-SAT first choices (the release-point model, compile-checked)
+    study = json.loads((res / "study_h200/candidates.json").read_text())
+    for name in ("FA3c", "GEMM1", "CS3", "ST3"):
+        c = study["configs"][name]["candidates"][0]
+        out.append((f"study {name}", small(plan_from_program(SProgram.from_json(c["program"]), "h200"))))
+    return out
 
 
 def main() -> int:
-    import dataclasses
-    from pathlib import Path
-
     import torch
 
-    from codegen.bench import check_fa, check_gemm, fa3_order_plan
-    from codegen.plan import default_plan, plan_from_program
-    from ptsolve.result import Result
+    from codegen.bench import TOL, check_fa, check_gemm
+    from codegen.mamba import check
 
     results = []
-    tg = {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2}
-    results.append(check_gemm(200, 136, 200, "fp16", tg, default_plan("gemm", {"M": 200, "N": 136, "K": 200,
-                                                                                 "dtype": "fp16"}, tg), trials=1))
-    p = {"batch": 1, "heads": 8, "kv_heads": 2, "seq_q": 200, "seq_kv": 200, "head_dim": 128, "causal": True,
-         "dtype": "fp16"}
-    t = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
-    results.append(check_fa(p, t, fa3_order_plan(p, t), trials=1, label="fa3_hand"))
-    # the exact schedule ptsolve found for FA3 (no solver on the GPU machine: it travels as JSON)
-    r = Result.from_json((Path(__file__).parents[1] / "results/schedules_h200/FA3_cpsat.json").read_text())
-    plan = plan_from_program(r.program, "h200")
-    results.append(check_fa(p, plan.tiling, dataclasses.replace(plan, params=p), trials=1, label="cpsat"))
-    from codegen.bench import TOL
-    from codegen.mamba import check
-    small = {"batch": 1, "heads": 2, "seq": 300}
-    for name in ("CS3", "ST3"):
-        for label in ("cpsat", "cpsat@1cta"):  # co-resident CTAs, and one CTA per SM
-            f = Path(__file__).parents[1] / f"results/schedules_h200/{name}_{label}.json"
-            r = Result.from_json(f.read_text())
-            pl = plan_from_program(r.program, "h200")
-            pl = dataclasses.replace(pl, params=pl.params | small)
+    for label, pl in cases():
+        if pl.op == "gemm":
+            p = pl.params
+            results.append(check_gemm(p["M"], p["N"], p["K"], p["dtype"], pl.tiling, pl, trials=1) | {"order": label})
+        elif pl.op == "flash_attention":
+            results.append(check_fa(pl.params, pl.tiling, pl, trials=1, label=label))
+        else:
             err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")
             results.append({"op": pl.op, "order": f"{label} {pl.tiling}", "rel_err": err, "ok": err <= TOL})
-    # the schedules of the measured-selection study (the release-point model, compile-checked): each operator's
-    # CP-SAT first choice on a small, ragged shape
-    import json
-
-    from ptsolve.program import SProgram
-    study = json.loads((Path(__file__).parents[1] / "results/study_h200/candidates.json").read_text())
-    for name in ("FA3c", "GEMM1", "CS3", "ST3"):
-        c = study["configs"][name]["candidates"][0]
-        pl = plan_from_program(SProgram.from_json(c["program"]), "h200")
-        if pl.op == "flash_attention":
-            results.append(check_fa(p, pl.tiling, dataclasses.replace(pl, params=p), trials=1, label=f"study {name}"))
-        elif pl.op == "gemm":
-            results.append(check_gemm(200, 136, 200, "fp16", pl.tiling, dataclasses.replace(
-                pl, params={"M": 200, "N": 136, "K": 200, "dtype": "fp16"}), trials=1))
-        else:
-            pl = dataclasses.replace(pl, params=pl.params | small)
-            err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")
-            results.append({"op": pl.op, "order": f"study {name} {pl.tiling}", "rel_err": err, "ok": err <= TOL})
+    results += _front_door()
     torch.cuda.synchronize()
     for r in results:
         print(f"{r['op']} {r.get('order', '')}: rel err {r['rel_err']:.2e} {'PASS' if r['ok'] else 'FAIL'}", flush=True)
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def precompile() -> None:
+    """Compile (on a CPU machine, cached in $PTSOLVE_CACHE_DIR) every kernel ``main`` launches."""
+    from codegen import generic
+    from codegen.bench import precompile as compile_plans
+    compile_plans([pl for _, pl in cases()])
+    for c in (generic.attention_class("fp16", 64, True, 8, 2), generic.gemm_class("fp16")):  # _front_door's
+        generic.compile_class(c)
+
+
+def _front_door() -> list[dict]:
+    """ptsolve.torch's attention (causal, GQA, ragged, seq_q < seq_kv) and GEMM (odd sizes) on the generic kernels,
+    against float32 references."""
+    import torch
+
+    import ptsolve.torch as pt
+    from codegen.bench import TOL, attention_ref, rel_err
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=g).half()
+    q, k, v = rnd(2, 150, 8, 64), rnd(2, 333, 2, 64), rnd(2, 333, 2, 64)
+    e1 = rel_err(pt.flash_attention(q, k, v, causal=True), attention_ref(q, k, v, True))
+    a, b = rnd(100, 200), rnd(136, 200)
+    e2 = rel_err(pt.gemm(a, b), a.float() @ b.float().T)
+    return [{"op": "ptsolve.torch.flash_attention", "order": "generic, causal, 150x333, GQA 4", "rel_err": e1,
+             "ok": e1 <= TOL},
+            {"op": "ptsolve.torch.gemm", "order": "generic, 100x136x200", "rel_err": e2, "ok": e2 <= TOL}]
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["precompile"]:
+        precompile()
+        sys.exit(0)
     sys.exit(main())

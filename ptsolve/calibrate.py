@@ -27,8 +27,9 @@ from .program import SProgram
 FIT: dict[str, tuple[float, float]] = {
     "mem_latency": (100, 2000), "l2_bytes_per_clk": (8, 128), "tc_fixed": (0, 512), "tc_latency": (0, 512),
     "barrier_cycles": (8, 512), "issue_cycles": (4, 256), "vector_efficiency": (0.1, 1.0), "launch_us": (0, 20),
+    "tc_handoff": (0, 512), "coresident": (0, 1.0),  # the costs the datasheet has no entry for
 }
-INTS = {"mem_latency", "tc_fixed", "tc_latency", "barrier_cycles", "issue_cycles"}
+INTS = {"mem_latency", "tc_fixed", "tc_latency", "barrier_cycles", "issue_cycles", "tc_handoff"}
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def _set(hw: Hardware, k: str, v: float) -> Hardware:
 def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(FIT), rounds: int = 6,
         progress: Callable[[str], None] | None = None) -> tuple[Hardware, list[float]]:
     """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by pattern search in log
-    space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range), keeping
+    space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range; from 0, 1/64,
+    1/16 and 1/4 of its range's top), keeping
     improvements; a sweep that improves nothing halves the step; ``rounds`` halvings in all (at most 8 sweeps per
     step). Returns the fitted table and the loss after each sweep."""
     if not samples:
@@ -131,7 +133,8 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
             for k in params:
                 v0 = float(getattr(best, k))
                 cands = sorted({v0 * (1 + step), v0 / (1 + step), v0 * (1 + step / 2), v0 / (1 + step / 2)}
-                               | ({0.0} if FIT[k][0] == 0 else set()) | ({FIT[k][0] + 1} if v0 == 0 else set()))
+                               | ({0.0} if FIT[k][0] == 0 else set())
+                               | ({FIT[k][1] / 64, FIT[k][1] / 16, FIT[k][1] / 4} if v0 == 0 else set()))
                 for v in cands:
                     trial = _set(best, k, v)
                     if getattr(trial, k) == getattr(best, k):

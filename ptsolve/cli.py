@@ -450,6 +450,14 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see `{self.prog} --help`)")
 
 
+def _policy_list(v: str) -> str:
+    names = [x.strip() for x in v.split(",")]
+    bad = [x for x in names if x not in SOLVER_NAMES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown policy {bad[0]!r}; choose from {', '.join(SOLVER_NAMES)}")
+    return ",".join(dict.fromkeys(names))
+
+
 def _positive_int(v: str) -> int:
     try:
         n = int(v)
@@ -538,7 +546,9 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape")
     tu.add_argument("--hw", default="h200", metavar="NAME|PATH", help="hardware")
     tu.add_argument("--top-k", type=_positive_int, default=5, help="schedules to time")
-    tu.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
+    tu.add_argument("--solver", default="cpsat", type=_policy_list, metavar="POLICY[,POLICY]",
+                    help=f"policy, or several comma-separated (each tiling's distinct orders): "
+                    f"{', '.join(SOLVER_NAMES)}")
     tu.add_argument("--time-limit", type=_seconds, default=30.0, help="seconds per tiling's search")
     tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
                     "(python3 -m codegen.tune FILE --out TIMED)")

@@ -72,13 +72,14 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
     return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / hw.l2_bytes_per_clk)))
 
 
-def task_timing(t: STask, hw: Hardware) -> Timing:
-    """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN."""
-    r = _raw_timing(t, hw)
+def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> Timing:
+    """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN; ``turns``:
+    the graph's consumer warpgroups take turns on the tensor cores; ``ctas``: CTAs resident on one SM."""
+    r = _raw_timing(t, hw, turns, ctas)
     return Timing(r.stream, tuple((x, grain(o) if o else 0, grain(n)) for x, o, n in r.uses), grain(r.latency))
 
 
-def _raw_timing(t: STask, hw: Hardware) -> Timing:
+def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> Timing:
     """Occupancy and latency of one task on ``hw``.
 
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
@@ -86,8 +87,10 @@ def _raw_timing(t: STask, hw: Hardware) -> Timing:
     store:  like a load, with all bytes to DRAM (no reuse).
     mma:    tc busy flops / (tc_flops_per_clk · tc_efficiency) + hw.tc_fixed (fence, commit, wait and pipeline
             fill of one wgmma group, which no other group overlaps); latency = that + hw.tc_latency;
-            wgmma holds its warpgroup hw.issue_cycles, mma.sync (no wgmma) holds it the whole time.
-    vector: stream busy flops / (fp32 lanes · vector_efficiency), lanes = fp32_flops_per_clk / 2;
+            wgmma holds its warpgroup hw.issue_cycles, mma.sync (no wgmma) holds it the whole time; with ``turns``
+            (two or more consumer warpgroups issue mma tasks) each also holds tc hw.tc_handoff cycles more.
+    vector: stream busy flops / (fp32 lanes · vector_efficiency), lanes = fp32_flops_per_clk / 2, times
+            1 + hw.coresident · (ctas − 1) when other CTAs share the SM's issue slots;
             exp2 also holds the shared sfu for sfu / sfu_per_clk cycles and the stream at least as long.
     barrier: stream busy hw.barrier_cycles.
     """
@@ -98,10 +101,11 @@ def _raw_timing(t: STask, hw: Hardware) -> Timing:
         return Timing(s, ((s, 0, issue), ("tma", 0, occ)), occ + hw.mem_latency)
     if t.kind == "mma":
         occ = max(1, math.ceil(t.flops / (hw.tc_flops_per_clk * hw.tc_efficiency))) + hw.tc_fixed
+        occ += hw.tc_handoff if turns else 0
         issue = hw.issue_cycles if hw.has_wgmma else occ
         return Timing(s, ((s, 0, issue), ("tc", 0, occ)), occ + hw.tc_latency)
     if t.kind == "vector":
-        lanes = hw.fp32_flops_per_clk / 2 * hw.vector_efficiency
+        lanes = hw.fp32_flops_per_clk / 2 * hw.vector_efficiency / (1 + hw.coresident * (ctas - 1))
         vec = math.ceil(t.flops / lanes)
         if t.sfu:
             sfu = math.ceil(t.sfu / hw.sfu_per_clk)
@@ -113,8 +117,11 @@ def _raw_timing(t: STask, hw: Hardware) -> Timing:
 
 
 def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
-    """Timing of every task of ``g`` on ``hw``."""
-    return {t.name: task_timing(t, hw) for t in g.tasks}
+    """Timing of every task of ``g`` on ``hw`` (the graph says whether warpgroups take turns on the tensor cores and
+    how many CTAs share an SM)."""
+    turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
+    ctas = int(g.tiling.get("ctas", 1))
+    return {t.name: task_timing(t, hw, turns, ctas) for t in g.tasks}
 
 
 def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:

@@ -96,11 +96,12 @@ def _fixed(op: Operator, fix: dict[str, int] | None) -> list[dict[str, int]]:
     tilings = op.tilings()
     if not fix:
         return tilings
-    keys = sorted(set().union(*tilings))
+    keys = sorted(set().union(*tilings, op.spec.optional))
     unknown = sorted(set(fix) - set(keys))
     if unknown:
         raise PtsolveError(f"fix: {op.op} tilings have no key(s) {unknown}; they have {keys}")
-    out = [t for t in tilings if all(t.get(k) == v for k, v in fix.items())]
+    opt = op.spec.optional  # a tiling without an optional key has its default
+    out = [t for t in tilings if all(t.get(k, opt.get(k)) == v for k, v in fix.items())]
     if not out:
         raise PtsolveError(f"fix {fix}: no tiling of {op.describe()} has these values; "
                            f"e.g. {', '.join(str(t) for t in tilings[:3])}")
@@ -141,7 +142,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t) for t in _fixed(op, fix) if t not in exclude]
+    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t, hw) for t in _fixed(op, fix) if t not in exclude]
     for g in graphs:
         t = g.tiling
         why = fits(g, hw)

@@ -1,13 +1,15 @@
 """Measured selection: the model's K best distinct schedules, timed on the GPU, the fastest kept.
 
 ``candidates`` walks an operator's tilings in order of their lower bound, solves each (ptsolve.optimize on that
-tiling's graph, so solves are cached), drops those whose kernel the compiler rejects (ptsolve.kernelcheck) and
-stops once K compile-clean schedules are found and no remaining tiling's bound can beat the K-th: the K best
-distinct schedules (one per tiling). ``tune`` times them with a ``runner`` (a code generator's: codegen.tune.runner
-compiles and times them in one process on this machine's GPU, or one worker per GPU) and returns the measured best
-as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table, K and policy) so the
-next ``tune`` of that shape times nothing. Without a GPU, ``--prepare`` writes the candidates for a GPU machine to
-time (codegen.tune) and ``finish`` turns its times into the same cached Result.
+tiling's graph, so solves are cached), drops those whose kernel the compiler rejects (ptsolve.kernelcheck) and stops
+once K compile-clean schedules are found and no remaining tiling's bound can beat the K-th: the K best distinct
+schedules. With several policies (``solver="cpsat,greedy"``) each tiling also contributes every policy's schedule
+whose order differs (the orders and stages that make a different kernel), so a measured selection can pick an order
+the model ranks lower on the same tiling. ``tune`` times them with a ``runner`` (a code generator's:
+codegen.tune.runner compiles and times them in one process on this machine's GPU, or one worker per GPU) and returns
+the measured best as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table, K and
+policy) so the next ``tune`` of that shape times nothing. Without a GPU, ``--prepare`` writes the candidates for a
+GPU machine to time (codegen.tune) and ``finish`` turns its times into the same cached Result.
 """
 from __future__ import annotations
 
@@ -40,13 +42,28 @@ class Candidate:
         return dict(self.result.tiling)
 
 
+def order_key(p: Any) -> tuple:
+    """What makes two schedules of one graph different kernels: each role's tasks in issue order with their
+    stages, and the ring depths and copies (start times that keep all of these are the same kernel)."""
+    from .cost import stream_of
+    by = sorted(p.graph.tasks, key=lambda t: (stream_of(t), p.start[t.name] % p.ii if t.phase == "loop" else -1,
+                                              p.start[t.name], t.name))
+    return (tuple((stream_of(t), t.name, p.start[t.name] // p.ii if t.phase == "loop" else t.phase) for t in by),
+            tuple(sorted(p.rings.items())), tuple(sorted(p.copies.items())))
+
+
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
                check: bool = True, progress: Callable[[str], None] | None = None) -> tuple[list[Candidate],
                                                                                          list[tuple[dict, str]]]:
-    """The ``k`` best distinct compile-clean schedules of ``op`` (one per tiling, best predicted first) and the
-    tilings the compiler rejected on the way, with why. ``check`` False (or no checker for ``hw.arch``) keeps
+    """The ``k`` best distinct compile-clean schedules of ``op`` (best predicted first) and the tilings the
+    compiler rejected on the way, with why. ``solver``: one policy, or several comma-separated (each tiling then
+    gives one schedule per distinct order, ``order_key``). ``check`` False (or no checker for ``hw.arch``) keeps
     every schedule, marked "not compile-checked"."""
     from .search import lower_bound
+
+    solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
+    if not all(solvers):
+        raise PtsolveError(f"tune: solver {solver!r} names an empty policy; give e.g. cpsat or cpsat,greedy")
 
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise PtsolveError(f"top_k must be a positive integer, got {k!r}")
@@ -54,7 +71,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     say = progress or (lambda s: None)
     bounded = []
     for t in op.tilings():
-        g = op.graph(t)
+        g = op.graph(t, hw)
         if fits(g, hw) is None:
             bounded.append((lower_bound(build(g, hw)), sorted(t.items()), g))
     if not bounded:
@@ -67,16 +84,23 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
-        r = optimize(g, hw, solver=solver, time_limit=time_limit, compile_check=check)
-        c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
-        if c.status in ("rejected", "unsupported"):
-            rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
-            say(f"tiling {g.tiling}: {c.status} ({c.reason})")
-            continue
-        found.append(r)
-        checks.append(c)
-        say(f"tiling {g.tiling}: {r.predicted_us:.1f} µs predicted, {c.status}")
-    order = sorted(range(len(found)), key=lambda i: (found[i].objective, sorted(found[i].tiling.items())))[:k]
+        seen: set[tuple] = set()
+        for pol in solvers:
+            r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check)
+            c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
+            if c.status in ("rejected", "unsupported"):
+                rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
+                say(f"tiling {g.tiling}: {c.status} ({c.reason})")
+                break  # the compiler judges the tiling's kernel, whichever policy ordered it
+            if (ok := order_key(r.program)) in seen:
+                continue
+            seen.add(ok)
+            found.append(r)
+            checks.append(c)
+            say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
+    order = sorted(range(len(found)), key=lambda i: (found[i].objective, sorted(found[i].tiling.items()),
+                                                     solvers.index(found[i].program.policy)
+                                                     if found[i].program.policy in solvers else 0))[:k]
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
 
 

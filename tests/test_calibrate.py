@@ -44,6 +44,24 @@ def test_fit_recovers_known_constants(samples):
     assert fitted.barrier_cycles == hw.barrier_cycles  # not fitted: untouched
 
 
+
+def test_fit_finds_the_costs_the_table_leaves_out(samples):
+    """The tensor-core hand-off and co-resident interference start at 0 (no datasheet entry) and are recovered."""
+    hw = load("h200", calibrated=False)
+    assert hw.tc_handoff == 0 and hw.coresident == 0
+    true = replace(hw, tc_handoff=96, coresident=0.3)
+    measured = []
+    for s in samples:
+        us, ii = predicted(s, true)
+        measured.append(replace(s, kernel_us=us, ii=ii, starts=replayed_starts(s, true)))
+    # the samples exercise both: turns between warpgroups and CTAs sharing an SM
+    assert any(len({t.group for t in s.program.graph.tasks if t.kind == "mma"}) > 1 for s in samples)
+    assert any(int(s.program.graph.tiling.get("ctas", 1)) > 1 for s in samples)
+    assert loss(measured, hw) > 0
+    fitted, hist = fit(measured, hw, ("tc_handoff", "coresident"))
+    assert hist[-1] < hist[0] / 100
+    assert fitted.tc_handoff == pytest.approx(96, rel=0.1) and fitted.coresident == pytest.approx(0.3, rel=0.1)
+
 def test_fit_refuses_bad_input(samples):
     with pytest.raises(PtsolveError, match="no samples"):
         fit([], load("h200"))

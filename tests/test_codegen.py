@@ -80,6 +80,9 @@ PLANS = {
     "gemm_g2_bn192_d4": gemm_plan(128, 192, 4, 2),
     "gemm_g2_m256_bn128_d4": gemm_plan(256, 128, 4, 2),
     "gemm_g2_bn256_d4_grid": gemm_plan(128, 256, 4, 2, persistent=0),
+    "gemm_g1_bn64_split4": gemm_plan(64, 64, 4, 1, splits=4),
+    "gemm_g1_bn256_split3": gemm_plan(64, 256, 3, 1, splits=3),
+    "gemm_g2_bn128_split2_grid": gemm_plan(128, 128, 4, 2, "bf16", splits=2, persistent=0),
     "fa_d128_g2": default_plan("flash_attention", FA, T2),
     "fa_d128_g2_causal": default_plan("flash_attention", fa(causal=True, seq_q=700), T2),
     "fa_d128_g1": default_plan("flash_attention", fa(dtype="fp16"), {"BM": 64, "BN": 128, "depth": 3, "groups": 1}),
@@ -500,3 +503,114 @@ def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
     assert want <= got, (want, got)
     with pytest.raises(SystemExit):
         tune.main([str(tmp_path / "c.json")])  # neither --out nor --compile-only
+
+
+# ---------------------------------------------------------------------------------------------- split-K
+
+
+def _split_kernel_c(kt: int, splits: int) -> list[int]:
+    """Trip count of each split as the emitted C computes it (the tile decoder's K0 / T lines), evaluated with C's
+    integer division by compiling nothing: the expressions are read from the source and run in Python."""
+    import re
+    ks = emit(default_plan("gemm", {"M": 64, "N": 64, "K": 64 * kt, "dtype": "fp16"},
+                           {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1, "splits": splits}))
+    k0 = re.search(r"const int K0 = (.*?);", ks.source).group(1)
+    tl = re.search(r"(?:constexpr|const) int T = (.*?);", ks.source).group(1)
+    out = []
+    for sp in range(splits):
+        env = {"split_": sp, "KT": kt, "SPLITS": splits}
+        py = lambda e: e.replace("/", "//")  # noqa: E731 - non-negative ints: C's division truncates like //
+        env["K0"] = eval(py(k0), {}, env)
+        out.append(eval(py(tl), {}, env))
+    return out
+
+
+@pytest.mark.parametrize("kt,splits", [(64, 2), (65, 6), (16, 3), (7, 7), (100, 16)])
+def test_split_k_ranges_cover_k_once(kt, splits):
+    """The emitted kernel's K ranges are the model's (ptsolve.ops.gemm.split_trips): every K step in exactly one
+    split, none empty, the graph's row the same trip counts."""
+    from ptsolve import ops
+    from ptsolve.ops.gemm import split_trips
+    got = _split_kernel_c(kt, splits)
+    assert got == list(split_trips(kt, splits))
+    assert sum(got) == kt and min(got) >= 1
+    g = ops.gemm(M=64, N=64, K=64 * kt).graph({"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1,
+                                              "splits": splits})
+    assert list(g.row) == got and g.n_ctas == splits
+
+
+def test_split_k_source_and_workspace():
+    """A split kernel takes the workspace and counters, launches one CTA per (tile, split), reads each split's K
+    range, reduces only in the last arriving warp, in split order, and stores only there; splits=1 emits none of
+    it (the unsplit kernel is unchanged)."""
+    one = emit(gemm_plan(128, 128, 4, 2))
+    four = emit(gemm_plan(128, 128, 4, 2, splits=4))
+    tiles = -(-1000 // 128) * -(-1024 // 128)
+    assert four.args[-2:] == ("ptr:ws", "ptr:cnt") and "ptr:ws" not in one.args
+    assert four.persistent_tiles == 4 * tiles and one.persistent_tiles == tiles
+    assert four.info["workspace"] == {"ws": tiles * 4 * 128 * 128 * 4, "cnt": tiles * 2 * 4 * 4}
+    assert "workspace" not in one.info
+    src = four.source
+    assert "(K0 + it_) * 64" in src and "atomicAdd(ctr_, 1)" in src and "atomicExch(ctr_, 0)" in src
+    assert "for (int s = 0; s < SPLITS; ++s)" in src and "if (last_) {" in src
+    assert src.index("atomicAdd(ctr_") < src.index("cpk[m][i] =")  # partials meet before the epilogue packs
+    assert "atomicAdd" not in one.source and "SPLITS = 1" in one.source
+
+
+def test_split_k_refused_beyond_k_steps():
+    from ptsolve import ops
+    from ptsolve.errors import ShapeError
+    with pytest.raises(ShapeError, match="splits=9 exceeds the 8 K steps"):
+        ops.gemm(M=64, N=64, K=512).graph({"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1, "splits": 9})
+    with pytest.raises(CodegenError, match="splits"):
+        emit(dataclasses.replace(gemm_plan(64, 64, 2, 1), tiling={"BM": 64, "BN": 64, "BK": 64, "depth": 2,
+                                                                  "groups": 1, "splits": 0}))
+
+
+def test_split_k_in_the_space_and_chosen_for_skinny_m():
+    """The search space offers split-K where output tiles are few, not for large M·N; the model picks it for a
+    skinny shape (M=1, K=4096: 64 tiles of 64 columns leave half the SMs idle) and check_valid / simulate agree
+    with the objective the policy claims."""
+    import ptsolve
+    from ptsolve.simulate import simulate
+    from ptsolve.validate import check_valid
+    assert any(t.get("splits", 1) > 1 for t in ptsolve.ops.gemm(M=1, N=4096, K=4096).tilings())
+    assert all(t.get("splits", 1) == 1 for t in ptsolve.ops.gemm(M=8192, N=8192, K=8192).tilings())
+    r = ptsolve.optimize(ptsolve.ops.gemm(M=1, N=4096, K=4096), hw="h200", solver="greedy", cache=False,
+                         compile_check=False, executor="serial")
+    assert r.program.graph.tiling.get("splits", 1) > 1, r.program.graph.tiling
+    assert check_valid(r.program, "h200"), check_valid(r.program, "h200")
+    assert simulate(r.program, "h200").kernel_cycles == r.objective
+    unsplit = ptsolve.optimize(ptsolve.ops.gemm(M=1, N=4096, K=4096), hw="h200", solver="greedy", cache=False,
+                               compile_check=False, executor="serial", fix={"splits": 1})
+    assert r.predicted_us < unsplit.predicted_us
+
+
+def test_gemm_space_report(tmp_path):
+    """codegen.gemm_space report: "after" falls back to the old choice where the space has no split tiling, and to
+    the top-1 candidate where the old space refused the shape; the geomeans are cuBLAS time / ours."""
+    import json
+
+    from codegen import gemm_space
+    t1 = {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1}
+    cands = {"shapes": {
+        "GEMM0": {"cands": {"before": {"tiling": t1, "predicted_us": 10.0},
+                            "tune_c0": {"tiling": t1, "predicted_us": 10.0}}},
+        "M1_4096x4096": {"cands": {"before": {"tiling": t1, "predicted_us": 20.0},
+                                   "after": {"tiling": t1 | {"splits": 4}, "predicted_us": 10.0}}},
+        "odd4095x4097x1024": {"cands": {"before": {"error": "ShapeError: N"},
+                                        "tune_c0": {"tiling": t1, "predicted_us": 5.0}}}}}
+    run = {"shapes": {"GEMM0": {"us": {"cublas": 9.0, "before": 10.0, "tune_c0": 9.5}},
+                      "M1_4096x4096": {"us": {"cublas": 10.0, "before": 20.0, "after": 12.5}},
+                      "odd4095x4097x1024": {"us": {"cublas": 40.0, "tune_c0": 10.0}}}}
+    (tmp_path / "c.json").write_text(json.dumps(cands))
+    (tmp_path / "r.json").write_text(json.dumps(run))
+    md = gemm_space.report([tmp_path / "c.json"], tmp_path / "r.json")
+    rows = {r.split("|")[1].strip(): [x.strip() for x in r.split("|")[1:-1]] for r in md.splitlines()
+            if r.startswith("| ") and "geomean" not in r}
+    assert rows["GEMM0"][5] == "10.0 (0.900)" and rows["GEMM0"][8] == "9.5 (0.947)"
+    assert rows["M1_4096x4096"][5] == "12.5 (0.800)" and "split4" in rows["M1_4096x4096"][6]
+    assert rows["M1_4096x4096"][7] == "2.00 / 1.60"
+    assert rows["odd4095x4097x1024"][4] == "-" and rows["odd4095x4097x1024"][5] == "10.0 (4.000)"
+    assert "| paper (GEMM0-3) | 1 | 0.900 | 0.900 | 0.947 |" in md
+    assert f"| all | 3 | {(0.9 * 0.5) ** 0.5:.3f} | {(0.9 * 0.8 * 4.0) ** (1 / 3):.3f} |" in md

@@ -220,7 +220,9 @@ def test_attention_offsets_are_64_bit_for_fa19_sizes() -> None:
         p = ptsolve.ops.flash_attention(batch=64, heads=64, kv_heads=8, seq=s, head_dim=128, causal=causal).params
         ks = emit(default_plan("flash_attention", p, {"BM": 128, "BN": 128, "depth": 2, "groups": 2}), "h200")
         offs = [ln for ln in ks.source.splitlines() if "out +" in ln]
-        assert offs and all("(size_t)" in ln for ln in offs), offs
+        # every offset into o starts from a 64-bit row (OROW, size_t), so the products that follow are 64-bit
+        assert "const size_t OROW = (size_t)" in ks.source
+        assert offs and all("(OROW + " in ln for ln in offs), offs
         assert 64 * s * 64 * 128 >= 1 << 31
 
 

@@ -73,6 +73,53 @@ def test_kernel_ir_is_the_models_protocol(fa_prog):
     assert ptsolve.check_valid(make_program(p.graph, H200, p.ii, p.start, p.copies | ir.copies), H200)
 
 
+def _committed(name):
+    """A committed program's orders and start times on the graph the operator builds now (the committed programs
+    predate the current graphs, which lower refuses as they are; these tests look at how orders are lowered)."""
+    import dataclasses
+    from pathlib import Path
+
+    from ptsolve.result import Result
+    p = Result.from_json((Path(__file__).parents[1] / "results/schedules_h200" / f"{name}.json").read_text()).program
+    g = p.graph
+    return dataclasses.replace(p, graph=ptsolve.ops.make(g.op, **g.params).graph(dict(g.tiling)))
+
+
+def test_shared_copy_buffers_follow_the_stagger():
+    """ChunkState's committed program runs its mma a stage behind the scale: two xs buffers (the old emitter's),
+    within what the program allocated, though its start times would do with one; a register copy is still trimmed
+    to what the start times use. ChunkState keeps the generic shared-memory base (measured faster), ChunkScan takes
+    the shared-space one (LDS in its decay)."""
+    from codegen.cuda import emit
+    p = _committed("ST3_cpsat")
+    ir = lower(p, H200)
+    assert ir.copies == {"xs@0": 2} and dict(ir.role("wg0").loop) == {"mma@0": 1, "scale@0": 0}
+    assert ir.waits["scale@0"] == (("mma@0", -2),)
+    assert "__cvta_generic_to_shared(smem_raw)" not in emit(ir).source
+    cs = lower(_committed("CS3_cpsat@1cta"), H200)
+    assert cs.copies == {"w@0": 1, "w@1": 1}  # registers: trimmed
+    assert "__cvta_generic_to_shared(smem_raw)" in emit(cs).source
+
+
+def test_early_register_write():
+    """FlashAttention's second warpgroup runs rowsum a stage behind exp2: exp2 packs P (rowsum's register buffer)
+    at the end of the emitted iteration, where the rescale's wait already covers PV(j-1), so the pack does not land
+    between the warpgroup's turn and its PV wgmma; the first warpgroup (one stage) packs in rowsum. FlashAttention
+    touches shared memory only through TMA and wgmma: the generic base."""
+    from codegen.cuda import emit
+    ir = lower(_committed("FA17c_cpsat"), H200)
+    src = emit(ir).source
+    w0, w1 = src.split("// ---- consumer warpgroup 1")
+    steady = w1.split("#pragma unroll 1")[1]
+    exp2 = steady.split("// exp2@1")[1]
+    rowsum = steady.split("// rowsum@1")[1].split("// mma_pv@1")[0]
+    assert "pack_half2(sacc0[0], sacc0[1])" in exp2 and "pack_half2" not in rowsum
+    assert "wg_wait" not in exp2.split("}")[0]  # no wait added in the steady loop
+    r0 = w0.split("#pragma unroll 1")[1].split("// rowsum@0")[1]
+    assert "pack_half2(sacc0[0], sacc0[1])" in r0
+    assert "reinterpret_cast<uintptr_t>(smem_raw)" in src
+
+
 def test_kernel_ir_json_round_trip(fa_prog):
     ir = lower(fa_prog, H200)
     assert KernelIR.from_json(ir.to_json()) == ir
@@ -116,6 +163,21 @@ def test_old_result_files_still_load():
     r = Result.from_json(f.read_text())
     assert r.kernel_check is None and r.rejected == () and r.measured_us is None
 
+
+
+def test_a_stale_graph_is_refused(fa_prog):
+    """A program whose graph the operator no longer builds (an older model's bytes) is refused, not emitted with a
+    protocol the kernel's copies no longer match (ChunkState's 16-byte dalast once expected 4 bytes: a hang)."""
+    import dataclasses
+
+    from ptsolve.errors import CodegenError
+    g = fa_prog.graph
+    t = next(t for t in g.tasks if t.kind == "load")
+    stale = dataclasses.replace(g, tasks=tuple(dataclasses.replace(x, bytes=x.bytes // 2) if x is t else x
+                                               for x in g.tasks))
+    with pytest.raises(CodegenError, match="older model"):
+        lower(dataclasses.replace(fa_prog, graph=stale), H200)
+    lower(fa_prog, H200)
 
 OPS = {
     "flash_attention": st.builds(

@@ -71,7 +71,7 @@ def test_mamba_flops() -> None:
 
 @pytest.mark.parametrize("call,match", [
     (lambda: ops.gemm(0, 8, 8), "M must be a positive integer"),
-    (lambda: ops.gemm(64, 64, 60), "multiples of 8"),
+    (lambda: ops.gemm(64, 64, 60), "multiple of 8"),
     (lambda: ops.flash_attention(batch=1, heads=32, kv_heads=5, seq=128), "not divisible by kv_heads"),
     (lambda: ops.flash_attention(batch=1, heads=4, seq=128, head_dim=100), "head_dim=100 cannot be served"),
     (lambda: ops.flash_attention(batch=1, heads=4, seq=-3), "must be a positive integer"),

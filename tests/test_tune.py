@@ -27,6 +27,21 @@ def test_candidates_are_distinct_and_in_the_models_order():
         candidates(OP, "h200", 0)
 
 
+
+def test_candidates_hold_other_orders_of_a_tiling():
+    """With two policies a tiling gives each distinct order (greedy's differs from CP-SAT's on causal attention),
+    never the same kernel twice; still in the model's order."""
+    from ptsolve.tune import order_key
+    fa = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=128, causal=True)
+    cands, _ = candidates(fa, "h200", 6, solver="cpsat,greedy", time_limit=10, check=False)
+    keys = [(tuple(sorted(c.tiling.items())), order_key(c.result.program)) for c in cands]
+    assert len(set(keys)) == len(keys)
+    tilings = [k[0] for k in keys]
+    assert len(set(tilings)) < len(tilings)  # some tiling appears with two orders
+    assert [c.result.objective for c in cands] == sorted(c.result.objective for c in cands)
+    with pytest.raises(PtsolveError, match="empty policy"):
+        candidates(fa, "h200", 2, solver="cpsat,", check=False)
+
 def test_tune_keeps_the_measured_best_and_caches_it():
     calls = []
 

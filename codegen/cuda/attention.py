@@ -1,6 +1,12 @@
 """FlashAttention forward task bodies (GQA, causal bottom-right aligned, ragged sequence lengths).
 
-Layout: q/o [B, Sq, H, D], k/v [B, Skv, Hkv, D] (FlashAttention's), softmax scale 1/sqrt(D). A tile is BM query
+Layout: q/o [B, Sq, H, D], k/v [B, Skv, Hkv, D] (FlashAttention's), softmax scale 1/sqrt(D) in an exact-shape build.
+A shape-generic build (``KernelIR.generic``) takes batch, heads, kv_heads, seq_q, seq_kv (the longest, for varlen)
+as arguments, plus the softmax scale (``SCALE_LOG2`` = scale · log2 e) and optional ``cu_q`` / ``cu_k`` (int32
+[B+1] prefix sums: varlen, q/k/v packed [total, H(kv), D], tensor maps of one "batch" over the packed rows). Causal
+is bottom-right aligned per sequence for any seq_q, seq_kv: a query block that sees no key (seq_q > seq_kv) is
+stored as zeros, as FlashAttention does. With varlen a tile's last K/V block may read the next sequence's rows:
+their scores are masked to -inf, so they count only through P = 0 (finite values assumed). A tile is BM query
 rows of one (batch, head); consumer warpgroup g owns rows 64g..64g+63. Per key block of BN keys: S = Q Kᵀ
 (``mma_qk``: wgmma, both operands in shared memory, K-major), the online softmax in registers in the exp2
 domain (``rowmax``, ``exp2``, ``rowsum``, which packs P into wgmma A fragments, ``rescale`` of O), O += P V
@@ -11,6 +17,8 @@ double-buffered score or P buffer (the schedule's copies) is picked by the parit
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from ptsolve.errors import CodegenError
 
@@ -37,28 +45,56 @@ def _copies(ir: KernelIR, buf: str, g: int) -> int:
     return ir.copies.get(f"{buf}@{g}", 1)
 
 
+SIZE_PARAMS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv")
+
+
+def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
+    """The sizes a generic build takes at launch (seq_q / seq_kv: the longest sequence for varlen), NTILES last."""
+    nmb = -(-p["seq_q"] // t["BM"])
+    return {"B_": p["batch"], "H": p["heads"], "HKV": p["kv_heads"], "SQ": p["seq_q"], "SKV": p["seq_kv"],
+            "NMB": nmb, "NTILES": nmb * p["heads"] * p["batch"]}
+
+
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     D = p["head_dim"]
-    return (f"  constexpr int H = {p['heads']}, HKV = {p['kv_heads']}, SQ = {p['seq_q']}, SKV = {p['seq_kv']};\n"
-            f"  constexpr int D = {D}, DCH = D / 64, BM = {t['BM']}, BN = {t['BN']}, B_ = {p['batch']};\n"
-            f"  constexpr int NMB = {-(-p['seq_q'] // t['BM'])}, NKB = {-(-p['seq_kv'] // t['BN'])};\n"
-            f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
-            "  constexpr int OFF = SKV - SQ;  // bottom-right aligned causal mask: query i sees keys <= i + OFF\n"
-            f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)")
+    scale = ("" if ir.generic else
+             f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
+             "  constexpr int* cu_q = nullptr; constexpr int* cu_k = nullptr;\n")
+    return (f"  constexpr int D = {D}, DCH = D / 64, BM = {t['BM']}, BN = {t['BN']};\n"
+            f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n" + scale +
+            "  const bool VARLEN = cu_q != nullptr; (void)VARLEN;")
 
 
-def _tiles(ir: KernelIR) -> tuple[int, str]:
-    p = ir.params
-    n = -(-p["seq_q"] // ir.tiling["BM"]) * p["heads"] * p["batch"]
+def _tiles(ir: KernelIR) -> tuple[int | str, str]:
+    n = "NTILES" if ir.generic else sizes(ir.params, ir.tiling)["NTILES"]
     # causal: the longest query blocks (most keys) first: within a (head, batch) on a grid, over all tiles when
     # persistent
     split = ("  const int mb_ = tile / (H * B_), hq = tile % H, bz = (tile / H) % B_;\n" if ir.persistent else
              "  const int mb_ = tile % NMB, hq = (tile / NMB) % H, bz = tile / (NMB * H);\n")
-    return n, (split + "  const int mb = CAUSAL ? (NMB - 1 - mb_) : mb_;\n"
-               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n"
-               "  int T = NKB;  // key blocks this query block visits\n"
-               "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }")
+    # this sequence: its lengths, its first row and batch coordinate in the tensor maps (varlen: one batch of packed
+    # rows), the output row of its query 0
+    seq = ("  const int QR = VARLEN ? cu_q[bz] : 0, KR = VARLEN ? cu_k[bz] : 0, QB = VARLEN ? 0 : bz, "
+           "KB = VARLEN ? 0 : bz;\n"
+           "  const int SQB = VARLEN ? cu_q[bz + 1] - QR : SQ, SKVB = VARLEN ? cu_k[bz + 1] - KR : SKV;\n"
+           "  const size_t OROW = (size_t)QB * SQ + QR;\n  (void)OROW; (void)KR; (void)KB; (void)QR;\n")
+    # only a generic build meets a query block beyond a shorter sequence or one that sees no key (causal, seq_q >
+    # seq_kv: stored as zeros, as FlashAttention's); an exact build needs seq_q <= seq_kv and keeps these branches
+    # out of its tile loop (ptxas serialises a persistent kernel's wgmma across them)
+    skip = "" if not ir.generic else "  if (m0 >= SQB) skip_ = true;  // varlen: a shorter sequence than the longest\n"
+    zero = "" if not ir.generic else (
+        "  if (!skip_ && T <= 0) {  // no key for this query block: zeros\n"
+        "    if (wg > 0)\n"
+        f"      for (int i = threadIdx.x - 128; i < BM * (D / 8); i += {ir.threads - 128}) {{\n"
+        "        const int r = m0 + i / (D / 8);\n"
+        "        if (r < SQB) reinterpret_cast<uint4*>(out + ((OROW + r) * H + hq) * D)[i % (D / 8)] = "
+        "make_uint4(0u, 0u, 0u, 0u);\n"
+        "      }\n    skip_ = true;\n  }")
+    return n, (split + seq + "  const int mb = CAUSAL ? (NMB - 1 - mb_) : mb_;\n"
+               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n" + skip +
+               "  const int OFF = SKVB - SQB;  // bottom-right aligned causal mask: query i sees keys <= i + OFF\n"
+               "  int T = (SKVB + BN - 1) / BN;  // key blocks this query block visits\n"
+               "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }\n" + zero)
 
 
 def _decls(ir: KernelIR, role: Role) -> str:
@@ -89,6 +125,17 @@ def row_max(S: str) -> list[str]:
             "    alpha[hh] = fast_exp2(m_r[hh] - mu);", "    m_r[hh] = mn;", "    muse[hh] = mu;", "  }"]
 
 
+def _pack(t: Task, S: str) -> list[str]:
+    """P (rowsum's register buffer) packed into the wgmma A fragments: the fp32 accumulator layout of S is the
+    A-fragment layout once packed in pairs."""
+    P, dt = _buf(t, "pf"), t.ir.params["dtype"]
+    lines = [f"  fence_regs({P}_flat);"]
+    for kk in range(t.ir.tiling["BN"] // 16):
+        for r in range(4):
+            lines.append(f"  {P}[{kk}][{r}] = {PACK2[dt]}({S}[{8 * kk + 2 * r}], {S}[{8 * kk + 2 * r + 1}]);")
+    return lines
+
+
 def _body(t: Task) -> str:
     ir, b = t.ir, t.base
     p, BN = ir.params, ir.tiling["BN"]
@@ -96,9 +143,9 @@ def _body(t: Task) -> str:
     if b in ("load_q", "load_k", "load_v"):
         dst, row, rows = {"load_q": ("q_s", "m0", "BM"), "load_k": ("k_cur", "it_ * BN", "BN"),
                           "load_v": ("v_cur", "it_ * BN", "BN")}[b]
-        head = "hq" if b == "load_q" else "hkv"
+        head, r0, bb = ("hq", "QR", "QB") if b == "load_q" else ("hkv", "KR", "KB")
         return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
-                f"    tma_load_4d({dst} + c * {rows} * 128, &tm_{b[-1]}, fbar_, c * 64, {head}, {row}, bz);")
+                f"    tma_load_4d({dst} + c * {rows} * 128, &tm_{b[-1]}, fbar_, c * 64, {head}, {r0} + {row}, {bb});")
     S = _buf(t, "sacc")
     if b == "init":
         return ("#pragma unroll\nfor (int i = 0; i < D / 2; ++i) o[i] = 0.f;\n"
@@ -115,28 +162,25 @@ def _body(t: Task) -> str:
     if b == "rowmax":
         return "\n".join([
             f"  fence_regs({S});", "  const int kb = it_ * BN;",
-            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > m0 + ROW0 + OFF)) {  // the tile crosses a mask edge",
+            "  if (kb + BN > SKVB || (CAUSAL && kb + BN - 1 > m0 + ROW0 + OFF)) {  // the tile crosses a mask edge",
             "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
             "      for (int hh = 0; hh < 2; ++hh)", "#pragma unroll", "        for (int c = 0; c < 2; ++c) {",
             "          const int key = kb + 8 * j + 2 * (lane & 3) + c;",
             "          const int row = m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
-            f"          if (key >= SKV || (CAUSAL && key > row + OFF)) {S}[4 * j + 2 * hh + c] = -INFINITY;",
+            f"          if (key >= SKVB || (CAUSAL && key > row + OFF)) {S}[4 * j + 2 * hh + c] = -INFINITY;",
             "        }", "  }", *row_max(S)])
     if b == "exp2":
         return "\n".join([
             "#pragma unroll", "  for (int j = 0; j < BN / 8; ++j)", "#pragma unroll", "    for (int i = 0; i < 4; ++i)",
-            f"      {S}[4 * j + i] = fast_exp2(fmaf({S}[4 * j + i], SCALE_LOG2, -muse[i >> 1]));"])
+            f"      {S}[4 * j + i] = fast_exp2(fmaf({S}[4 * j + i], SCALE_LOG2, -muse[i >> 1]));",
+            *(_pack(t, S) if t.early else [])])
     if b == "rowsum":
         # per-thread partial sums (the 4 lanes of a row are combined once, in normalize); then P is packed into
-        # the wgmma A fragments: the fp32 accumulator layout of S is the A-fragment layout once packed in pairs
-        P = _buf(t, "pf")
+        # the wgmma A fragments, unless exp2 did (OpKernel.early: the skeleton found it free there)
         lines = ["#pragma unroll", "  for (int hh = 0; hh < 2; ++hh) {", "    float sm = 0.f;", "#pragma unroll",
                  "    for (int j = 0; j < BN / 8; ++j)", f"      sm += {S}[4 * j + 2 * hh] + {S}[4 * j + 2 * hh + 1];",
-                 "    l_r[hh] = l_r[hh] * alpha[hh] + sm;", "  }", f"  fence_regs({P}_flat);"]
-        for kk in range(BN // 16):
-            for r in range(4):
-                lines.append(f"  {P}[{kk}][{r}] = {PACK2[dt]}({S}[{8 * kk + 2 * r}], {S}[{8 * kk + 2 * r + 1}]);")
-        return "\n".join(lines)
+                 "    l_r[hh] = l_r[hh] * alpha[hh] + sm;", "  }"]
+        return "\n".join(lines + ([] if t.early else _pack(t, S)))
     if b == "rescale":
         return "\n".join(["  fence_regs(o);", "#pragma unroll", "  for (int j = 0; j < D / 8; ++j)", "#pragma unroll",
                           "    for (int i = 0; i < 4; ++i)", "      o[4 * j + i] *= alpha[i >> 1];"])
@@ -158,27 +202,43 @@ def _body(t: Task) -> str:
     return "\n".join([
         "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
         "  const int row = m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
-        "  if (row < SQ) {  // ragged tail: rows past seq_q are not written",
-        "    uint32_t* orow = reinterpret_cast<uint32_t*>(out + ((size_t)(bz * SQ + row) * H + hq) * D);",
+        "  if (row < SQB) {  // ragged tail: rows past seq_q are not written",
+        "    uint32_t* orow = reinterpret_cast<uint32_t*>(out + ((OROW + row) * H + hq) * D);",
         "#pragma unroll", "    for (int j = 0; j < D / 8; ++j)",
         f"      orow[4 * j + (lane & 3)] = {PACK2[dt]}(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
         "  }", "}"])
 
 
-def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
-    p, t = ir.params, ir.tiling
+def tensor_map(name: str, dt: str, D: int, heads: int, rows: int, batches: int, strides: tuple[int, int, int],
+               box_rows: int) -> TensorMapSpec:
+    """The tensor map of q, k or v viewed as [batches, rows, heads, D] with element ``strides`` (batch, row, head;
+    D contiguous); varlen is one batch of packed rows."""
+    sb, sr, sh = strides
+    return TensorMapSpec(name, dt, (D, heads, rows, batches), (sh * 2, sr * 2, sb * 2), (64, 1, box_rows, 1))
+
+
+def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
+    """Tensor maps of contiguous q [B, Sq, H, D] and k, v [B, Skv, Hkv, D]."""
     B, H, Hkv, SQ, SKV, D, dt = (p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "dtype"))
-    e = 2
-    return (TensorMapSpec("q", dt, (D, H, SQ, B), (D * e, H * D * e, SQ * H * D * e), (64, 1, t["BM"], 1)),
-            TensorMapSpec("k", dt, (D, Hkv, SKV, B), (D * e, Hkv * D * e, SKV * Hkv * D * e), (64, 1, t["BN"], 1)),
-            TensorMapSpec("v", dt, (D, Hkv, SKV, B), (D * e, Hkv * D * e, SKV * Hkv * D * e), (64, 1, t["BN"], 1)))
+    return (tensor_map("q", dt, D, H, SQ, B, (SQ * H * D, H * D, D), t["BM"]),
+            tensor_map("k", dt, D, Hkv, SKV, B, (SKV * Hkv * D, Hkv * D, D), t["BN"]),
+            tensor_map("v", dt, D, Hkv, SKV, B, (SKV * Hkv * D, Hkv * D, D), t["BN"]))
+
+
+def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
+    out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),)
+    if ir.generic:
+        out += (("ptr:cu_q", "const int* __restrict__ cu_q"), ("ptr:cu_k", "const int* __restrict__ cu_k"),
+                ("f32:scale_log2", "const float SCALE_LOG2"))
+    return out
 
 
 REGISTRY["flash_attention"] = OpKernel(
     op="flash_attention", check=_check,
     device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"],
                                                                                 ir.params["dtype"], 1),
-    consts=_consts, maps=_maps,
-    signature=lambda ir: (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),),
-    tiles=_tiles, decls=_decls, body=_body, min_trips=1,  # every query block sees key block 0 (seq_q <= seq_kv)
-    info=lambda ir: {"score_buffers": [_copies(ir, "s", g) for g in range(ir.groups)]})
+    consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature,
+    # a query block that sees no key is stored as zeros and skipped (T <= 0), so every tile that runs has T >= 1
+    tiles=_tiles, decls=_decls, body=_body, early={"rowsum": "exp2"}, min_trips=1,
+    info=lambda ir: {"score_buffers": [_copies(ir, "s", g) for g in range(ir.groups)]},
+    sizes=sizes, size_params=SIZE_PARAMS)

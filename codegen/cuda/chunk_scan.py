@@ -189,5 +189,5 @@ REGISTRY[OP] = OpKernel(
     consts=_consts, maps=_maps,
     signature=lambda ir: (("ptr:dA", "const float* __restrict__ da_ptr"),
                           ("ptr:out", f"{CTYPE[ir.params['dtype']]}* __restrict__ out")),
-    tiles=_tiles, decls=_decls, body=_body, min_trips=1,
+    tiles=_tiles, decls=_decls, body=_body, min_trips=1, shared_base=True,  # the decay's LDS (skeleton._smem_base)
     info=lambda ir: {"w_buffers": [ir.copies.get(f"w@{g}", 1) for g in range(ir.groups)]})

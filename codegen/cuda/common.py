@@ -61,6 +61,9 @@ class KernelSource:
     flags: tuple[str, ...] = NVCC_FLAGS
     info: dict[str, Any] = field(default_factory=dict)
     persistent_tiles: int = 0  # > 0: grid.x = min(this, the device's SMs); the kernel loops over tiles
+    # shape-generic: sizes are kernel arguments (``i32:<name>``, ``f32:<name>``), tensor maps and grid are made per
+    # shape at launch (codegen.generic); ``grid`` and ``tensor_maps`` describe the representative shape only
+    generic: bool = False
 
 
 def check_dtype(p: dict[str, Any]) -> None:
@@ -69,13 +72,6 @@ def check_dtype(p: dict[str, Any]) -> None:
     if p.get("dtype", "fp16") not in CTYPE:
         raise CodegenError(f"dtype {p.get('dtype')!r} is not supported by the CUDA generator; use one of "
                            f"{sorted(CTYPE)}")
-
-
-def consumer_regs(groups: int) -> int:
-    """Registers per consumer thread after ``setmaxnreg.inc``: the budget ptsolve's model schedules with."""
-    from ptsolve.hw import load
-    from ptsolve.ops.base import consumer_reg_budget
-    return consumer_reg_budget(groups, load("h100"))  # every sm_90 part has the same register file
 
 
 PRELUDE = r"""

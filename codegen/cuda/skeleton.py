@@ -15,6 +15,7 @@ for a double-buffered register copy, the parity of its iteration (the ``parity``
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class Task:
     parity: int | None
     phase: str
     ir: KernelIR
+    early: bool = False  # the register write moved from the later task to the earlier one (OpKernel.early)
 
     @property
     def base(self) -> str:
@@ -57,7 +59,12 @@ class OpKernel:
     """What one operator adds to the skeleton (see the module doc). ``signature``: (launch argument kind:name,
     C parameter) pairs after the tensor maps; ``tiles(ir)`` -> (number of tiles, C++ that turns ``tile`` into
     the operator's coordinates and ``const int T`` (trip count) and may set ``skip_`` for a tile with nothing to
-    do); ``trips(ir)``: the trip count as an int when every tile has the same compile-time one, else ``"T"``."""
+    do); ``trips(ir)``: the trip count as an int when every tile has the same compile-time one, else ``"T"``.
+    ``sizes(params, tiling)``: the sizes that do not change the schedule (batch, lengths, heads; M, N, K) and the
+    counts derived from them, ``NTILES`` among them, by their C names: ``constexpr int`` in an exact-shape build,
+    ``int`` kernel arguments (``i32:<name>``) in a generic one (``KernelIR.generic``); the launcher of a generic
+    kernel calls it with the actual shape, so each formula exists once. ``size_params``: the parameter names those
+    sizes come from (left out of a generic kernel's plan id, so every shape of a class names the same binary)."""
 
     op: str
     check: Callable[[KernelIR], None]
@@ -71,6 +78,38 @@ class OpKernel:
     trips: Callable[[KernelIR], int | str] = lambda ir: "T"
     min_trips: int = 1
     info: Callable[[KernelIR], dict[str, Any]] = field(default=lambda ir: {})
+    # task -> an earlier task of the same iteration whose body may also do its write of the register buffer it
+    # allocates (FlashAttention: exp2 packs the P fragments rowsum allocates), see early_writes
+    early: Mapping[str, str] = field(default_factory=dict)
+    # the aligned shared-memory base kept in the shared window (see _smem_base): measured per operator on an H200
+    # (results/ab/regress_ab_h200.log, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
+    shared_base: bool = False
+    sizes: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, int]] | None = None
+    size_params: tuple[str, ...] = ()
+
+
+def size_decls(ir: KernelIR, opk: OpKernel) -> str:
+    """The op's sizes as ``constexpr int`` lines (exact-shape build; a generic build takes them as arguments)."""
+    if opk.sizes is None or ir.generic:
+        return ""
+    sz = opk.sizes(ir.params, ir.tiling)
+    return "\n".join([*(f"  constexpr int {k} = {v};" for k, v in sz.items()),
+                      "  " + " ".join(f"(void){k};" for k in sz)])
+
+
+def size_args(ir: KernelIR, opk: OpKernel) -> tuple[tuple[str, str], ...]:
+    """The op's sizes as (``i32:<name>``, ``const int <name>``) kernel parameters of a generic build."""
+    if opk.sizes is None or not ir.generic:
+        return ()
+    return tuple((f"i32:{k}", f"const int {k}") for k in opk.sizes(ir.params, ir.tiling))
+
+
+def generic_id(ir: KernelIR, opk: OpKernel) -> str:
+    """The plan id of a generic build: the IR's hash without the sizes a generic kernel takes at launch."""
+    d = json.loads(ir.to_json())
+    d["params"] = {k: v for k, v in d["params"].items() if k not in opk.size_params}
+    d.pop("trips", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
 REGISTRY: dict[str, OpKernel] = {}
@@ -145,7 +184,10 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     opk = REGISTRY[ir.op]
     opk.check(ir)
     check_protocol(ir)
-    pid = plan_id or hashlib.sha256(ir.to_json().encode()).hexdigest()[:8]
+    if ir.generic and (opk.sizes is None or ir.profile):
+        raise CodegenError(f"{ir.op}: no shape-generic build" + (" of the profiler" if ir.profile else
+                                                                  " (its sizes are compile-time constants)"))
+    pid = plan_id or (generic_id(ir, opk) if ir.generic else hashlib.sha256(ir.to_json().encode()).hexdigest()[:8])
     lo = loops(ir)
     tn = turns(ir, lo)
     W = ir.groups
@@ -228,13 +270,14 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         commits = {t for t in ir.commits if t in names}
         needs = {t: list(v) for t, v in ir.waits.items() if t in names}
         steady = wait_depths(loop, commits, needs)
+        needs, steady, early = early_writes(opk, role, loop, commits, needs, steady)
         nbuf = _regbufs(ir, role)
         waiter_of = {t: [r for r in loop_rings if (rn, t) in r.waiters] for t in names}
         rel = {t: [(r, x) for r in loop_rings for x in r.releases if x.role == rn and x.task == t] for t in names}
 
         def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
                  role: Role = role, commits: set[str] = commits, needs: dict = needs,  # noqa: B008
-                 waiter_of: dict = waiter_of, rel: dict = rel) -> str:
+                 waiter_of: dict = waiter_of, rel: dict = rel, early: set[str] = early) -> str:
             lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;", probe("p0_")]
             depth = (0 if waits is None else waits.get("depth")) if name in needs else None
             if depth is not None and name not in commits:
@@ -249,7 +292,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                              f"// {', '.join(r.buffers)} of iteration it_ landed")
             lines += pointers(name, "q_")
             lines.append(probe("p1_"))
-            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir))
+            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir, name in early))
             # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
             ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
                               f"{release(r, 'q_', x.generic)}\n  }}" for r, x in rel[name] if x.mode == "end")
@@ -325,10 +368,11 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 for b in (pre.buffers if pre else ())]
     maps = opk.maps(ir)
     extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
-    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opk.signature(ir)]
+    opsig = (*opk.signature(ir), *size_args(ir, opk))
+    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
     sig += [c for _, c in extra]
-    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opk.signature(ir), *extra))
-    grid_x = min(ntiles, ir.sms) if ir.persistent else ntiles
+    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
+    grid_x = (min(ntiles, ir.sms) if ir.persistent else ntiles) if isinstance(ntiles, int) else 0
     prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
                    f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
     name = _kernel_name(ir, pid)
@@ -337,10 +381,11 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     dec = f'asm volatile("setmaxnreg.dec.sync.aligned.u32 {prod_regs};");' if prod_regs else ""
     inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
     if ir.persistent:
-        head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x, ++lt) {\n"
+        # lt counts the tiles this CTA ran (the pre ring's phase): a skipped tile (skip_) is not one of them
+        head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x) {\n"
                 "  bool skip_ = false; (void)skip_;\n" + decode +
                 "\n  if (skip_) continue;")
-        end = "  rbase += T;  // ring position of the next tile's first iteration\n}"
+        end = "  rbase += T;  // ring position of the next tile's first iteration\n  ++lt;\n}"
     else:
         head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"
                 "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) return;")
@@ -352,13 +397,15 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
 extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {name}({', '.join(sig)}) {{
   using namespace pts;
+{size_decls(ir, opk)}
 {opk.consts(ir)}
-  constexpr int NTILES = {ntiles}; (void)NTILES;
+{"" if opk.sizes is not None else f"  constexpr int NTILES = {ntiles};"}
+  (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
   // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+{_smem_base(opk.shared_base)}
 {chr(10).join(pre_ptrs)}
 {chr(10).join(bars)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
@@ -382,16 +429,63 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 }}
 """
     src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
-    grid = (min(ntiles, ir.sms), 1, 1) if ir.persistent else (ntiles, 1, 1)
-    if not ir.persistent and ntiles >= 1 << 31:
+    # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
+    grid = (grid_x, 1, 1)
+    if not ir.persistent and grid_x >= 1 << 31:
         raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")
     return KernelSource(source=src, name=name, op=ir.op, params=dict(ir.params), grid=grid, block=(ir.threads, 1, 1),
                         smem_bytes=ir.smem_bytes, tensor_maps=maps, args=args,
-                        persistent_tiles=ntiles if ir.persistent else 0,
+                        persistent_tiles=(ntiles if isinstance(ntiles, int) else 1) if ir.persistent else 0,
+                        generic=ir.generic,
                         info={"tiling": dict(ir.tiling), "consumer_regs": cons_regs, "copies": dict(ir.copies),
                               "profile_words": prof_words(ir) if ir.profile else 0,
                               "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
                               **opk.info(ir)})
+
+
+def early_writes(opk: OpKernel, role: Role, loop: Any, commits: set[str], needs: dict[str, list],
+                 steady: dict[str, dict[str, int]]) -> tuple[dict[str, list], dict[str, dict[str, int]], set[str]]:
+    """Where an operator lets an earlier task of the iteration do a later task's write of the register buffer that
+    task allocates (``OpKernel.early``), do it when that is free: the earlier task then needs what the later one
+    waits for (the wgmma readers of the buffer's older copy complete, from the KernelIR's waits), and in the steady
+    loop an earlier wait of the role must already cover it (no wait is added there; the prologue and epilogue wait
+    for everything anyway). Only where the later task runs a stage behind the earlier one: the write then moves
+    into the previous emitted iteration, before the loop's back edge, which ptxas does not schedule across; left in
+    the later task it lands between that task's tensor-core turn (``bar.sync``) and its wgmma issue, since ptxas
+    moves register work across ``bar.sync`` towards its use (FlashAttention's second warpgroup: 32 F2FP there).
+    Within one stage the write stays where it is (same basic block: ptxas places it either way). Returns (needs,
+    steady wait depths, tasks whose bodies take the early form)."""
+    stage = dict(loop.ops)
+    tag = f"@{role.group}"
+    early: set[str] = set()
+    for late, first in opk.early.items():
+        t, e = late + tag, first + tag
+        if t not in stage or e not in stage or t not in needs or e in needs or stage[t] <= stage[e]:
+            continue
+        aug = {**needs, e: list(needs[t])}
+        try:
+            st = wait_depths(loop, commits, aug)
+        except CodegenError:
+            continue  # a reader of the older copy is issued after the earlier task: not possible there
+        if st.get(e) == {} and all(st.get(k) == v for k, v in steady.items()):
+            needs, steady = aug, st
+            early |= {t, e}
+    return needs, steady, early
+
+
+def _smem_base(shared: bool) -> str:
+    """The aligned shared-memory base. ``shared``: the offset is added to the ``__shared__`` array itself, so the
+    compiler keeps the shared address space for the consumers' ordinary loads and stores (LDS / STS; through a
+    ``uintptr_t`` it loses it: generic LD / ST with 64-bit address arithmetic, 689 instead of 495 SASS instructions
+    in ChunkScan's decay loop). Else the generic form: where only TMA and wgmma descriptors touch shared memory the
+    shared form makes ptxas rematerialise the window's base in the loop (S2UR SR_CgaCtaId: FlashAttention's steady
+    loop 9 instructions longer), and ChunkState's scale ran 9% slower with it. Which one an operator takes is its
+    OpKernel's ``shared_base``, chosen by measuring both."""
+    if shared:
+        return ("  uint8_t* smem = smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & "
+                "1023u)) & 1023u);")
+    return ("  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & "
+            "~uintptr_t(1023));")
 
 
 def block(*lines: str) -> str:

@@ -39,6 +39,10 @@ def _check(ir: KernelIR) -> None:
     if max(p["M"], p["N"], p["K"]) >= 1 << 30 or p["M"] * p["K"] >= 1 << 31 or p["N"] * p["K"] >= 1 << 31 \
             or p["M"] * p["N"] >= 1 << 31:
         raise CodegenError("gemm: a matrix of 2^31 elements or more; the HIP kernel's indices are 32-bit")
+    if p["N"] % 8:
+        raise CodegenError(f"gemm: N={p['N']}; the HIP kernel stores C in 16-byte rows (N a multiple of 8)")
+    if t.get("splits", 1) != 1:
+        raise CodegenError(f"gemm: splits={t['splits']}; the HIP kernel has no split-K (use splits=1)")
     _geom(ir)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class Hardware:
     smem_tile_align: int          # alignment of a swizzled operand tile in shared memory, bytes
     reg_overhead: int             # registers per consumer thread beyond its buffers (addresses, counters, phases)
     sources: dict[str, str]
+    # costs a table may leave out (0: not charged); ptsolve calibrate fits them from profiles
+    tc_handoff: int = 0           # extra tensor-core cycles per mma task when two or more warpgroups take turns on it
+    coresident: float = 0.0       # vector-work slowdown per extra co-resident CTA (issue slots, register-file ports)
 
     @property
     def hbm_bytes_per_clk(self) -> float:
@@ -144,6 +147,8 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
     sources: dict[str, str] = {}
     for f in fields(Hardware):
         if f.name == "sources":
+            continue
+        if f.name not in raw and f.default is not MISSING:
             continue
         if f.name not in raw:
             raise HardwareError(f"hardware table {where}: missing field {f.name!r}")

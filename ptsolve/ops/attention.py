@@ -12,8 +12,9 @@ from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 
@@ -76,7 +77,7 @@ def kept_pairs(p: dict[str, Any]) -> int:
     return sum(min(skv, i + off + 1) for i in range(sq))
 
 
-def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
     BM, BN, depth, W = t["BM"], t["BN"], t["depth"], t["groups"]
     positive(BM=BM, BN=BN, depth=depth, groups=W)
@@ -88,7 +89,7 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
     e = DTYPE_BYTES[dt]
     trips = trip_counts(p, BM, BN)
     group = H // Hkv
-    reuse = min(len(trips) * group, 132)  # Q blocks of a head and heads of a GQA group reread each K/V tile
+    reuse = min(len(trips) * group, sms_of(hw))  # Q blocks of a head and heads of a GQA group reread a K/V tile
     tasks = [
         task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=BM * D * e, is_async=True,
              allocs=(smem("q", BM * D * e),)),

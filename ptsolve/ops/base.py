@@ -1,6 +1,7 @@
 """Operators: a named shape, its candidate tilings, and the sTask-graph of one tiling."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from typing import Any
 
 from ..errors import SchemaError, ShapeError
 from ..hw import Hardware, Target
+from ..hw import load as load_hw
 from ..ir import SCHEMA_VERSION, Buffer, STask, STaskGraph, check_schema, loads
 
 # rows of one wgmma instruction and its K step (fp16/bf16): warpgroup tiles come in these units
@@ -42,6 +44,21 @@ def dtype_ok(dtype: str) -> None:
         raise ShapeError(f"dtype {dtype!r} is not supported; use 'fp16' or 'bf16'")
 
 
+DEFAULT_HW = "h100"  # the table a graph is built for when the caller names none (optimize's default)
+
+
+def sms_of(hw: Hardware | None) -> int:
+    """SMs of the hardware a graph is built for (``DEFAULT_HW``'s when none is named): how many CTAs run at once,
+    which bounds how often a tile is reread from L2 while it is resident."""
+    return hw.sms if hw is not None else _default_sms()
+
+
+@functools.cache
+def _default_sms() -> int:
+    from ..hw import load
+    return load(DEFAULT_HW).sms
+
+
 def ctas_of(tiling: dict[str, int]) -> int:
     """CTAs of the kernel resident on one SM at once (tiling key ``ctas``, default 1)."""
     return int(tiling.get("ctas", 1))
@@ -64,7 +81,7 @@ class OpSpec:
 
     validate: Callable[[dict[str, Any]], dict[str, Any]]
     tilings: Callable[[dict[str, Any]], Iterator[dict[str, int]]]
-    build: Callable[[dict[str, Any], dict[str, int]], STaskGraph]
+    build: Callable[[dict[str, Any], dict[str, int], Hardware | None], STaskGraph]  # hw: the table it builds for
     out_tile: Callable[[dict[str, int]], tuple[int, ...]]
     from_out_tile: Callable[[dict[str, Any], tuple[int, ...]], dict[str, int]]
     optional: dict[str, int] = field(default_factory=dict)  # tiling keys a caller may leave out, with defaults
@@ -88,13 +105,14 @@ class Operator:
         """Every candidate tiling (block sizes, ring depth, consumer warpgroups), sorted."""
         return sorted(self.spec.tilings(self.params), key=lambda t: sorted(t.items()))
 
-    def graph(self, tiling: dict[str, int]) -> STaskGraph:
-        """The sTask-graph of one CTA under ``tiling`` (optional keys such as ``ctas`` take their defaults)."""
+    def graph(self, tiling: dict[str, int], hw: Hardware | str | None = None) -> STaskGraph:
+        """The sTask-graph of one CTA under ``tiling`` (optional keys such as ``ctas`` take their defaults) for the
+        hardware ``hw`` (a table or its name; None: the builder's default, the h100 table, ``optimize``'s)."""
         tiling = {**self.spec.optional, **tiling}
         missing = set(self.tilings()[0]) - set(tiling)
         if missing:
             raise ShapeError(f"{self.op}: tiling {tiling} lacks {sorted(missing)}")
-        return self.spec.build(self.params, dict(tiling))
+        return self.spec.build(self.params, dict(tiling), None if hw is None else load_hw(hw))
 
     def propagate(self, out_tile: tuple[int, ...], **rest: int) -> dict[str, tuple[int, ...]]:
         """Tile shape of every sTask, inferred from the output tile (paper Fig. 8).

@@ -27,9 +27,10 @@ from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .attention import kept_pairs
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate pieces of the longest query tile
@@ -122,7 +123,7 @@ def partial_bytes(rows: int, D: int) -> int:
     return rows * (D + 1) * 4
 
 
-def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
     BM, BN, depth, W, splits = t["BM"], t["BN"], t["depth"], t["groups"], t["splits"]
     positive(BM=BM, BN=BN, depth=depth, groups=W, splits=splits)
@@ -136,6 +137,7 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         raise ShapeError(f"flash_decode tiling: {W} warpgroups for {used} packed query rows leaves a warpgroup idle; "
                          f"use groups={cdiv(used, WG_ROWS)}")
     e = DTYPE_BYTES[dt]
+    reuse = min(query_tiles(p, BM), sms_of(hw))  # at most the CTAs resident at once reread a K/V tile from L2
     work = pieces(p, BM, BN, splits)
     nmax = max(w[3] for w in work)
     if nmax != splits:
@@ -146,9 +148,9 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
         task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=used * D * e, is_async=True,
              allocs=(smem("q", BM * D * e),)),
         # the query tiles of one (batch, kv head) read the same K/V tiles; the pieces of a tile read disjoint ones
-        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=query_tiles(p, BM), is_async=True,
+        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
              allocs=(smem("k", BN * D * e),)),
-        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=query_tiles(p, BM), is_async=True,
+        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
              allocs=(smem("v", BN * D * e),)),
     ]
     edges = []

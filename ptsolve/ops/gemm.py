@@ -2,6 +2,12 @@
 
 One CTA computes a BM×BN tile of C; its consumer warpgroups split the BM rows (cooperative). The
 reduction over K is the loop: load_a, load_b (TMA, producer) and one mma per warpgroup per BK step.
+
+Split-K (tiling key ``splits`` = S, default 1): the K steps of a tile are divided into S contiguous ranges, one
+CTA each (S times the CTAs, each with ~1/S of the trips), for shapes with too few output tiles to fill the SMs
+(M of 1-128 with large K). Every split writes its fp32 partial tile to a global workspace (``partial@g``); the
+last split of a tile to arrive reads all S back, sums them in split order (deterministic) and runs the epilogue
+and store; the others store nothing.
 """
 from __future__ import annotations
 
@@ -11,18 +17,27 @@ from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
     p = check_keys("gemm", p, ("M", "N", "K"), {"dtype": "fp16"})
     positive(M=p["M"], N=p["N"], K=p["K"])
     dtype_ok(p["dtype"])
-    if p["K"] % 8 or p["N"] % 8:
-        raise ShapeError(f"gemm: K={p['K']} and N={p['N']} must be multiples of 8 (16-byte TMA rows of fp16)")
+    if p["K"] % 8:
+        raise ShapeError(f"gemm: K={p['K']} must be a multiple of 8 (16-byte TMA rows of A and B in fp16); pad K")
     checks.size("gemm", cdiv(p["M"], WG_ROWS) * cdiv(p["N"], 64), "M·N", 12 * cdiv(p["K"], 64), "K")
     return p
+
+
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
+MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
+# dividing K further cannot fill more SMs, it only adds partial tiles
+SPLIT_DEPTHS = (3, 4)  # ring depths searched with split-K (short loops: 2 starves, 5 buys nothing; keeps the
+# space, and the search time, about 3x the unsplit one at most)
 
 
 def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
@@ -30,22 +45,38 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
         for rows in (64, 128):
             for bn in (64, 128, 192, 256):
                 for bk in (64,):
-                    for depth in (2, 3, 4, 5):
-                        yield {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
+                    tiles, kt = cdiv(p["M"], rows * groups) * cdiv(p["N"], bn), cdiv(p["K"], bk)
+                    for splits in SPLITS:
+                        if splits > 1 and (kt < MIN_SPLIT_TRIPS * splits or tiles * splits > MAX_UNITS):
+                            continue
+                        for depth in (2, 3, 4, 5) if splits == 1 else SPLIT_DEPTHS:
+                            t = {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
+                            yield t | {"splits": splits}
 
 
-def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def split_trips(kt: int, splits: int) -> tuple[int, ...]:
+    """K steps of each split when ``kt`` steps are divided into ``splits`` contiguous ranges: split s runs steps
+    [s·kt // splits, (s+1)·kt // splits) (the code generator's formula too), so each range has at least one step
+    when splits <= kt."""
+    return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
+
+
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
-    BM, BN, BK, D, W = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"]
-    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W)
+    BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
+    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
     if BK % MMA_K or BN % 8 or BN > 256:
         raise ShapeError(f"gemm tiling: BK={BK} must be a multiple of {MMA_K}, BN={BN} a multiple of 8 up to 256")
+    trip = cdiv(K, BK)
+    if S > trip:
+        raise ShapeError(f"gemm tiling: splits={S} exceeds the {trip} K steps of BK={BK}; use splits <= {trip}")
     e = DTYPE_BYTES[dt]
     tm, tn = cdiv(M, BM), cdiv(N, BN)
-    side = math.isqrt(132)  # concurrent CTAs form about a square of the grid: each A/B tile is reread that often
+    # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
+    side = math.isqrt(sms_of(hw))
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
              allocs=(smem("a", BM * BK * e),)),
@@ -66,14 +97,25 @@ def _build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
                  group=g, reads=("c" + s,)),
         ]
         edges += [Edge("zero" + s, "mma" + s), Edge("load_a", "mma" + s), Edge("load_b", "mma" + s),
-                  Edge("mma" + s, "mma" + s, 1), Edge("mma" + s, "epilogue" + s), Edge("epilogue" + s, "store" + s)]
-    trip = cdiv(K, BK)
-    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}", op="gemm", params=dict(p), tiling=dict(t),
-                      tasks=tuple(tasks), edges=tuple(edges), row=(trip,), rows=tm * tn, useful_flops=2 * M * N * K)
+                  Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, "store" + s)]
+        if S == 1:
+            edges.append(Edge("mma" + s, "epilogue" + s))
+            continue
+        # split-K: this split's fp32 partial goes out (rows < M only), and on average one partial comes back (the
+        # last of S splits reads all S, in split order); the traffic is charged at the DRAM share, although the
+        # partials mostly stay in L2
+        live = min(rows, max(1, M - g * rows))
+        tasks.append(task("partial" + s, "store", phase="post", tile=(rows, BN), dtype="fp32",
+                          bytes=2 * live * BN * 4, is_async=False, group=g, reads=("acc" + s,)))
+        edges += [Edge("mma" + s, "partial" + s), Edge("partial" + s, "epilogue" + s)]
+    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else ""), op="gemm", params=dict(p),
+                      tiling=dict(t), tasks=tuple(tasks), edges=tuple(edges), row=split_trips(trip, S),
+                      rows=tm * tn, useful_flops=2 * M * N * K)
 
 
 REGISTRY["gemm"] = OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
+    optional={"splits": 1},
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import checks
 from ..errors import ShapeError
+from ..hw import Hardware
 from ..ir import Edge, STaskGraph
 from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
 
@@ -53,7 +54,7 @@ def _scan_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                         yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups, "ctas": ctas}
 
 
-def _scan_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def _scan_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, L, H, P, N, Q, G = (p[k] for k in KEYS)
     BM, BK, W = t["BM"], t["BK"], t["groups"]
     rows = BM // W
@@ -120,7 +121,7 @@ def _state_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                             yield {"BM": bm, "BK": bk, "depth": depth, "groups": groups, "ctas": ctas}
 
 
-def _state_build(p: dict[str, Any], t: dict[str, int]) -> STaskGraph:
+def _state_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, L, H, P, N, Q, G = (p[k] for k in KEYS)
     BM, BK, W = t["BM"], t["BK"], t["groups"]
     rows = BM // W

@@ -1,0 +1,411 @@
+"""Shape-generic kernels: one schedule and one binary per shape class, launched on any shape of that class.
+
+A *shape class* is what changes the schedule or the binary: the operator, the dtype and, for attention, head_dim,
+causal and the GQA ratio's bucket (``ShapeClass``). The sizes that do not (batch, sequence lengths, heads; GEMM's M,
+N, K) are kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The
+class's schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
+interval and stages do not depend on the trip count. The solved schedules ship as a table
+(``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
+solvers); a class the table lacks is solved on first use where OR-Tools is installed, else it is a PtsolveError
+naming the class and the command. The generic kernel is compiled once: its cubin is cached on disk by source hash
+(``runtime.compile_kernel``), and the source of a class does not depend on the shape, so a second process, or a
+new shape, runs no nvcc.
+
+The launchers (``attention``, ``gemm``) take torch tensors, build the tensor maps and arguments of a shape once and
+keep the prepared launch keyed by the inputs' (addresses, shapes, strides) and the scalars (the output's address is
+written into it per call): a warm call is a dict lookup and a ``cuLaunchKernel`` on the current stream.
+``ptsolve.torch`` is the user's front door over them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ptsolve.errors import PtsolveError, ShapeError
+
+from .plan import KernelPlan
+
+HW = "h200"  # the table's hardware (sm_90a; an H100 runs the same binaries)
+TABLE = Path(__file__).with_name("schedule_table.json")
+DTYPES = ("fp16", "bf16")
+HEAD_DIMS = (64, 128)
+# GQA ratio (heads / kv_heads) buckets: (lowest ratio, name, the ratio the representative shape uses)
+GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
+SOLVE_TIME_LIMIT = 60.0  # seconds per class
+
+
+@dataclass(frozen=True)
+class ShapeClass:
+    """What a schedule and a binary are chosen by. ``head_dim``, ``causal``, ``gqa`` only for attention."""
+
+    op: str
+    dtype: str
+    head_dim: int = 0
+    causal: bool = False
+    gqa: str = ""
+
+    @property
+    def key(self) -> str:
+        """The table's key, e.g. ``flash_attention/bf16/d128/causal/gqa2-4`` or ``gemm/fp16``."""
+        if self.op == "gemm":
+            return f"gemm/{self.dtype}"
+        return f"{self.op}/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/gqa{self.gqa}"
+
+
+def gqa_bucket(heads: int, kv_heads: int) -> str:
+    """The bucket of heads / kv_heads (ShapeError unless kv_heads divides heads)."""
+    if kv_heads < 1 or heads % kv_heads:
+        raise ShapeError(f"heads={heads} is not a multiple of kv_heads={kv_heads}; each kv head must serve a whole "
+                         "group of query heads")
+    r = heads // kv_heads
+    return next(name for lo, name, _ in reversed(GQA_BUCKETS) if r >= lo)
+
+
+def _dtype_ok(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ShapeError(f"dtype {dtype!r}: ptsolve's kernels take {' or '.join(DTYPES)}; convert the tensors")
+
+
+def attention_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int) -> ShapeClass:
+    """The attention class of a shape; ShapeError for a head_dim or dtype the kernels do not cover."""
+    _dtype_ok(dtype)
+    if head_dim not in HEAD_DIMS:
+        raise ShapeError(f"head_dim={head_dim}: ptsolve's attention kernels cover head_dim {HEAD_DIMS}; pad the "
+                         "head dimension or use another backend for this layer")
+    return ShapeClass("flash_attention", dtype, int(head_dim), bool(causal), gqa_bucket(heads, kv_heads))
+
+
+def gemm_class(dtype: str) -> ShapeClass:
+    _dtype_ok(dtype)
+    return ShapeClass("gemm", dtype)
+
+
+def classes() -> list[ShapeClass]:
+    """Every class the table covers."""
+    out = [gemm_class(d) for d in DTYPES]
+    for d in DTYPES:
+        for hd in HEAD_DIMS:
+            for causal in (False, True):
+                for _, name, _ in GQA_BUCKETS:
+                    out.append(ShapeClass("flash_attention", d, hd, causal, name))
+    return out
+
+
+def representative(c: ShapeClass) -> dict[str, Any]:
+    """The shape a class's schedule is solved on: long enough that the loop's steady state dominates."""
+    if c.op == "gemm":
+        return {"M": 4096, "N": 4096, "K": 4096, "dtype": c.dtype}
+    ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
+    return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
+            "causal": c.causal, "dtype": c.dtype}
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+
+
+def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bool | None = None
+          ) -> dict[str, Any]:
+    """Solve ``c`` on its representative shape with CP-SAT (``compile_check``: the compiler in the loop, as
+    ``ptsolve.optimize``); the table entry: the KernelPlan and what the solve said."""
+    import ptsolve
+
+    from .plan import plan_from_program
+
+    # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out
+    fix = {"splits": 1} if c.op == "gemm" else None
+    res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
+                           time_limit=time_limit, compile_check=compile_check, fix=fix)
+    plan = plan_from_program(res.program)
+    return {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
+            "solve_s": round(res.solve_s, 2), "representative": representative(c)}
+
+
+def table_path() -> Path:
+    """``$PTSOLVE_SCHEDULE_TABLE`` (another table, e.g. one tuned on this GPU) or the shipped one."""
+    return Path(os.environ.get("PTSOLVE_SCHEDULE_TABLE") or TABLE)
+
+
+def load_table(path: Path | None = None) -> dict[str, Any]:
+    """A schedule table (``{"classes": {key: entry}, ...}``; default ``table_path()``); an empty one when the file
+    is absent."""
+    path = table_path() if path is None else path
+    if not path.exists():
+        return {"classes": {}}
+    try:
+        d = json.loads(path.read_text())
+        if not isinstance(d.get("classes"), dict):
+            raise ValueError("no 'classes' object")
+        return d
+    except (OSError, ValueError) as e:
+        raise PtsolveError(f"schedule table {path} is unreadable ({e}); rebuild it with "
+                           "`python3 -m codegen.generic table`") from e
+
+
+_SOLVED: dict[ShapeClass, KernelPlan] = {}
+_TABLE: list[dict[str, Any]] = []
+
+
+def _table() -> dict[str, Any]:
+    """The table, read once per process."""
+    if not _TABLE:
+        _TABLE.append(load_table())
+    return _TABLE[0]
+
+
+def solvers_installed() -> bool:
+    return importlib.util.find_spec("ortools") is not None
+
+
+def schedule(c: ShapeClass, table: dict[str, Any] | None = None) -> KernelPlan:
+    """The class's schedule: the shipped table's, else solved here (OR-Tools installed; ptsolve's schedule cache
+    keeps it for the next process), else a PtsolveError naming the class and how to get one."""
+    t = _table() if table is None else table
+    entry = t["classes"].get(c.key)
+    if entry is not None:
+        return KernelPlan.from_json(json.dumps(entry["plan"]))
+    if c not in _SOLVED:
+        if not solvers_installed():
+            raise PtsolveError(f"no schedule for shape class {c.key}: it is not in {TABLE.name} and OR-Tools is not "
+                               "installed to solve it here; run `python3 -m codegen.generic table` where the solvers "
+                               "are (pip install ortools) and ship the file")
+        _SOLVED[c] = KernelPlan.from_json(json.dumps(solve(c)["plan"]))
+    return _SOLVED[c]
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+
+@dataclass
+class ClassKernel:
+    """A class's generic kernel: its KernelIR, source and (once a GPU is used) the loaded module."""
+
+    cls: ShapeClass
+    plan: KernelPlan
+    ir: Any
+    ks: Any
+    loaded: Any = None
+
+    def module(self) -> Any:
+        if self.loaded is None:
+            from .runtime import load
+            self.loaded = load(self.ks)
+        return self.loaded
+
+
+_KERNELS: dict[ShapeClass, ClassKernel] = {}
+
+
+def _build(c: ShapeClass, plan: KernelPlan) -> ClassKernel:
+    from .cuda import emit_ir
+    from .lower import lower
+
+    ir = lower(plan, HW, generic=True)
+    return ClassKernel(c, plan, ir, emit_ir(ir))
+
+
+def kernel(c: ShapeClass) -> ClassKernel:
+    """The generic kernel of ``c`` (schedule, lowering and source once per process; the cubin from disk)."""
+    k = _KERNELS.get(c)
+    if k is None:
+        k = _KERNELS[c] = _build(c, schedule(c))
+    return k
+
+
+def compile_class(c: ShapeClass) -> dict[str, Any]:
+    """Compile ``c``'s generic kernel (cached); its ptxas numbers."""
+    from .runtime import compile_kernel
+    rep = compile_kernel(kernel(c).ks).report
+    return {k: rep.get(k) for k in ("registers", "spill_stores", "spill_loads", "wgmma_serialized")}
+
+
+# ---------------------------------------------------------------------------------------------- launchers
+
+_LAUNCHES: dict[tuple[Any, ...], Any] = {}
+_MAX_LAUNCHES = 1024
+
+
+def _remember(key: tuple[Any, ...], ln: Any) -> Any:
+    if len(_LAUNCHES) >= _MAX_LAUNCHES:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = ln
+    return ln
+
+
+def _stream_fn() -> Any:
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda dev: raw(dev)
+    return lambda dev: torch.cuda.current_stream(dev).cuda_stream
+
+
+_STREAM: list[Any] = []
+
+
+def current_stream(device: int) -> int:
+    """The raw handle of torch's current CUDA stream on ``device``."""
+    if not _STREAM:
+        _STREAM.append(_stream_fn())
+    return _STREAM[0](device)
+
+
+def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
+              max_q: int = 0, max_k: int = 0) -> None:
+    """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
+    [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
+    q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks)."""
+    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)
+    ln.ptrs["o"].value = out.data_ptr()
+    ln(current_stream(q.get_device()))
+
+
+def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
+                     max_q: int = 0, max_k: int = 0) -> Any:
+    """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
+    strides, scalars); point its ``ptrs["o"]`` at the output before calling it."""
+    varlen = cu_q is not None
+    key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
+    ln = _LAUNCHES.get(key)
+    if ln is None:
+        ln = _remember(key, _attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k))
+    return ln
+
+
+def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any,
+                      max_q: int, max_k: int) -> Any:
+    from .cuda.attention import sizes, tensor_map
+
+    ck = kernel(c)
+    t = ck.ir.tiling
+    D = c.head_dim
+    if cu_q is not None:
+        H, Hkv = q.shape[1], k.shape[1]
+        B = cu_q.shape[0] - 1
+        sq, skv = max_q, max_k
+        lay = {"q": (q.shape[0], 1, (q.shape[0] * q.stride(0), q.stride(0), q.stride(1))),
+               "k": (k.shape[0], 1, (k.shape[0] * k.stride(0), k.stride(0), k.stride(1))),
+               "v": (v.shape[0], 1, (v.shape[0] * v.stride(0), v.stride(0), v.stride(1)))}
+    else:
+        B, sq, H = q.shape[0], q.shape[1], q.shape[2]
+        skv, Hkv = k.shape[1], k.shape[2]
+        lay = {n: (x.shape[1], x.shape[0], (x.stride(0), x.stride(1), x.stride(2)))
+               for n, x in (("q", q), ("k", k), ("v", v))}
+    maps = tuple(tensor_map(n, c.dtype, D, H if n == "q" else Hkv, rows, nb, st, t["BM"] if n == "q" else t["BN"])
+                 for n, (rows, nb, st) in lay.items())
+    sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
+    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
+            "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
+            "scale_log2": scale * math.log2(math.e), **sz}
+    return ck.module().prepare(vals, maps, sz["NTILES"])
+
+
+def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:
+    """Launch ``c``'s kernel: out [M, N] (contiguous) = a [M, K] · b [N, K]ᵀ (rows contiguous, row strides
+    multiples of 8 elements; the caller checks)."""
+    ln = gemm_launch(a, b, c)
+    ln.ptrs["c"].value = out.data_ptr()
+    ln(current_stream(a.get_device()))
+
+
+def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``gemm`` for these inputs; point its ``ptrs["c"]`` at the output before calling it."""
+    key = ("gemm", c, a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
+    ln = _LAUNCHES.get(key)
+    if ln is None:
+        ln = _remember(key, _gemm_launch(a, b, c))
+    return ln
+
+
+def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
+    from .cuda.common import TensorMapSpec
+    from .cuda.gemm import sizes
+
+    ck = kernel(c)
+    t = ck.ir.tiling
+    (M, K), N = a.shape, b.shape[0]
+    maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, t["BM"])),
+            TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
+    sz = sizes({"M": M, "N": N, "K": K}, t)
+    vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
+    return ck.module().prepare(vals, maps, sz["NTILES"])
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: str = "") -> dict[str, Any]:
+    """Solve every class (``only``: keys containing that text) and write the table, with each generic kernel's
+    ptxas numbers where nvcc is installed. The solves run with the compiler in the loop (on the exact-shape kernel
+    of the representative; the register model alone picks tilings that spill); the class's generic kernel is
+    compiled too, and one that still spills or serialises is an error."""
+    table = load_table(out) if out.exists() else {"classes": {}}
+    solved: dict[ShapeClass, dict[str, Any]] = {}
+    for c in classes():
+        if only and only not in c.key:
+            continue
+        # the cost model does not tell fp16 from bf16 (both 2 bytes, same tensor-core rate): one solve serves both
+        twin = ShapeClass(c.op, DTYPES[0], c.head_dim, c.causal, c.gqa)
+        if twin in solved:
+            entry = json.loads(json.dumps(solved[twin]))
+            entry["plan"]["params"]["dtype"] = c.dtype
+            entry["representative"]["dtype"] = c.dtype
+            entry["solved_as"] = twin.key
+        else:
+            entry = solved[c] = solve(c, time_limit)
+        plan = KernelPlan.from_json(json.dumps(entry["plan"]))
+        _KERNELS[c] = _build(c, plan)
+        try:
+            rep = compile_class(c)
+        except PtsolveError as e:  # no nvcc: the table still says what was solved
+            rep = {"not compiled": str(e).splitlines()[0]}
+        if rep.get("spill_stores") or rep.get("wgmma_serialized"):
+            raise PtsolveError(f"{c.key}: the generic kernel of the solved schedule spills or serialises ({rep})")
+        entry["generic_ptxas"] = rep
+        table["classes"][c.key] = entry
+        print(f"{c.key}: {entry['status']} {entry['predicted_us']} us tiling {plan.tiling} {rep}", flush=True)
+    table["hw"] = HW
+    table["made"] = (f"python3 -m codegen.generic table, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+                     f"commit {_commit()}")
+    out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m codegen.generic", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("table", help="solve every shape class and write the schedule table")
+    t.add_argument("--out", type=Path, default=TABLE)
+    t.add_argument("--time-limit", type=float, default=SOLVE_TIME_LIMIT)
+    t.add_argument("--only", default="", help="only the classes whose key contains this text")
+    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
+    p.add_argument("--only", default="")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        build_table(a.out, a.time_limit, a.only)
+    else:
+        for c in classes():
+            if not a.only or a.only in c.key:
+                print(c.key, compile_class(c), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

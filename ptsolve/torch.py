@@ -1,0 +1,299 @@
+"""PyTorch front door: ptsolve's shape-generic kernels as ``torch.library`` custom ops.
+
+```python
+import ptsolve.torch as pt
+o = pt.flash_attention(q, k, v, causal=True)   # q [B, Sq, H, D], k / v [B, Skv, Hkv, D], fp16 or bf16, on an H100/H200
+y = pt.gemm(x, w)                              # x [..., K] · wᵀ with w [N, K] (F.linear's layout)
+```
+
+``flash_attention`` (dense) and ``flash_attention_varlen`` (packed [total, H, D] with int32 ``cu_seqlens``, as
+flash-attn's) run FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
+bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is zeros, as FlashAttention returns),
+GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. ``gemm(a, b)`` is a · bᵀ with K and N multiples of
+8. Each call picks its shape class's schedule (``codegen.generic``: the shipped table, or solved on first use where
+OR-Tools is installed), compiles that class's kernel once (the cubin is cached on disk, so a second process runs
+no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are registered as ``torch.ops.ptsolve.*``
+with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and CUDA-graph capture work. Forward
+only (no autograd): an output never requires grad.
+
+This is the one module of ``ptsolve`` that imports ``codegen``, lazily, inside the ops' CUDA implementations: the
+rest of ptsolve stays the solver that never depends on its code generator; this module is where a PyTorch user
+comes in. ``register_transformers()`` adds ``attn_implementation="ptsolve"`` to Hugging Face transformers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .errors import DeviceError, ShapeError
+
+__all__ = ["flash_attention", "flash_attention_varlen", "gemm", "register_transformers", "hf_attention"]
+
+_DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+_GEN: list[Any] = []
+
+
+def _gen() -> Any:
+    """codegen.generic, imported on first use (kept: an import statement costs a warm call about a microsecond)."""
+    if not _GEN:
+        import codegen.generic as g  # the one ptsolve -> codegen import (see the module docstring)
+        _GEN.append(g)
+    return _GEN[0]
+
+
+def _dtype(x: torch.Tensor, name: str) -> str:
+    dt = _DT.get(x.dtype)
+    if dt is None:
+        raise ShapeError(f"{name} is {x.dtype}; ptsolve's kernels take torch.float16 or torch.bfloat16 "
+                         f"(convert with {name}.half() or {name}.bfloat16())")
+    return dt
+
+
+def _same(name: str, xs: dict[str, torch.Tensor]) -> None:
+    dts = {n: x.dtype for n, x in xs.items()}
+    if len(set(dts.values())) > 1:
+        raise ShapeError(f"{name}: the tensors' dtypes differ ({dts}); give them one dtype")
+    devs = {n: str(x.device) for n, x in xs.items()}
+    if len(set(devs.values())) > 1 or not next(iter(xs.values())).is_cuda:
+        raise DeviceError(f"{name}: the tensors must be on one CUDA device, got {devs}")
+
+
+def attention_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
+    """The shape class of an attention call (q [..., H, D], k [..., Hkv, D])."""
+    return _gen().attention_class(_dtype(q, "q"), q.shape[-1], causal, q.shape[-2], k.shape[-2])
+
+
+def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, causal: bool,
+                     softmax_scale: float | None) -> float:
+    """ShapeError / DeviceError for what the kernels cannot take; the softmax scale to use."""
+    _same("flash_attention", {"q": q, "k": k, "v": v})
+    what = "[B, S, H, D]" if rank == 4 else "[total, H, D]"
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        raise ShapeError(f"q, k, v must be {what}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ShapeError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have one shape")
+    if q.shape[-1] != k.shape[-1] or (rank == 4 and q.shape[0] != k.shape[0]):
+        raise ShapeError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head_dim")
+    attention_class(q, k, causal)  # head_dim, dtype and GQA are checked there
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ShapeError(f"softmax_scale={softmax_scale!r}: the kernels take a finite scale > 0")
+    return scale
+
+
+def _tma_ready(x: torch.Tensor) -> torch.Tensor:
+    """``x`` when the tensor maps can describe it (last dim contiguous, other strides multiples of 16 bytes,
+    16-byte aligned), else a contiguous copy."""
+    if x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s % 8 == 0 for s in x.stride()[:-1]):
+        return x
+    return x.contiguous()
+
+
+# ---------------------------------------------------------------------------------------------- the ops
+# Defined with torch.library's low-level API (a schema, a CUDA kernel, a fake kernel): torch.library.custom_op's
+# wrapper costs ~25 µs a call on torch 2.11. In eager mode the public functions call the CUDA implementations
+# directly (same code, no dispatcher: the host overhead the issue asks about); under torch.compile they go through
+# the registered ops, whose fake kernels give the output's shape.
+
+_LIB = torch.library.Library("ptsolve", "DEF")
+_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
+
+_CLASSES: dict[tuple[Any, ...], Any] = {}
+
+
+def _attn_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
+    key = (q.dtype, q.shape[-1], causal, q.shape[-2], k.shape[-2])
+    c = _CLASSES.get(key)
+    if c is None:
+        c = _CLASSES[key] = _gen().attention_class(_DT[q.dtype], q.shape[-1], causal, q.shape[-2], k.shape[-2])
+    return c
+
+
+def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          softmax_scale: float) -> torch.Tensor:
+    out = q.new_empty(q.shape)
+    if out.numel() == 0:
+        return out
+    if k.shape[1] == 0:
+        return out.zero_()  # no key at all: every row is zeros
+    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale)
+    return out
+
+
+def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                 softmax_scale: float) -> torch.Tensor:
+    out = q.new_empty(q.shape)
+    if out.numel() == 0 or cu_seqlens_q.shape[0] < 2:
+        return out
+    if max_seqlen_k == 0 or k.shape[0] == 0:
+        return out.zero_()
+    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale,
+                     cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max(1, max_seqlen_q), max_seqlen_k)
+    return out
+
+
+_GEMM_CLASSES: dict[torch.dtype, Any] = {}
+
+
+def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = a.new_empty((a.shape[0], b.shape[0]))
+    if out.numel() == 0:
+        return out
+    if a.shape[1] == 0:
+        return out.zero_()
+    c = _GEMM_CLASSES.get(a.dtype)
+    if c is None:
+        c = _GEMM_CLASSES[a.dtype] = _gen().gemm_class(_DT[a.dtype])
+    _gen().gemm(_tma_ready(a), _tma_ready(b), out, c)
+    return out
+
+
+_LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
+_LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
+_LIB.impl("gemm", _gemm_cuda, "CUDA")
+
+
+@torch.library.register_fake("ptsolve::flash_attention", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_varlen", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::gemm", lib=_LIB)
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]))
+
+
+_compiling = torch.compiler.is_compiling
+# eager warm path: (input addresses, shapes, strides, dtypes, causal, scale) -> the prepared launch
+# (codegen.runtime.Launch) of inputs that were checked and that the tensor maps take as they are; a hit allocates
+# the output, points the launch at it and launches
+_FAST: dict[tuple[Any, ...], Any] = {}
+
+
+def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
+    if len(_FAST) >= 4096:
+        _FAST.clear()
+    _FAST[key] = ln
+
+
+def _ready(*xs: torch.Tensor) -> bool:
+    return all(_tma_ready(x) is x for x in xs)
+
+
+# ---------------------------------------------------------------------------------------------- the API
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    softmax_scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
+    ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros)."""
+    if not _compiling():
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
+               v.stride(), q.dtype, k.dtype, v.dtype, causal, softmax_scale)
+        ln = _FAST.get(key)
+        if ln is not None:
+            out = q.new_empty(q.shape)
+            ln.ptrs["o"].value = out.data_ptr()
+            ln(_gen().current_stream(q.get_device()))
+            return out
+    causal = bool(causal)
+    scale = _check_attention(q, k, v, 4, causal, softmax_scale)
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
+    out = _flash_attention_cuda(q, k, v, causal, scale)
+    if out.numel() and k.shape[1] and _ready(q, k, v):
+        _fast_put(key, _gen().attention_launch(q, k, v, _attn_class(q, k, causal), scale))
+    return out
+
+
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           softmax_scale: float | None = None) -> torch.Tensor:
+    """Variable-length batches, packed as flash-attn's: q [total_q, H, D], k / v [total_k, Hkv, D], sequence b
+    at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones."""
+    causal = bool(causal)
+    scale = _check_attention(q, k, v, 3, causal, softmax_scale)
+    for n, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
+            raise ShapeError(f"{n} must be a 1-D torch.int32 tensor on {q.device}, got {cu.dtype} "
+                             f"{tuple(cu.shape)} on {cu.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ShapeError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} "
+                         "must both have batch + 1 entries")
+    if min(max_seqlen_q, max_seqlen_k) < 0:
+        raise ShapeError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0")
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale)
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention_varlen(*args)
+    return _flash_attention_varlen_cuda(*args)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a · bᵀ: a [..., K], b [N, K] (F.linear(a, b)'s layout) → [..., N]; fp32 accumulation. K and N multiples of 8."""
+    if not _compiling():
+        key = ("gemm", a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype)
+        hit = _FAST.get(key)
+        if hit is not None:
+            ln, shape = hit
+            out = a.new_empty(shape)
+            ln.ptrs["c"].value = out.data_ptr()
+            ln(_gen().current_stream(a.get_device()))
+            return out
+    _same("gemm", {"a": a, "b": b})
+    _dtype(a, "a")
+    if a.dim() < 1 or b.dim() != 2 or a.shape[-1] != b.shape[1]:
+        raise ShapeError(f"gemm takes a [..., K] and b [N, K]; got {tuple(a.shape)} and {tuple(b.shape)}")
+    K, N = b.shape[1], b.shape[0]
+    if K % 8 or N % 8:
+        raise ShapeError(f"gemm: K={K} and N={N} must be multiples of 8 (16-byte rows for TMA); pad them")
+    a2 = a.reshape(-1, K)
+    if _compiling():
+        out = torch.ops.ptsolve.gemm(a2, b)
+    else:
+        out = _gemm_cuda(a2, b)
+        if out.numel() and K and a2.data_ptr() == a.data_ptr() and _ready(a2, b):  # a2 a view of a, not a copy
+            _fast_put(key, (_gen().gemm_launch(a2, b, _GEMM_CLASSES[a.dtype]), (*a.shape[:-1], N)))
+    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], N)
+
+
+# ---------------------------------------------------------------------------------------------- transformers
+
+
+def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                 scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """An attention function for transformers' ``AttentionInterface``: query [B, H, Sq, D], key / value
+    [B, Hkv, Skv, D] → ([B, Sq, H, D], None). Causal when the module is (bottom-right aligned, which is also what
+    a KV cache's prefill-then-decode needs); a padding mask is not applied: batch padded sequences through
+    ``flash_attention_varlen`` instead. No dropout (inference)."""
+    if dropout:
+        raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
+    causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    o = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
+                        softmax_scale=scaling)
+    return o, None
+
+
+def register_transformers(name: str = "ptsolve") -> str:
+    """Register ``hf_attention`` with transformers under ``name`` (then ``attn_implementation=name``); a mask
+    function that builds no mask is registered beside it where transformers has one. Returns ``name``."""
+    import transformers
+
+    transformers.AttentionInterface.register(name, hf_attention)
+    masks = getattr(transformers, "AttentionMaskInterface", None)
+    if masks is not None:
+        masks.register(name, lambda *args, **kw: None)
+    return name

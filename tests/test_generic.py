@@ -1,0 +1,176 @@
+"""Shape-generic kernels on the CPU (codegen.generic, lower(..., generic=True)): shape-class keys, a generic
+kernel's source holds no size of the shape it was solved on and is the same for every shape of its class, the
+schedule table's look-ups and errors, and a second process compiles nothing (nvcc needed; skipped without)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codegen import generic
+from codegen.cuda import emit_ir
+from codegen.lower import lower
+from codegen.plan import default_plan, fa3_order_plan
+from ptsolve.errors import PtsolveError, ShapeError
+
+ROOT = Path(__file__).parents[1]
+FA = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
+GEMM = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
+
+
+def _fa(B, H, Hkv, Sq, Skv, D=128, causal=True, dtype="fp16"):
+    return {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": Sq, "seq_kv": Skv, "head_dim": D, "causal": causal,
+            "dtype": dtype}
+
+
+def _has_nvcc() -> bool:
+    from codegen.runtime import nvcc_path
+    try:
+        nvcc_path()
+    except PtsolveError:
+        return False
+    return True
+
+
+def test_class_keys():
+    c = generic.attention_class("bf16", 128, True, 32, 8)
+    assert c.key == "flash_attention/bf16/d128/causal/gqa2-4"
+    assert generic.attention_class("fp16", 64, False, 16, 16).key == "flash_attention/fp16/d64/full/gqa1"
+    assert generic.attention_class("fp16", 64, False, 64, 1).gqa == "5+"  # MQA
+    assert generic.attention_class("fp16", 64, False, 40, 8).gqa == "5+"
+    assert generic.attention_class("fp16", 64, False, 6, 3).gqa == "2-4"
+    assert generic.gemm_class("fp16").key == "gemm/fp16"
+    keys = [c.key for c in generic.classes()]
+    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3
+    for c in generic.classes():  # every class's representative is its own class
+        r = generic.representative(c)
+        if c.op == "gemm":
+            assert generic.gemm_class(r["dtype"]) == c
+        else:
+            assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
+
+
+@pytest.mark.parametrize("args,words", [
+    (("fp32", 128, True, 8, 8), ["fp32", "fp16", "bf16"]),
+    (("fp16", 96, True, 8, 8), ["head_dim=96", "(64, 128)"]),
+    (("fp16", 128, True, 8, 3), ["heads=8", "kv_heads=3"]),
+])
+def test_class_errors_name_the_value(args, words):
+    with pytest.raises(ShapeError) as e:
+        generic.attention_class(*args)
+    for w in words:
+        assert w in str(e.value)
+
+
+def _src(plan):
+    return emit_ir(lower(plan, "h200", generic=True))
+
+
+def test_generic_source_has_no_sizes_and_is_one_per_class():
+    a = _src(fa3_order_plan(_fa(3, 40, 8, 1003, 1777), FA))
+    b = _src(fa3_order_plan(_fa(1, 8, 2, 64, 64), FA))
+    assert a.source == b.source and a.name == b.name and a.generic  # the source does not depend on the shape
+    for size in ("1003", "1777"):
+        assert size not in a.source
+    for name in ("B_", "H", "HKV", "SQ", "SKV", "NMB", "NTILES"):
+        assert f"i32:{name}" in a.args and f"const int {name}" in a.source
+        assert not re.search(rf"constexpr int [^;]*\b{name} =", a.source)
+    assert "f32:scale_log2" in a.args and "ptr:cu_q" in a.args
+    exact = emit_ir(lower(fa3_order_plan(_fa(3, 40, 8, 1000, 1777), FA), "h200"))
+    assert "constexpr int B_ = 3;" in exact.source and "constexpr int SKV = 1777;" in exact.source
+    assert not exact.generic and exact.grid[0] == 8 * 40 * 3
+    # another class (causal off) is another binary
+    assert _src(fa3_order_plan(_fa(3, 40, 8, 1003, 1777, causal=False), FA)).name != a.name
+
+
+def test_generic_gemm_source():
+    a = _src(default_plan("gemm", {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}, GEMM))
+    b = _src(default_plan("gemm", {"M": 100, "N": 72, "K": 8, "dtype": "bf16"}, GEMM))
+    assert a.source == b.source
+    for name in ("M", "N", "K", "TM", "TN", "KT", "NTILES"):
+        assert f"i32:{name}" in a.args
+    assert "4096" not in a.source.split("extern \"C\"")[1]
+    assert a.persistent_tiles == 1 and a.grid == (0, 1, 1)
+
+
+def test_generic_refuses_ops_without_sizes_and_profiling():
+    from ptsolve.errors import CodegenError
+    with pytest.raises(CodegenError, match="profiler"):
+        emit_ir(lower(fa3_order_plan(_fa(1, 8, 8, 256, 256), FA), "h200", generic=True, profile=True))
+    ms = {"batch": 1, "seq": 512, "heads": 8, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 1,
+          "dtype": "fp16"}
+    plan = default_plan("mamba2_chunk_state", ms, {"BM": 64, "BK": 64, "depth": 2, "groups": 1})
+    with pytest.raises(CodegenError, match="generic"):
+        emit_ir(lower(plan, "h200", generic=True))
+
+
+def test_kernel_ir_json_keeps_generic():
+    from codegen.kernel_ir import KernelIR
+    ir = lower(fa3_order_plan(_fa(1, 8, 8, 256, 256), FA), "h200", generic=True)
+    assert KernelIR.from_json(ir.to_json()) == ir and json.loads(ir.to_json())["generic"] is True
+    exact = lower(fa3_order_plan(_fa(1, 8, 8, 256, 256), FA), "h200")
+    assert "generic" not in json.loads(exact.to_json())  # exact IRs keep their JSON, plan ids and cached cubins
+    assert KernelIR.from_json(exact.to_json()) == exact
+
+
+def test_shipped_table_covers_every_class():
+    t = generic.load_table()
+    assert set(t["classes"]) == {c.key for c in generic.classes()}, "rebuild: python3 -m codegen.generic table"
+    assert "commit" in t["made"] and t["hw"] == generic.HW
+    for key, e in t["classes"].items():
+        plan = generic.schedule(next(c for c in generic.classes() if c.key == key), t)
+        assert plan.params["dtype"] == key.split("/")[1]
+        assert e["generic_ptxas"].get("spill_stores", 0) == 0
+
+
+def test_table_miss_without_solvers_names_class_and_fix(monkeypatch):
+    monkeypatch.setattr(generic, "solvers_installed", lambda: False)
+    c = generic.attention_class("fp16", 64, True, 8, 8)
+    with pytest.raises(PtsolveError) as e:
+        generic.schedule(c, {"classes": {}})
+    assert c.key in str(e.value) and "python3 -m codegen.generic table" in str(e.value)
+
+
+def test_table_unreadable(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{not json")
+    with pytest.raises(PtsolveError, match="rebuild"):
+        generic.load_table(p)
+    p.write_text(json.dumps({"x": 1}))
+    with pytest.raises(PtsolveError, match="classes"):
+        generic.load_table(p)
+    assert generic.load_table(tmp_path / "absent.json") == {"classes": {}}
+
+
+def test_sizes_give_the_grid():
+    from codegen.cuda import attention, gemm
+    s = attention.sizes({"batch": 3, "heads": 5, "kv_heads": 1, "seq_q": 129, "seq_kv": 7}, {"BM": 128})
+    assert s["NMB"] == 2 and s["NTILES"] == 2 * 5 * 3 and list(s)[-1] == "NTILES"
+    g = gemm.sizes({"M": 1000, "N": 72, "K": 8}, {"BM": 128, "BN": 256})
+    assert (g["TM"], g["TN"], g["KT"], g["NTILES"]) == (8, 1, 1, 8)
+
+
+PROBE = """
+import json, sys
+from codegen import generic, runtime
+c = generic.attention_class("fp16", 64, True, 8, 2)
+generic.compile_class(c); generic.compile_class(generic.gemm_class("bf16"))
+print(json.dumps({"nvcc": runtime.NVCC_RUNS[0]}))
+"""
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
+def test_second_process_compiles_nothing(tmp_path):
+    env = {**os.environ, "PTSOLVE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1])["nvcc"])
+    assert runs == [2, 0]

@@ -1,0 +1,212 @@
+"""GPU tests of ``ptsolve.torch`` (shape-generic kernels through torch.library custom ops) on an H100/H200.
+
+Attention follows FlashAttention's rule: max|out − ref| ≤ 2·max|out_lowprec − ref| + 1e-3, ref in float32 and
+out_lowprec the same PyTorch formula in the input dtype; the output's memory is NaN-filled before each call, so a
+row the kernel does not write fails. The matrix: tiny, ragged, seq_q < seq_kv and seq_q > seq_kv (causal rows that
+see no key are zeros), long, GQA, MQA, a softmax scale, varlen, both dtypes and head_dims; then torch.compile
+(fullgraph), CUDA-graph capture, the fake implementations (torch.library.opcheck) and the errors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hopper import require_hopper
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return require_hopper()
+
+
+@pytest.fixture(scope="module")
+def pt(torch):
+    import ptsolve.torch as pt
+    return pt
+
+
+def ref_attention(q, k, v, causal, scale, dtype):
+    """softmax(q kᵀ scale, bottom-right causal) v in ``dtype``; rows that see no key are 0. q [B,Sq,H,D]."""
+    import torch
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    sq, skv = q.shape[2], k.shape[2]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(skv, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (skv - sq), float("-inf"))
+    p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(dtype)  # an all -inf row: NaN -> 0 (FlashAttention's zeros)
+    return (p @ v).transpose(1, 2)
+
+
+def poison(torch, shape, dtype):
+    """Fill and free a block of the size the op will allocate, so the caching allocator hands it out NaN-filled."""
+    x = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del x
+
+
+def check(torch, out, q, k, v, causal, scale):
+    ref = ref_attention(q, k, v, causal, scale, torch.float32)
+    low = ref_attention(q, k, v, causal, scale, q.dtype).float()
+    err, lerr = (out.float() - ref).abs().max().item(), (low - ref).abs().max().item()
+    assert not math.isnan(err), "NaN in the output (a row not written?)"
+    assert err <= 2 * lerr + 1e-3, f"max err {err:.3g} > 2 * {lerr:.3g} + 1e-3"
+    return err, lerr
+
+
+SHAPES = [  # B, Sq, Skv, H, Hkv, D, causal, dtype
+    (1, 1, 1, 1, 1, 64, False, "fp16"),
+    (1, 1, 1, 2, 1, 128, True, "bf16"),
+    (2, 77, 77, 4, 4, 128, True, "bf16"),
+    (3, 130, 257, 8, 2, 64, False, "fp16"),
+    (2, 100, 300, 4, 2, 128, True, "fp16"),      # seq_q < seq_kv
+    (2, 300, 100, 4, 4, 64, True, "bf16"),       # seq_q > seq_kv: the first 200 rows see no key
+    (1, 513, 64, 8, 8, 128, True, "fp16"),       # whole query blocks see no key
+    (1, 1, 1000, 8, 2, 128, True, "bf16"),       # decode step
+    (1, 4096, 4096, 8, 2, 128, True, "bf16"),    # long
+    (1, 2000, 6000, 4, 4, 64, False, "fp16"),
+    (2, 200, 200, 16, 1, 64, True, "fp16"),      # MQA
+    (1, 333, 333, 32, 4, 128, False, "bf16"),    # GQA 8
+]
+
+
+@pytest.mark.parametrize("B,Sq,Skv,H,Hkv,D,causal,dt", SHAPES)
+def test_flash_attention_matrix(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    g = torch.Generator(device="cuda").manual_seed(B * 1000 + Sq + Skv)
+    q = torch.randn(B, Sq, H, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, Skv, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, Skv, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    poison(torch, q.shape, dtype)
+    out = pt.flash_attention(q, k, v, causal=causal)
+    check(torch, out, q, k, v, causal, 1 / math.sqrt(D))
+    if causal and Sq > Skv:  # FlashAttention's convention for rows that see no key
+        assert out[:, : Sq - Skv].abs().max().item() == 0
+
+
+def test_softmax_scale_and_strided_inputs(torch, pt):
+    q, k, v = (torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, S, H, D] views, as transformers passes them
+    out = pt.flash_attention(qt, kt, vt, causal=True, softmax_scale=0.3)
+    check(torch, out, qt, kt, vt, True, 0.3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dt,D,H,Hkv", [("bf16", 128, 8, 2), ("fp16", 64, 4, 4)])
+def test_varlen(torch, pt, causal, dt, D, H, Hkv):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    lq, lk = [1, 77, 300, 5, 129], [1, 77, 500, 3, 129]  # one sequence with seq_q > seq_kv
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lq), H, D, device="cuda", dtype=dtype)
+    k = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype)
+    v = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype)
+    poison(torch, q.shape, dtype)
+    out = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal)
+    for b in range(len(lq)):
+        sq, sk = slice(cq[b].item(), cq[b + 1].item()), slice(ck[b].item(), ck[b + 1].item())
+        check(torch, out[sq][None], q[sq][None], k[sk][None], v[sk][None], causal, 1 / math.sqrt(D))
+
+
+@pytest.mark.parametrize("M,N,K,dt", [(1000, 1024, 520, "fp16"), (1, 4096, 4096, "bf16"), (4097, 72, 8, "bf16"),
+                                      (3000, 6144, 4096, "fp16")])
+def test_gemm(torch, pt, M, N, K, dt):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    b = torch.randn(N, K, device="cuda", dtype=dtype) / math.sqrt(K)
+    poison(torch, (M, N), dtype)
+    out = pt.gemm(a, b)
+    ref = a.float() @ b.float().T
+    low = (a @ b.T).float()
+    err, lerr = (out.float() - ref).abs().max().item(), (low - ref).abs().max().item()
+    assert err <= 2 * lerr + 1e-3, (err, lerr)
+    x = torch.randn(2, 5, K, device="cuda", dtype=dtype)  # a [..., K], as F.linear takes it
+    assert pt.gemm(x, b).shape == (2, 5, N)
+
+
+def test_torch_compile_fullgraph(torch, pt):
+    q, k, v = (torch.randn(2, 256, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16) / 23
+
+    def f(q, k, v):
+        o = pt.flash_attention(q * 1.0, k, v, causal=True)
+        return pt.gemm(o.reshape(2, 256, 512), w).relu()
+
+    eager = f(q, k, v)
+    comp = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(comp, eager, atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_capture(torch, pt):
+    q, k, v = (torch.randn(1, 384, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    w = torch.randn(256, 512, device="cuda", dtype=torch.float16) / 23
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up (module load, tensor maps) off the capture
+        pt.gemm(pt.flash_attention(q, k, v, causal=True).reshape(384, 512), w)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pt.gemm(pt.flash_attention(q, k, v, causal=True).reshape(384, 512), w)
+    for _ in range(2):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = pt.gemm(pt.flash_attention(q, k, v, causal=True).reshape(384, 512), w)
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_fake_impls_opcheck(torch, pt):
+    q = torch.randn(1, 100, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 80, 2, 64, device="cuda", dtype=torch.float16)
+    torch.library.opcheck(torch.ops.ptsolve.flash_attention.default, (q, k, k.clone(), True, 0.125))
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 30, 80], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.ptsolve.flash_attention_varlen.default,
+                          (q[0], k[0], k[0].clone(), cu, cuk, 60, 50, True, 0.125))
+    a, b = (torch.randn(n, 16, device="cuda", dtype=torch.bfloat16) for n in (40, 24))
+    torch.library.opcheck(torch.ops.ptsolve.gemm.default, (a, b))
+
+
+def test_errors_name_the_fix(torch, pt):
+    from ptsolve.errors import ShapeError
+    q = torch.randn(1, 16, 2, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(ShapeError, match="head_dim=96"):
+        pt.flash_attention(q, q, q)
+    with pytest.raises(ShapeError, match="float16"):
+        pt.flash_attention(q.float(), q.float(), q.float())
+    with pytest.raises(ShapeError, match="multiples of 8"):
+        pt.gemm(torch.randn(4, 12, device="cuda", dtype=torch.float16),
+                torch.randn(8, 12, device="cuda", dtype=torch.float16))
+
+
+def test_one_binary_serves_every_shape_of_a_class(torch, pt):
+    from codegen import generic, runtime
+    q = torch.randn(2, 100, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.bfloat16)
+    pt.flash_attention(q, k, k, causal=True)
+    runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    for sq, skv, b in ((1, 1, 1), (1000, 77, 3), (4097, 5000, 1)):
+        q = torch.randn(b, sq, 8, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, skv, 2, 64, device="cuda", dtype=torch.bfloat16)
+        pt.flash_attention(q, k, k, causal=True)
+    torch.cuda.synchronize()
+    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+
+
+def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
+    q, k, v = (torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    a = pt.flash_attention(q, k, v, causal=True)
+    b = pt.flash_attention(q, k, v, causal=True)  # the eager fast path: the prepared launch, a new output
+    assert a.data_ptr() != b.data_ptr()
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    q.copy_(torch.randn_like(q))  # same addresses, new values
+    check(torch, pt.flash_attention(q, k, v, causal=True), q, k, v, True, 1 / math.sqrt(64))
+    w = torch.randn(64, 96, device="cuda", dtype=torch.float16) / 10
+    x = torch.randn(96, 3, 5, device="cuda", dtype=torch.float16).permute(1, 2, 0)  # [3, 5, 96], reshape copies
+    for _ in range(2):
+        torch.testing.assert_close(pt.gemm(x, w).float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
