@@ -13,7 +13,7 @@ from typing import Any
 from .. import checks
 from ..errors import ShapeError
 from ..hw import Hardware
-from ..ir import DTYPE_BYTES, Edge, STaskGraph
+from ..ir import DTYPE_BYTES, Edge, STask, STaskGraph
 from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
@@ -77,6 +77,48 @@ def kept_pairs(p: dict[str, Any]) -> int:
     return sum(min(skv, i + off + 1) for i in range(sq))
 
 
+def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool) -> list[STask]:
+    """Consumer warpgroup ``g``'s online-softmax tasks over ``r`` query rows (FlashAttention's and flash_decode's):
+    init, S = QKᵀ, rowmax, exp2, rowsum (packs P), rescale, O += PV, normalize; ``out``: normalize writes O to a
+    shared-memory buffer for a TMA store. The softmax needs no working set beyond O, S, P and the table's
+    reg_overhead: ptxas's demand is that sum (codegen.regfit, results/regfit_h100.md)."""
+    s, e = f"@{g}", DTYPE_BYTES[dt]
+    return [
+        task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
+             allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
+        task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+             reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
+        task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
+        # exp2(S - m) is computed in place in S; rowsum adds it up and packs it into P (fp16), freeing S, so FA3's
+        # order (QK of j issued while P of j-1 waits for PV) holds one S and one P, not two S
+        task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
+             reads=("s" + s,)),
+        task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, group=g,
+             reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
+        task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
+             reads=("o" + s, "ml" + s)),
+        task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+             reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
+        task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
+             reads=("o" + s, "ml" + s), allocs=(smem("out" + s, r * D * e),) if out else ()),
+    ]
+
+
+def warpgroup_edges(g: int) -> list[Edge]:
+    """The dependences of ``warpgroup_tasks(g, ...)`` and of their ``store@g`` (loop-carried ones with distance 1)."""
+    s = f"@{g}"
+    return [
+        Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
+        Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
+        Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
+        Edge("rowsum" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
+        Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
+        Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
+        Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),
+        Edge("normalize" + s, "store" + s),
+    ]
+
+
 def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     B, H, Hkv, D, dt = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["dtype"]
     BM, BN, depth, W = t["BM"], t["BN"], t["depth"], t["groups"]
@@ -102,39 +144,10 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     for g in range(W):
         s = f"@{g}"
         r = rows
-        tasks += [
-            # the softmax needs no working set beyond O, S, P and the table's reg_overhead: ptxas's demand is
-            # that sum (codegen.regfit, results/regfit_h100.md)
-            task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
-                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
-            task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
-                 reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
-            task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
-            # exp2(S - m) is computed in place in S; rowsum adds it up and packs it into P (fp16), freeing S, so
-            # FA3's order (QK of j issued while P of j-1 waits for PV) holds one S and one P, not two S
-            task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
-                 reads=("s" + s,)),
-            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, group=g,
-                 reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
-            task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
-                 reads=("o" + s, "ml" + s)),
-            task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
-                 reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
-            task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
-                 reads=("o" + s, "ml" + s), allocs=(smem("out" + s, r * D * e),)),
-            task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True, group=g,
-                 reads=("out" + s,)),
-        ]
-        edges += [
-            Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
-            Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
-            Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
-            Edge("rowsum" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
-            Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
-            Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
-            Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),
-            Edge("normalize" + s, "store" + s),
-        ]
+        tasks += [*warpgroup_tasks(g, rows, D, BN, dt, out=True),
+                  task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True,
+                       group=g, reads=("out" + s,))]
+        edges += warpgroup_edges(g)
     flops = 4 * B * H * D * kept_pairs(p)
     name = f"fa_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}_{dt}"
     return STaskGraph(name=name, op="flash_attention", params=dict(p), tiling=dict(t), tasks=tuple(tasks),

@@ -29,8 +29,8 @@ from .. import checks
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .attention import kept_pairs
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
+from .attention import kept_pairs, warpgroup_edges, warpgroup_tasks
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate pieces of the longest query tile
@@ -157,33 +157,8 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     for g in range(W):
         s, r = f"@{g}", WG_ROWS
         rows = min(WG_ROWS, used - WG_ROWS * g)  # rows of this warpgroup that hold a query
-        tasks += [
-            task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
-                 allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
-            task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
-                 reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
-            task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
-            task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
-                 reads=("s" + s,)),
-            task("rowsum" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, group=g,
-                 reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
-            task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
-                 reads=("o" + s, "ml" + s)),
-            task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
-                 reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
-            task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
-                 reads=("o" + s, "ml" + s)),
-        ]
-        edges += [
-            Edge("load_q", "mma_qk" + s), Edge("init" + s, "rowmax" + s), Edge("init" + s, "rescale" + s),
-            Edge("load_k", "mma_qk" + s), Edge("mma_qk" + s, "rowmax" + s), Edge("rowmax" + s, "exp2" + s),
-            Edge("exp2" + s, "rowsum" + s), Edge("rowmax" + s, "rescale" + s), Edge("rescale" + s, "mma_pv" + s),
-            Edge("rowsum" + s, "mma_pv" + s), Edge("load_v", "mma_pv" + s),
-            Edge("rowmax" + s, "rowmax" + s, 1), Edge("rowsum" + s, "rowsum" + s, 1),
-            Edge("mma_pv" + s, "rescale" + s, 1), Edge("rowmax" + s, "rowsum" + s, 0),
-            Edge("mma_pv" + s, "normalize" + s), Edge("rowsum" + s, "normalize" + s),
-            Edge("normalize" + s, "store" + s),
-        ]
+        tasks += warpgroup_tasks(g, r, D, BN, dt, out=False)
+        edges += warpgroup_edges(g)
         if nmax == 1:
             tasks.append(task("store" + s, "store", phase="post", tile=(rows, D), dtype=dt, bytes=rows * D * e,
                               is_async=True, group=g, reads=("o" + s,)))
