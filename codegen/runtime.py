@@ -412,25 +412,6 @@ def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     return o
 
 
-_WORKSPACE: dict[tuple[str, int], dict[str, Any]] = {}
-
-
-def decode_workspace(ks: KernelSource, device: Any = None) -> dict[str, Any]:
-    """The split-KV kernel's scratch tensors (``KernelSource.info["workspace"]``: fp32 partial O and log-sum-exp,
-    int32 counters allocated zeroed, which the kernel leaves zero), one set per kernel and device, reused by every
-    launch: launches of one kernel must not overlap on different streams."""
-    import torch
-
-    dev = torch.device(device or "cuda")
-    key = (ks.name, dev.index if dev.index is not None else torch.cuda.current_device())
-    if key not in _WORKSPACE:
-        n = ks.info["workspace"]
-        _WORKSPACE[key] = {"ws": torch.empty(n["ws"], dtype=torch.float32, device=dev),
-                           "lse": torch.empty(n["lse"], dtype=torch.float32, device=dev),
-                           "cnt": torch.zeros(n["cnt"], dtype=torch.int32, device=dev)}
-    return _WORKSPACE[key]
-
-
 def run_decode(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     """Split-KV attention (ptsolve.ops.decode): q [B,Sq,H,D], k/v [B,Skv,Hkv,D] → o [B,Sq,H,D], scale 1/sqrt(D),
     causal bottom-right aligned when the plan's operator is causal."""
@@ -444,9 +425,9 @@ def run_decode(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     _need(v, "v", (B, p["seq_kv"], Hkv, D), p["dtype"])
     o = out if out is not None else torch.empty_like(q)
     _need(o, "out", tuple(q.shape), p["dtype"])
-    w = decode_workspace(ks, q.device)
-    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr(),
-                     "ws": w["ws"].data_ptr(), "lse": w["lse"].data_ptr(), "cnt": w["cnt"].data_ptr()}, _stream())
+    # ws / lse / cnt: the kernel's scratch (info["workspace"]), one set per kernel and device, which launch passes:
+    # launches of one kernel must not overlap on different streams
+    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()}, _stream())
     return o
 
 
@@ -518,9 +499,7 @@ def random_args(ks: KernelSource, seed: int = 0) -> dict[str, Any]:
         out = {"q": q, "k": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
                "v": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
                "o": torch.full_like(q, float("nan"))}
-        if op == "flash_decode":
-            out |= decode_workspace(ks)
-        return out
+        return out  # flash_decode's scratch: launch passes it (workspace_ptrs)
     from .mamba import scan_inputs, state_inputs
     if op == "mamba2_chunk_scan":
         s = scan_inputs(p, seed)

@@ -178,7 +178,7 @@ def test_lowered_kernel_source() -> None:
     assert table.group(2).startswith("{" + ", ".join(map(str, work[0][:3])))
     assert "atomicAdd(&cnt[" in ks.source and "bar.red.or.pred" in ks.source and "tma_load_5d" in ks.source
     assert ks.args == ("tmap:q", "tmap:k", "tmap:v", "ptr:o", "ptr:ws", "ptr:lse", "ptr:cnt")
-    assert ks.info["workspace"]["lse"] == 8 * 11 * 4  # (batch, kv head) x pieces x the 4 packed rows
+    assert ks.info["workspace"]["lse"] == 8 * 11 * 4 * 4  # bytes: (batch, kv head) x pieces x the 4 packed rows
     one = _ks(p, {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 1})
     assert "atomicAdd" not in one.source and "(long long)bz * SQ + sq" in one.source
 

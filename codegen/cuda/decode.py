@@ -238,12 +238,13 @@ def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
 
 
 def workspace(ir: KernelIR) -> dict[str, int]:
-    """Elements of the scratch buffers a launch needs: ``ws`` (fp32 partial O, D per row), ``lse`` (fp32),
-    ``cnt`` (int32 counters, zero before the first launch; the kernel leaves them zero)."""
+    """Bytes of the scratch buffers a launch needs (codegen.runtime.workspace_ptrs zero-fills them once):
+    ``ws`` (fp32 partial O, D per row), ``lse`` (fp32), ``cnt`` (int32 counters, zero before the first launch; the
+    kernel leaves them zero)."""
     p, t = ir.params, ir.tiling
     tiles = p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"])
     rows = max(1, p["batch"] * p["kv_heads"] * _bases(ir)[1] * packing(p, t["BM"])[0] * packing(p, t["BM"])[1])
-    return {"ws": rows * p["head_dim"], "lse": rows, "cnt": tiles * t["groups"]}
+    return {"ws": 4 * rows * p["head_dim"], "lse": 4 * rows, "cnt": 4 * tiles * t["groups"]}
 
 
 REGISTRY[OP] = OpKernel(
