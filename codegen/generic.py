@@ -19,6 +19,7 @@ written into it per call): a warm call is a dict lookup and a ``cuLaunchKernel``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import importlib.util
 import json
@@ -40,24 +41,34 @@ DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128)
 # GQA ratio (heads / kv_heads) buckets: (lowest ratio, name, the ratio the representative shape uses)
 GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
+# Mamba2's chunk kernels: classes by (head_dim, d_state, chunk); their kernels are exact-shape (compiled per shape
+# on first use and cached on disk), only the schedule is per class
+MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
+MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 SOLVE_TIME_LIMIT = 60.0  # seconds per class
 
 
 @dataclass(frozen=True)
 class ShapeClass:
-    """What a schedule and a binary are chosen by. ``head_dim``, ``causal``, ``gqa`` only for attention."""
+    """What a schedule (and, but for Mamba2, a binary) is chosen by. ``head_dim``: attention's and Mamba2's;
+    ``causal``, ``gqa`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
 
     op: str
     dtype: str
     head_dim: int = 0
     causal: bool = False
     gqa: str = ""
+    d_state: int = 0
+    chunk: int = 0
 
     @property
     def key(self) -> str:
-        """The table's key, e.g. ``flash_attention/bf16/d128/causal/gqa2-4`` or ``gemm/fp16``."""
+        """The table's key, e.g. ``flash_attention/bf16/d128/causal/gqa2-4``, ``gemm/fp16`` or
+        ``mamba2_chunk_scan/fp16/p64/n128/q256``."""
         if self.op == "gemm":
             return f"gemm/{self.dtype}"
+        if self.op in MAMBA_OPS:
+            return f"{self.op}/{self.dtype}/p{self.head_dim}/n{self.d_state}/q{self.chunk}"
         return f"{self.op}/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/gqa{self.gqa}"
 
 
@@ -89,9 +100,21 @@ def gemm_class(dtype: str) -> ShapeClass:
     return ShapeClass("gemm", dtype)
 
 
+def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int) -> ShapeClass:
+    """The Mamba2 chunk-kernel class of a shape; ShapeError for sizes the table does not cover."""
+    _dtype_ok(dtype)
+    for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES),
+                        ("chunk", chunk, CHUNKS)):
+        if v not in ok:
+            raise ShapeError(f"{op}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
+    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk))
+
+
 def classes() -> list[ShapeClass]:
     """Every class the table covers."""
     out = [gemm_class(d) for d in DTYPES]
+    out += [mamba_class(op, d, hd, n, q) for op in MAMBA_OPS for d in DTYPES for hd in MAMBA_HEAD_DIMS
+            for n in D_STATES for q in CHUNKS]
     for d in DTYPES:
         for hd in HEAD_DIMS:
             for causal in (False, True):
@@ -104,6 +127,9 @@ def representative(c: ShapeClass) -> dict[str, Any]:
     """The shape a class's schedule is solved on: long enough that the loop's steady state dominates."""
     if c.op == "gemm":
         return {"M": 4096, "N": 4096, "K": 4096, "dtype": c.dtype}
+    if c.op in MAMBA_OPS:  # Mamba2-1.3b's heads at batch 4, seq 8k
+        return {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
+                "chunk": c.chunk, "groups": 1, "dtype": c.dtype}
     ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
     return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
             "causal": c.causal, "dtype": c.dtype}
@@ -343,6 +369,30 @@ def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
 # ---------------------------------------------------------------------------------------------- the table
 
 
+def _mamba_plan(c: ShapeClass, params: dict[str, Any]) -> KernelPlan:
+    """The class's schedule at this shape (Mamba2's kernels are exact-shape: the source, and so the cubin, is per
+    shape; emission is memoised and the cubin cached on disk)."""
+    return dataclasses.replace(schedule(c), params=params)
+
+
+def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass) -> Any:
+    """Mamba2 ChunkScan (mamba_ssm's layouts, codegen.runtime.run_chunk_scan) with class ``c``'s schedule."""
+    from .runtime import run_chunk_scan
+    b, L, h, p = x.shape
+    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": C.shape[-1], "chunk": c.chunk,
+              "groups": C.shape[2], "dtype": c.dtype}
+    return run_chunk_scan(cb, x, dt, dA_cumsum, C, states, _mamba_plan(c, params), out=out)
+
+
+def chunk_state(B: Any, x: Any, dt: Any, dA_cumsum: Any, out: Any, c: ShapeClass) -> Any:
+    """Mamba2 ChunkState (fp32 states, codegen.runtime.run_chunk_state) with class ``c``'s schedule."""
+    from .runtime import run_chunk_state
+    b, L, h, p = x.shape
+    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": B.shape[-1], "chunk": c.chunk,
+              "groups": B.shape[2], "dtype": c.dtype}
+    return run_chunk_state(x, B, dt, dA_cumsum, _mamba_plan(c, params), out=out)
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -362,7 +412,7 @@ def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: s
         if only and only not in c.key:
             continue
         # the cost model does not tell fp16 from bf16 (both 2 bytes, same tensor-core rate): one solve serves both
-        twin = ShapeClass(c.op, DTYPES[0], c.head_dim, c.causal, c.gqa)
+        twin = dataclasses.replace(c, dtype=DTYPES[0])
         if twin in solved:
             entry = json.loads(json.dumps(solved[twin]))
             entry["plan"]["params"]["dtype"] = c.dtype
@@ -371,11 +421,14 @@ def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: s
         else:
             entry = solved[c] = solve(c, time_limit)
         plan = KernelPlan.from_json(json.dumps(entry["plan"]))
-        _KERNELS[c] = _build(c, plan)
-        try:
-            rep = compile_class(c)
-        except PtsolveError as e:  # no nvcc: the table still says what was solved
-            rep = {"not compiled": str(e).splitlines()[0]}
+        if c.op in MAMBA_OPS:  # exact-shape kernels: the solve's compiler in the loop checked the representative's
+            rep = {"exact-shape": "compiled per shape on first use"}
+        else:
+            _KERNELS[c] = _build(c, plan)
+            try:
+                rep = compile_class(c)
+            except PtsolveError as e:  # no nvcc: the table still says what was solved
+                rep = {"not compiled": str(e).splitlines()[0]}
         if rep.get("spill_stores") or rep.get("wgmma_serialized"):
             raise PtsolveError(f"{c.key}: the generic kernel of the solved schedule spills or serialises ({rep})")
         entry["generic_ptxas"] = rep
@@ -395,14 +448,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", type=Path, default=TABLE)
     t.add_argument("--time-limit", type=float, default=SOLVE_TIME_LIMIT)
     t.add_argument("--only", default="", help="only the classes whose key contains this text")
-    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
+    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR (attention, "
+                       "GEMM)")
     p.add_argument("--only", default="")
     a = ap.parse_args(argv)
     if a.cmd == "table":
         build_table(a.out, a.time_limit, a.only)
     else:
-        for c in classes():
-            if not a.only or a.only in c.key:
+        for c in classes():  # Mamba2's kernels are exact-shape: nothing to compile ahead for a class
+            if (not a.only or a.only in c.key) and c.op not in MAMBA_OPS:
                 print(c.key, compile_class(c), flush=True)
     return 0
 

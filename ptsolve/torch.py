@@ -4,6 +4,7 @@
 import ptsolve.torch as pt
 o = pt.flash_attention(q, k, v, causal=True)   # q [B, Sq, H, D], k / v [B, Skv, Hkv, D], fp16 or bf16, on an H100/H200
 y = pt.gemm(x, w)                              # x [..., K] · wᵀ with w [N, K] (F.linear's layout)
+out = pt.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)   # mamba_ssm's layouts; also mamba_chunk_state
 ```
 
 ``flash_attention`` (dense) and ``flash_attention_varlen`` (packed [total, H, D] with int32 ``cu_seqlens``, as
@@ -29,7 +30,8 @@ import torch
 
 from .errors import DeviceError, ShapeError
 
-__all__ = ["flash_attention", "flash_attention_varlen", "gemm", "register_transformers", "hf_attention"]
+__all__ = ["flash_attention", "flash_attention_varlen", "gemm", "mamba_chunk_scan", "mamba_chunk_state",
+           "register_transformers", "hf_attention"]
 
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -104,6 +106,8 @@ _LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float so
 _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
 _LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
+_LIB.define("mamba_chunk_scan(Tensor cb, Tensor x, Tensor dt, Tensor dA_cumsum, Tensor C, Tensor states) -> Tensor")
+_LIB.define("mamba_chunk_state(Tensor B, Tensor x, Tensor dt, Tensor dA_cumsum) -> Tensor")
 
 _CLASSES: dict[tuple[Any, ...], Any] = {}
 
@@ -156,9 +160,31 @@ def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _mamba_class(op: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor) -> Any:
+    return _gen().mamba_class(op, _DT[x.dtype], x.shape[-1], BC.shape[-1], dt.shape[-1])
+
+
+def _mamba_chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+                           C: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(x.shape)
+    c = _mamba_class("mamba2_chunk_scan", x, C, dt)
+    return _gen().chunk_scan(cb, x.contiguous(), dt.contiguous(), dA_cumsum.contiguous(), C.contiguous(), states,
+                             out, c)
+
+
+def _mamba_chunk_state_cuda(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
+                            dA_cumsum: torch.Tensor) -> torch.Tensor:
+    b, L, h, p = x.shape
+    out = x.new_empty((b, dt.shape[2], h, p, B.shape[-1]), dtype=torch.float32)
+    c = _mamba_class("mamba2_chunk_state", x, B, dt)
+    return _gen().chunk_state(B.contiguous(), x.contiguous(), dt.contiguous(), dA_cumsum.contiguous(), out, c)
+
+
 _LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
 _LIB.impl("gemm", _gemm_cuda, "CUDA")
+_LIB.impl("mamba_chunk_scan", _mamba_chunk_scan_cuda, "CUDA")
+_LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
 
 
 @torch.library.register_fake("ptsolve::flash_attention", lib=_LIB)
@@ -175,6 +201,17 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Ten
 @torch.library.register_fake("ptsolve::gemm", lib=_LIB)
 def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((a.shape[0], b.shape[0]))
+
+
+@torch.library.register_fake("ptsolve::mamba_chunk_scan", lib=_LIB)
+def _(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, C: torch.Tensor,
+      states: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("ptsolve::mamba_chunk_state", lib=_LIB)
+def _(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], dt.shape[2], x.shape[2], x.shape[3], B.shape[-1]), dtype=torch.float32)
 
 
 _compiling = torch.compiler.is_compiling
@@ -285,6 +322,39 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     o = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         softmax_scale=scaling)
     return o, None
+
+
+def _check_mamba(name: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> None:
+    _same(name, {"x": x, "B/C": BC})
+    if x.dim() != 4 or BC.dim() != 4 or dt.dim() != 4:
+        raise ShapeError(f"{name}: x (b, L, h, p), B/C (b, L, g, n), dt (b, h, nc, chunk) expected; got "
+                         f"{tuple(x.shape)}, {tuple(BC.shape)}, {tuple(dt.shape)}")
+    if dt.dtype != torch.float32 or dA_cumsum.dtype != torch.float32:
+        raise ShapeError(f"{name}: dt and dA_cumsum must be torch.float32 (mamba_ssm's), got {dt.dtype}, "
+                         f"{dA_cumsum.dtype}")
+    _gen().mamba_class("mamba2_chunk_scan", _dtype(x, "x"), x.shape[-1], BC.shape[-1], dt.shape[-1])
+
+
+def mamba_chunk_scan(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, C: torch.Tensor,
+                     states: torch.Tensor) -> torch.Tensor:
+    """Mamba2 SSD ChunkScan with mamba_ssm's argument layout (``_chunk_scan_fwd`` without D, z, seq_idx):
+    cb (b, nc, g, chunk, chunk), x (b, L, h, p), dt / dA_cumsum (b, h, nc, chunk) float32, C (b, L, g, n), states
+    (b, nc, h, p, n) → out (b, L, h, p) in x's dtype. Exact-shape kernels: the first call of a shape compiles (the
+    cubin is then cached on disk), the schedule is the shape class's (head_dim, d_state, chunk)."""
+    _check_mamba("mamba_chunk_scan", x, C, dt, dA_cumsum)
+    if _compiling():
+        return torch.ops.ptsolve.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)
+    return _mamba_chunk_scan_cuda(cb, x, dt, dA_cumsum, C, states)
+
+
+def mamba_chunk_state(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> torch.Tensor:
+    """Mamba2 SSD ChunkState with mamba_ssm's argument layout (``_chunk_state_fwd(B, x, dt, dA_cumsum)``, states
+    in float32): B (b, L, g, n), x (b, L, h, p), dt / dA_cumsum (b, h, nc, chunk) float32 → states
+    (b, nc, h, p, n) float32. Exact-shape kernels, as ``mamba_chunk_scan``."""
+    _check_mamba("mamba_chunk_state", x, B, dt, dA_cumsum)
+    if _compiling():
+        return torch.ops.ptsolve.mamba_chunk_state(B, x, dt, dA_cumsum)
+    return _mamba_chunk_state_cuda(B, x, dt, dA_cumsum)
 
 
 def register_transformers(name: str = "ptsolve") -> str:

@@ -45,12 +45,19 @@ def test_class_keys():
     assert generic.attention_class("fp16", 64, False, 40, 8).gqa == "5+"
     assert generic.attention_class("fp16", 64, False, 6, 3).gqa == "2-4"
     assert generic.gemm_class("fp16").key == "gemm/fp16"
+    m = generic.mamba_class("mamba2_chunk_state", "bf16", 64, 128, 256)
+    assert m.key == "mamba2_chunk_state/bf16/p64/n128/q256"
+    with pytest.raises(ShapeError, match="d_state=96"):
+        generic.mamba_class("mamba2_chunk_scan", "fp16", 64, 96, 256)
     keys = [c.key for c in generic.classes()]
-    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3
+    # gemm, attention (dtype x head_dim x causal x GQA bucket), Mamba2 (op x dtype x d_state x chunk)
+    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 3
     for c in generic.classes():  # every class's representative is its own class
         r = generic.representative(c)
         if c.op == "gemm":
             assert generic.gemm_class(r["dtype"]) == c
+        elif c.op in generic.MAMBA_OPS:
+            assert generic.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
         else:
             assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
 

@@ -210,3 +210,25 @@ def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
     x = torch.randn(96, 3, 5, device="cuda", dtype=torch.float16).permute(1, 2, 0)  # [3, 5, 96], reshape copies
     for _ in range(2):
         torch.testing.assert_close(pt.gemm(x, w).float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("b,L,h,g,n,q,dt", [(1, 300, 4, 1, 128, 256, "fp16"), (2, 1000, 8, 2, 64, 128, "bf16"),
+                                            (1, 64, 2, 1, 128, 64, "fp16")])
+def test_mamba_chunk_ops(torch, pt, b, L, h, g, n, q, dt):
+    """mamba_ssm's layouts in and out, against codegen.mamba's float64 references; ragged last chunks; bf16;
+    grouped B/C; and under torch.compile (the fake implementations give the shapes)."""
+    from codegen.bench import TOL, rel_err
+    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    p = {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": n, "chunk": q, "groups": g, "dtype": dt}
+    s = scan_inputs(p, seed=1)
+    out = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
+    assert out.shape == s["x"].shape and out.dtype == s["x"].dtype
+    assert rel_err(out, chunk_scan_reference(**s)) <= TOL
+    st = state_inputs(p, seed=2)
+    states = pt.mamba_chunk_state(st["B"], st["x"], st["dt"], st["dA_cumsum"])
+    assert states.dtype == torch.float32 and states.shape == (b, -(-L // q), h, 64, n)
+    assert rel_err(states, chunk_state_reference(st["x"], st["B"], st["dt"], st["dA_cumsum"])) <= TOL
+    compiled = torch.compile(lambda *a: pt.mamba_chunk_state(*a), fullgraph=True)
+    torch.testing.assert_close(compiled(st["B"], st["x"], st["dt"], st["dA_cumsum"]), states, atol=0, rtol=0)
+    with pytest.raises(Exception, match="d_state"):
+        pt.mamba_chunk_state(st["B"][..., :48].contiguous(), st["x"], st["dt"], st["dA_cumsum"])
