@@ -369,10 +369,19 @@ def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
 # ---------------------------------------------------------------------------------------------- the table
 
 
+_MAMBA_PLANS: dict[tuple[Any, ...], KernelPlan] = {}
+
+
 def _mamba_plan(c: ShapeClass, params: dict[str, Any]) -> KernelPlan:
     """The class's schedule at this shape (Mamba2's kernels are exact-shape: the source, and so the cubin, is per
-    shape; emission is memoised and the cubin cached on disk)."""
-    return dataclasses.replace(schedule(c), params=params)
+    shape), one plan object per (class, shape) so the runtime's emission memo hits by identity."""
+    key = (c, *params.values())
+    plan = _MAMBA_PLANS.get(key)
+    if plan is None:
+        if len(_MAMBA_PLANS) >= 1024:
+            _MAMBA_PLANS.clear()
+        plan = _MAMBA_PLANS[key] = dataclasses.replace(schedule(c), params=params)
+    return plan
 
 
 def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass) -> Any:

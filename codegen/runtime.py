@@ -322,17 +322,25 @@ def load(ks: KernelSource) -> Loaded:
 
 
 _EMITTED: dict[str, KernelSource] = {}
+_EMITTED_BY_ID: dict[int, tuple[Any, KernelSource]] = {}
 
 
 def _emit_cached(plan: Any) -> KernelSource:
-    """emit(plan), memoised by the plan's JSON (repeated launches skip source generation)."""
+    """emit(plan), memoised by the plan's JSON (repeated launches skip source generation) and, first, by the plan
+    object itself (a caller that keeps its plan, e.g. codegen.generic's Mamba2 launches, skips the serialisation)."""
     from .cuda import emit
+    hit = _EMITTED_BY_ID.get(id(plan))
+    if hit is not None and hit[0] is plan:
+        return hit[1]
     try:
         key = plan.to_json()
     except (AttributeError, TypeError, ValueError):
         return emit(plan)  # not a (serialisable) plan: emit raises the CodegenError that says why
     if key not in _EMITTED:
         _EMITTED[key] = emit(plan)
+    if len(_EMITTED_BY_ID) >= 1024:
+        _EMITTED_BY_ID.clear()
+    _EMITTED_BY_ID[id(plan)] = (plan, _EMITTED[key])  # the plan is kept alive with its id
     return _EMITTED[key]
 
 
