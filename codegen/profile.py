@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ptsolve profile", description="profile committed schedules on this GPU: "
                                  "per-task timelines, measured II and span, probe overhead, predicted-vs-measured "
                                  "Gantt charts")
-    ap.add_argument("--schedules", default="results/schedules_h200", help="folder of Result JSON files")
+    ap.add_argument("--schedules", default="results/sched_new",
+                    help="folder of Result JSON files solved with the current model (default: results/sched_new)")
     ap.add_argument("--only", required=True, help="comma-separated file stems, e.g. FA3_cpsat,FA3_greedy")
     ap.add_argument("--hw", default="h200", help="hardware table the schedules were solved for")
     ap.add_argument("--out", required=True, help="output folder")

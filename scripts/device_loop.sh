@@ -16,7 +16,7 @@ echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/summary.txt"
 timeout 150 python3 -m codegen.tune "${TUNE:-results/tune_h200/cands.json}" --out "$OUT/timed.json" > "$OUT/tune.log" 2>&1
 echo "codegen.tune: exit $?" >> "$OUT/summary.txt"; cat "$OUT/tune.log" >> "$OUT/summary.txt"
 prof=(ptsolve profile); command -v ptsolve > /dev/null || prof=(python3 -m codegen.profile)  # no install: same code
-timeout 120 "${prof[@]}" --schedules results/schedules_h200 --only "${PROFILE:-FA3_cpsat}" --hw h200 \
+timeout 120 "${prof[@]}" --schedules results/sched_new --only "${PROFILE:-FA3_cpsat}" --hw h200 \
   --out "$OUT/profile" > "$OUT/profile.log" 2>&1
 echo "ptsolve profile: exit $?" >> "$OUT/summary.txt"; tail -4 "$OUT/profile.log" >> "$OUT/summary.txt"
 if [ -n "${AB:-}" ]; then
