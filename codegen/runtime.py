@@ -405,7 +405,8 @@ def run_gemm(a: Any, b: Any, plan: Any, out: Any = None) -> Any:
 
 
 def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
-    """FlashAttention forward, q [B,Sq,H,D], k/v [B,Skv,Hkv,D] → o [B,Sq,H,D], scale 1/sqrt(D)."""
+    """FlashAttention forward, or split-KV attention for a flash_decode plan: q [B,Sq,H,D], k/v [B,Skv,Hkv,D] →
+    o [B,Sq,H,D], scale 1/sqrt(D), causal (bottom-right aligned) when the plan's operator is."""
     import torch
 
     ks = _emit_cached(plan)
@@ -420,23 +421,10 @@ def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
     return o
 
 
-def run_decode(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
-    """Split-KV attention (ptsolve.ops.decode): q [B,Sq,H,D], k/v [B,Skv,Hkv,D] → o [B,Sq,H,D], scale 1/sqrt(D),
-    causal bottom-right aligned when the plan's operator is causal."""
-    import torch
-
-    ks = _emit_cached(plan)
-    p = ks.params
-    B, H, Hkv, D = p["batch"], p["heads"], p["kv_heads"], p["head_dim"]
-    _need(q, "q", (B, p["seq_q"], H, D), p["dtype"])
-    _need(k, "k", (B, p["seq_kv"], Hkv, D), p["dtype"])
-    _need(v, "v", (B, p["seq_kv"], Hkv, D), p["dtype"])
-    o = out if out is not None else torch.empty_like(q)
-    _need(o, "out", tuple(q.shape), p["dtype"])
-    # ws / lse / cnt: the kernel's scratch (info["workspace"]), one set per kernel and device, which launch passes:
-    # launches of one kernel must not overlap on different streams
-    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()}, _stream())
-    return o
+# split-KV attention (ptsolve.ops.decode) launches like FlashAttention: the plan's operator picks the kernel, and its
+# scratch (ws / lse / cnt, info["workspace"]) is passed by launch, one set per kernel and device, so launches of one
+# kernel must not overlap on different streams
+run_decode = run_attention
 
 
 def _mamba(p: dict[str, Any]) -> tuple[int, ...]:
