@@ -27,13 +27,19 @@ from .common import CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs,
 from .skeleton import REGISTRY, OpKernel, Task
 
 
-def _check(ir: KernelIR) -> None:
+def check_tile(op: str, ir: KernelIR) -> None:
+    """CodegenError unless the task bodies (shared with flash_decode) take the dtype, head_dim and query rows."""
     p, t = ir.params, ir.tiling
     check_dtype(p)
     if p["head_dim"] not in (64, 128):
-        raise CodegenError(f"flash_attention: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
+        raise CodegenError(f"{op}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
     if t["BM"] != 64 * t["groups"]:
-        raise CodegenError(f"flash_attention: BM={t['BM']} must be 64 query rows per consumer warpgroup")
+        raise CodegenError(f"{op}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
+
+
+def _check(ir: KernelIR) -> None:
+    p = ir.params
+    check_tile("flash_attention", ir)
     # element offsets into o are 64-bit (``store``) and q/k/v go through TMA coordinates, so tensors of 2^31 elements
     # and more run; what stays 32-bit is a row index batch·seq (and each TMA coordinate)
     if p["batch"] * max(p["seq_q"], p["seq_kv"]) >= 1 << 31:

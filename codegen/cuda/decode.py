@@ -24,7 +24,7 @@ from ptsolve.ops.decode import packing, pieces, query_tiles
 
 from ..kernel_ir import KernelIR, Role
 from . import attention
-from .common import CTYPE, PACK2, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
+from .common import CTYPE, PACK2, TensorMapSpec, wgmma_rs, wgmma_ss
 from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "flash_decode"
@@ -69,11 +69,7 @@ def _bases(ir: KernelIR) -> tuple[list[int], int]:
 
 def _check(ir: KernelIR) -> None:
     p, t = ir.params, ir.tiling
-    check_dtype(p)
-    if p["head_dim"] not in (64, 128):
-        raise CodegenError(f"{OP}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
-    if t["BM"] != 64 * t["groups"]:
-        raise CodegenError(f"{OP}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
+    attention.check_tile(OP, ir)
     gbox, sbox = packing(p, t["BM"])
     if gbox > 256 or sbox > 256:
         raise CodegenError(f"{OP}: a query tile of {gbox} heads x {sbox} positions exceeds the TMA box (256 per "

@@ -77,6 +77,20 @@ def kept_pairs(p: dict[str, Any]) -> int:
     return sum(min(skv, i + off + 1) for i in range(sq))
 
 
+def qkv_loads(BM: int, BN: int, D: int, dt: str, q_rows: int, reuse: float) -> list[STask]:
+    """The producer's loads (FlashAttention's and flash_decode's): the BM x D query tile once per CTA, of which
+    ``q_rows`` rows carry data, and a BN x D key and value tile per iteration, each reread ``reuse`` times from L2."""
+    e = DTYPE_BYTES[dt]
+    return [
+        task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=q_rows * D * e, is_async=True,
+             allocs=(smem("q", BM * D * e),)),
+        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
+             allocs=(smem("k", BN * D * e),)),
+        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
+             allocs=(smem("v", BN * D * e),)),
+    ]
+
+
 def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool) -> list[STask]:
     """Consumer warpgroup ``g``'s online-softmax tasks over ``r`` query rows (FlashAttention's and flash_decode's):
     init, S = QKᵀ, rowmax, exp2, rowsum (packs P), rescale, O += PV, normalize; ``out``: normalize writes O to a
@@ -132,14 +146,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     trips = trip_counts(p, BM, BN)
     group = H // Hkv
     reuse = min(len(trips) * group, sms_of(hw))  # Q blocks of a head and heads of a GQA group reread a K/V tile
-    tasks = [
-        task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=BM * D * e, is_async=True,
-             allocs=(smem("q", BM * D * e),)),
-        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("k", BN * D * e),)),
-        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("v", BN * D * e),)),
-    ]
+    tasks = qkv_loads(BM, BN, D, dt, BM, reuse)
     edges = []
     for g in range(W):
         s = f"@{g}"

@@ -29,8 +29,8 @@ from .. import checks
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .attention import kept_pairs, warpgroup_edges, warpgroup_tasks
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, smem, sms_of, task
+from .attention import kept_pairs, qkv_loads, warpgroup_edges, warpgroup_tasks
+from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate pieces of the longest query tile
@@ -143,16 +143,9 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     if nmax != splits:
         raise ShapeError(f"flash_decode tiling: splits={splits} cuts the longest query tile ({max(w[2] for w in work)}"
                          f" key blocks of {BN} per piece at most) into {nmax} pieces; use splits={nmax}")
-    tasks = [
-        # TMA delivers the whole box (gbox x sbox rows); the rest of the 64-row wgmma tile is never read back
-        task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=used * D * e, is_async=True,
-             allocs=(smem("q", BM * D * e),)),
-        # the query tiles of one (batch, kv head) read the same K/V tiles; the pieces of a tile read disjoint ones
-        task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("k", BN * D * e),)),
-        task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("v", BN * D * e),)),
-    ]
+    # TMA delivers the whole box (gbox x sbox = ``used`` rows; the rest of the 64-row wgmma tile is never read back);
+    # the query tiles of one (batch, kv head) read the same K/V tiles, the pieces of a tile disjoint ones
+    tasks = qkv_loads(BM, BN, D, dt, used, reuse)
     edges = []
     for g in range(W):
         s, r = f"@{g}", WG_ROWS
