@@ -74,7 +74,8 @@ def time_many(fns: dict[str, Callable[[int], Any]], nsets: int, warmup: int = 5,
               graphs: bool = False) -> dict[str, float]:
     """Median milliseconds per call of each ``fn(i % nsets)``.
 
-    Candidates are interleaved round by round (clock or temperature drift hits all alike). In a round each
+    Candidates are interleaved round by round, in an order rotated each round (clock or temperature drift and
+    position in the round hit all alike). In a round each
     candidate runs ``reps`` back-to-back launches between two CUDA events (``reps`` sized so that a block
     lasts about ``block_ms``), so host launch latency is hidden for kernels longer than it; inputs rotate over
     ``nsets`` sets. ``ctxs[k]()`` is a context entered around candidate k's block (e.g. an SDPA backend).
@@ -112,8 +113,11 @@ def time_many(fns: dict[str, Callable[[int], Any]], nsets: int, warmup: int = 5,
             blocks[k] = g.replay
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k in fns:
+    keys = list(fns)
+    for r in range(rounds):
+        # the order rotates: a candidate is not always the one that follows the same neighbour (clock and
+        # power state after a long kernel) or the host's synchronisation gap
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with ctxs.get(k, contextlib.nullcontext)():
                 e0.record()

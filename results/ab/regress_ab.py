@@ -14,11 +14,18 @@ Every kernel takes exactly the arguments its own ``args`` / ``tensor_maps`` list
 same tensors of the same shapes; the script checks). Before timing, each kernel runs once in a child process
 that the parent kills when one kernel takes longer than SMOKE_S: a kernel that hangs or faults is reported and
 skipped, and so is a variant whose output differs from the base kernel's. One line per schedule as it is
-timed, a markdown table last.
+timed, a markdown table last. Candidates run in a rotated order each round (codegen.bench.time_many).
+
+Columns besides old / base / fix: old_again (the old kernel a second time: the noise of the comparison), old_1d
+(the old kernel on the new one's 1-D tile grid), fix_no_early_p (P packed in rowsum, OpKernel.early off),
+fix_xs2 (ChunkState with two xs copies named), and three probes of FlashAttention's remaining gap: fix_nosync (no
+__syncwarp before a warp's lane-0 release), fix_grid3 (the 3-D grid the old emitter launched), fix_wait1 (the old
+emitter's redundant wg_wait<1> in the steady rescale).
 """
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import select
@@ -35,12 +42,13 @@ sys.path.insert(0 if "--root" not in sys.argv else 1, str(ROOT))
 from codegen.cuda.common import KernelSource, TensorMapSpec  # noqa: E402
 
 NAMES = ["CS3_cpsat", "CS8_cpsat", "CS9_cpsat", "ST3_cpsat", "ST5_cpsat", "FA17c_cpsat", "FA8c_cpsat", "FA3_cpsat",
-         "FA3c_cpsat", "FA13c_cpsat"]
+         "FA3c_cpsat", "FA13c_cpsat", "GEMM1_cpsat", "GEMM3_cpsat"]
 SRC = ROOT / "results/ab/regress_sources.json"  # the old emitters' sources
 SCHED = ROOT / "results/schedules_h200"
 AB = ROOT / "results/ab/ab_sources.json"  # {schedule: {variant: KernelSource}}
 SMOKE_S = 30.0  # one kernel's first launch + synchronize (random inputs made on the GPU)
-COLS = ["old", "base", "fix", "fix_no_early_p", "fix_xs2"]
+COLS = ["old", "old_again", "old_1d", "base", "fix", "fix_no_early_p", "fix_xs2", "fix_nosync", "fix_grid3",
+        "fix_wait1"]
 
 
 def ks_of(d: dict) -> KernelSource:
@@ -74,6 +82,25 @@ def _emit_fix(name: str) -> dict[str, KernelSource]:
             skeleton.early_writes = keep
         if ks.source != out["fix"].source:
             out["fix_no_early_p"] = ks
+    if plan.op == "flash_attention":
+        src = out["fix"].source.replace("__syncwarp();\n    if (lane == 0) mbar_arrive", "if (lane == 0) mbar_arrive")
+        if src != out["fix"].source:  # no __syncwarp before a warp's lane-0 release
+            out["fix_nosync"] = dataclasses.replace(out["fix"], source=src)
+    ks = out["fix"]
+    if "PERSISTENT = false" in ks.source and ks.grid[1:] == (1, 1) and plan.op == "flash_attention":
+        # the tiles as a 3-D grid (query block, head, batch), as the old emitter launched them
+        nmb = int(ks.source.split("constexpr int NMB = ")[1].split(";")[0])
+        src = ks.source.replace("const int tile = blockIdx.x;",
+                                "const int tile = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);")
+        h = int(ks.params.get("heads", ks.params.get("H", 0)) or 0)
+        if h and ks.grid[0] == nmb * h * (ks.grid[0] // (nmb * h)):
+            out["fix_grid3"] = dataclasses.replace(ks, source=src, grid=(nmb, h, ks.grid[0] // (nmb * h)))
+    if plan.op == "flash_attention":  # the old emitter's wg_wait<1> in the steady loop's rescale
+        import re
+        src = re.sub(r"(\{  // rescale@\d\n\{ const int it_ = j; const int q_ = rbase \+ it_; \(void\)q_;\n)",
+                     r"\1  wg_wait<1>();\n", out["fix"].source)
+        if src != out["fix"].source:
+            out["fix_wait1"] = dataclasses.replace(out["fix"], source=src)
     if plan.op == "mamba2_chunk_state":  # two xs copies named (a plan keeps its own copies; the old emitter's)
         named = dataclasses.replace(plan, copies={b: 2 for b in lower(plan, "h200").copies})
         ks = emit(named, "h200")
@@ -103,7 +130,17 @@ def emit_sources(which: str) -> None:
 def variants(name: str) -> dict[str, KernelSource]:
     """The kernels to compare for one schedule, in COLS order (missing ones left out)."""
     row = json.loads(AB.read_text())[name]
-    return {k: ks_of(row[k]) for k in COLS if k in row}
+    out = {k: ks_of(row[k]) for k in COLS if k in row}
+    o = out.get("old")
+    if o is not None:  # the old kernel twice: the spread between the two is the comparison's noise
+        out["old_again"] = o
+    if o is not None and o.op == "flash_attention" and "const int mb_ = blockIdx.x, hq = blockIdx.y, bz = blockIdx.z;" \
+            in o.source:  # the old kernel with the new one's 1-D tile grid
+        src = o.source.replace("const int mb_ = blockIdx.x, hq = blockIdx.y, bz = blockIdx.z;",
+                               "const int tile = blockIdx.x; const int mb_ = tile % NMB, hq = (tile / NMB) % H, "
+                               "bz = tile / (NMB * H);")
+        out["old_1d"] = dataclasses.replace(o, source=src, grid=(o.grid[0] * o.grid[1] * o.grid[2], 1, 1))
+    return {k: out[k] for k in COLS if k in out}
 
 
 def compile_all(check: bool) -> None:
@@ -221,7 +258,8 @@ def main() -> None:
             ptrs = [{k: t.data_ptr() for k, t in s.items()} for s in sets]
             kern = {k: load(ks) for k, ks in good.items()}
             stream = int(torch.cuda.current_stream().cuda_stream)  # the comparison launches (no capture)
-            outk = next(a.split(":")[1] for a in ref.args if a.split(":")[1] in ("o", "out"))
+            names = [a.split(":")[1] for a in ref.args]
+            outk = next(k for k in ("o", "out", "c") if k in names)  # ChunkScan's "c" is an input
             outs = {}
             for k, kk in kern.items():  # every variant's output next to base's (old's where base failed)
                 sets[0][outk].fill_(float("nan"))
@@ -247,6 +285,7 @@ def main() -> None:
             continue
         finally:
             sets = ptrs = None
+            gc.collect()  # the captured graphs' private pools (CS9's 16 GiB inputs after CS8's)
             torch.cuda.empty_cache()
         us = {k: v * 1e3 for k, v in ms.items()}
         rows.append((n, us))
