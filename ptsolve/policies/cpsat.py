@@ -36,9 +36,16 @@ def _symmetry_task(P: Problem) -> list[tuple[str, str]]:
 
 
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
-          hint: SProgram | None = None, ii_max: int | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+          hint: SProgram | None = None, ii_max: int | None = None,
+          pin: dict[str, list[tuple[str, int]]] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
     """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
-    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s."""
+    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s.
+
+    ``pin``: role -> [(loop task, stage)], the issue order of that role's loop tasks within one initiation
+    interval (slots strictly increasing, as ``SProgram.streams`` reads them back) and their stages relative to
+    the first: the best schedule with a given order (a hand plan's, e.g. codegen.plan.fa3_order_plan) instead
+    of the best of all orders. A cyclic rotation of an order is the same steady state: rotate it (the tasks
+    moved to the end one stage earlier) to pin that one."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -92,8 +99,17 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
                         m.add(s[t] + o >= s[u] + ou + nu)
         if ivs:
             m.add_no_overlap(ivs)
-    for a, b in _symmetry_task(P):
-        m.add(s[a] <= s[b])
+    for role, seq in sorted((pin or {}).items()):
+        bad = [t for t, _ in seq if t not in r]
+        if bad:
+            raise SolverError(f"pin: {bad} of role {role!r} are not loop tasks of {P.graph.name}")
+        for (a, _), (b, _) in zip(seq, seq[1:]):
+            m.add(r[a] + 1 <= r[b])
+        for t, st in seq[1:]:
+            m.add(k[t] - k[seq[0][0]] == st - seq[0][1])
+    if not pin:  # with an order pinned the warpgroups are no longer interchangeable
+        for a, b in _symmetry_task(P):
+            m.add(s[a] <= s[b])
     # the CTA time of program.cta_time: x_n = max(pre, (n-1)·ii + last) per distinct trip count n (minimising
     # pushes each x_n down onto that max: it has only positive coefficients)
     pre = m.new_int_var(0, 2 * H, "pre")
