@@ -191,11 +191,12 @@ class Loaded:
         _check(driver.cuLaunchKernel(self.func, *g, *b, self.ks.smem_bytes, driver.CUstream(stream),
                                      ctypes.addressof(arr), 0), f"cuLaunchKernel({self.ks.name})")
 
-    def prepare(self, values: dict[str, Any], maps: tuple[Any, ...], grid: int) -> Launch:
+    def prepare(self, values: dict[str, Any], maps: tuple[Any, ...], grid: int, out: str = "") -> Launch:
         """A ready launch of a generic kernel (``KernelSource.generic``) on one shape: ``values`` gives every
         argument by name (``ptr:`` device addresses, 0 for a null pointer; ``i32:`` / ``f32:`` scalars; ``tmap:``
         the address its map describes), ``maps`` the tensor maps of that shape, ``grid`` the number of tiles
-        (a persistent kernel launches at most one CTA per SM)."""
+        (a persistent kernel launches at most one CTA per SM); ``out``: the pointer argument a call re-points
+        (``Launch(stream, out_address)``)."""
         driver = _drv()
         spec = {m.tensor: m for m in maps}
         keep: list[Any] = []
@@ -218,8 +219,11 @@ class Loaded:
         gx = min(grid, self.sms) if self.ks.persistent_tiles else grid
         if not 1 <= gx < 1 << 31:
             raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
+        if out and out not in ptrs:
+            raise DeviceError(f"{self.ks.name} has no pointer argument {out!r} to re-point per call")
         return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
-                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs)
+                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
+                      ptrs[out] if out else None, raw_launch())
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -245,21 +249,68 @@ class Loaded:
 
 class Launch:
     """One prepared kernel launch (``Loaded.prepare``): calling it with a stream handle (int) only launches.
-    ``ptrs[name].value`` re-points a raw-pointer argument (e.g. a fresh output) before a call: cuLaunchKernel copies
-    the parameters when it is called, so one prepared launch serves every output buffer."""
+    ``ptrs[name].value`` re-points a raw-pointer argument (e.g. a fresh output) before a call, and so does the
+    second argument of a call for the ``out`` argument ``prepare`` named: cuLaunchKernel copies the parameters when
+    it is called, so one prepared launch serves every output buffer. Launched through libcuda's cuLaunchKernel as a
+    bare ctypes function where ``raw_launch()`` has one (its arguments built once here), else through cuda-python."""
 
-    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs")
+    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_raw",
+                 "_head", "_params")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any]):
+                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any],
+                 out: Any = None, raw: Any = None):
         self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
         self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
-        self.ptrs = ptrs
+        self.ptrs, self.out, self._raw = ptrs, out, raw
+        # the raw call's arguments before the stream: CUfunction, grid, block (C ints), dynamic shared memory bytes
+        self._head = (ctypes.c_void_p(int(func)), *grid, *block, smem) if raw is not None else ()
+        self._params = ctypes.c_void_p(params)
 
-    def __call__(self, stream: int) -> None:
+    def __call__(self, stream: int, out: int | None = None) -> None:
+        """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named
+        the argument that takes it."""
+        if out is not None:
+            self.out.value = out
+        if self._raw is not None:
+            err = self._raw(*self._head, _void_p(stream), self._params, None)
+            if err:
+                _check((_drv().CUresult(err),), f"cuLaunchKernel({self.name})")
+            return
         err, = self._launch(self.func, *self.grid, *self.block, self.smem, _cu_stream(stream), self.params, 0)
         if err != self._ok:
             _check((err,), f"cuLaunchKernel({self.name})")
+
+
+_RAW: list[Any] = []
+
+
+def raw_launch() -> Any:
+    """libcuda's ``cuLaunchKernel`` as a ctypes function without argtypes (the caller passes C ints and prebuilt
+    ``c_void_p`` objects: about 0.6 µs a call on the CPU machine, where argtypes conversion costs 1.5 µs), or None
+    where libcuda.so.1 cannot be opened so (cuda-python's wrapper launches then). ``PTSOLVE_RAW_LAUNCH=0``: always
+    None. It is the library cuda-python loaded: one driver, one context."""
+    if not _RAW:
+        fn = None
+        if os.environ.get("PTSOLVE_RAW_LAUNCH", "1") != "0":
+            try:
+                fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _RAW.append(fn)
+    return _RAW[0]
+
+
+_VOIDP: dict[int, Any] = {}
+
+
+def _void_p(handle: int) -> Any:
+    """A ``c_void_p`` of a raw stream handle, made once per handle."""
+    v = _VOIDP.get(handle)
+    if v is None:
+        v = _VOIDP[handle] = ctypes.c_void_p(handle)
+    return v
 
 
 _STREAMS: dict[int, Any] = {}
