@@ -223,7 +223,7 @@ class Loaded:
             raise DeviceError(f"{self.ks.name} has no pointer argument {out!r} to re-point per call")
         return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
                       self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
-                      ptrs[out] if out else None, raw_launch())
+                      ptrs[out] if out else None)
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -251,66 +251,27 @@ class Launch:
     """One prepared kernel launch (``Loaded.prepare``): calling it with a stream handle (int) only launches.
     ``ptrs[name].value`` re-points a raw-pointer argument (e.g. a fresh output) before a call, and so does the
     second argument of a call for the ``out`` argument ``prepare`` named: cuLaunchKernel copies the parameters when
-    it is called, so one prepared launch serves every output buffer. Launched through libcuda's cuLaunchKernel as a
-    bare ctypes function where ``raw_launch()`` has one (its arguments built once here), else through cuda-python."""
+    it is called, so one prepared launch serves every output buffer. (Calling libcuda's cuLaunchKernel through
+    ctypes instead of cuda-python was measured on an H200 host, 2026-12-01: 4.56 vs 4.37 µs a launch, no gain: the
+    driver's own call is the cost.)"""
 
-    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_raw",
-                 "_head", "_params")
+    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any],
-                 out: Any = None, raw: Any = None):
+                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None):
         self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
         self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
-        self.ptrs, self.out, self._raw = ptrs, out, raw
-        # the raw call's arguments before the stream: CUfunction, grid, block (C ints), dynamic shared memory bytes
-        self._head = (ctypes.c_void_p(int(func)), *grid, *block, smem) if raw is not None else ()
-        self._params = ctypes.c_void_p(params)
+        self.ptrs, self.out = ptrs, out
+        self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
 
     def __call__(self, stream: int, out: int | None = None) -> None:
         """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named
         the argument that takes it."""
         if out is not None:
             self.out.value = out
-        if self._raw is not None:
-            err = self._raw(*self._head, _void_p(stream), self._params, None)
-            if err:
-                _check((_drv().CUresult(err),), f"cuLaunchKernel({self.name})")
-            return
-        err, = self._launch(self.func, *self.grid, *self.block, self.smem, _cu_stream(stream), self.params, 0)
+        err, = self._launch(*self._head, _cu_stream(stream), self.params, 0)
         if err != self._ok:
             _check((err,), f"cuLaunchKernel({self.name})")
-
-
-_RAW: list[Any] = []
-
-
-def raw_launch() -> Any:
-    """libcuda's ``cuLaunchKernel`` as a ctypes function without argtypes (the caller passes C ints and prebuilt
-    ``c_void_p`` objects: about 0.6 µs a call on the CPU machine, where argtypes conversion costs 1.5 µs), or None
-    where libcuda.so.1 cannot be opened so (cuda-python's wrapper launches then). ``PTSOLVE_RAW_LAUNCH=0``: always
-    None. It is the library cuda-python loaded: one driver, one context."""
-    if not _RAW:
-        fn = None
-        if os.environ.get("PTSOLVE_RAW_LAUNCH", "1") != "0":
-            try:
-                fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                fn = None
-        _RAW.append(fn)
-    return _RAW[0]
-
-
-_VOIDP: dict[int, Any] = {}
-
-
-def _void_p(handle: int) -> Any:
-    """A ``c_void_p`` of a raw stream handle, made once per handle."""
-    v = _VOIDP.get(handle)
-    if v is None:
-        v = _VOIDP[handle] = ctypes.c_void_p(handle)
-    return v
 
 
 _STREAMS: dict[int, Any] = {}

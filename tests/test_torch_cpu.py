@@ -67,7 +67,7 @@ class _FakeModule:
             log["launches"].append((gx, ptrs[out].value))
             return (0,)
         return runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (arr,),
-                              ctypes.addressof(arr), self.ks.name, ptrs, ptrs[out], None)
+                              ctypes.addressof(arr), self.ks.name, ptrs, ptrs[out])
 
 
 @pytest.fixture()
