@@ -1,9 +1,10 @@
 """Shape-generic kernels: one schedule and one binary per shape class, launched on any shape of that class.
 
 A *shape class* is what changes the schedule or the binary: the operator, the dtype and, for attention, head_dim,
-causal and the GQA ratio's bucket (``ShapeClass``). The sizes that do not (batch, sequence lengths, heads; GEMM's M,
-N, K) are kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The
-class's schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
+causal and the GQA ratio's bucket; for Mamba2's chunk kernels head_dim, d_state and chunk (``ShapeClass``). The
+sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq, heads and ngroups) are
+kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The class's
+schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
 interval and stages do not depend on the trip count. The solved schedules ship as a table
 (``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
 solvers); a class the table lacks is solved on first use where OR-Tools is installed, else it is a PtsolveError
@@ -11,10 +12,10 @@ naming the class and the command. The generic kernel is compiled once: its cubin
 (``runtime.compile_kernel``), and the source of a class does not depend on the shape, so a second process, or a
 new shape, runs no nvcc.
 
-The launchers (``attention``, ``gemm``) take torch tensors, build the tensor maps and arguments of a shape once and
-keep the prepared launch keyed by the inputs' (addresses, shapes, strides) and the scalars (the output's address is
-written into it per call): a warm call is a dict lookup and a ``cuLaunchKernel`` on the current stream.
-``ptsolve.torch`` is the user's front door over them.
+The launchers (``attention``, ``gemm``, ``chunk_scan``, ``chunk_state``) take torch tensors, build the tensor maps
+and arguments of a shape once and keep the prepared launch keyed by the inputs' (addresses, shapes, strides) and the
+scalars (the output's address is written into it per call): a warm call is a dict lookup and a ``cuLaunchKernel`` on
+the current stream. ``ptsolve.torch`` is the user's front door over them.
 """
 from __future__ import annotations
 
@@ -41,8 +42,7 @@ DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128)
 # GQA ratio (heads / kv_heads) buckets: (lowest ratio, name, the ratio the representative shape uses)
 GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
-# Mamba2's chunk kernels: classes by (head_dim, d_state, chunk); their kernels are exact-shape (compiled per shape
-# on first use and cached on disk), only the schedule is per class
+# Mamba2's chunk kernels: classes by (head_dim, d_state, chunk); batch, seq, heads and ngroups are kernel arguments
 MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
 MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 SOLVE_TIME_LIMIT = 60.0  # seconds per class
@@ -50,7 +50,7 @@ SOLVE_TIME_LIMIT = 60.0  # seconds per class
 
 @dataclass(frozen=True)
 class ShapeClass:
-    """What a schedule (and, but for Mamba2, a binary) is chosen by. ``head_dim``: attention's and Mamba2's;
+    """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
     ``causal``, ``gqa`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
 
     op: str
@@ -60,6 +60,18 @@ class ShapeClass:
     gqa: str = ""
     d_state: int = 0
     chunk: int = 0
+
+    def __hash__(self) -> int:
+        """Hashed once (a launcher's cache key hashes the class on every call)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash (string hashes differ between processes)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def key(self) -> str:
@@ -289,15 +301,13 @@ def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_
     """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
     [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
     q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks)."""
-    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)
-    ln.ptrs["o"].value = out.data_ptr()
-    ln(current_stream(q.get_device()))
+    attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)(current_stream(q.get_device()), out.data_ptr())
 
 
 def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
                      max_q: int = 0, max_k: int = 0) -> Any:
     """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
-    strides, scalars); point its ``ptrs["o"]`` at the output before calling it."""
+    strides, scalars); call it with the stream and the output's address."""
     varlen = cu_q is not None
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
@@ -332,19 +342,17 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q:
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
             "scale_log2": scale * math.log2(math.e), **sz}
-    return ck.module().prepare(vals, maps, sz["NTILES"])
+    return ck.module().prepare(vals, maps, sz["NTILES"], out="o")
 
 
 def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:
     """Launch ``c``'s kernel: out [M, N] (contiguous) = a [M, K] · b [N, K]ᵀ (rows contiguous, row strides
     multiples of 8 elements; the caller checks)."""
-    ln = gemm_launch(a, b, c)
-    ln.ptrs["c"].value = out.data_ptr()
-    ln(current_stream(a.get_device()))
+    gemm_launch(a, b, c)(current_stream(a.get_device()), out.data_ptr())
 
 
 def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
-    """The prepared launch of ``gemm`` for these inputs; point its ``ptrs["c"]`` at the output before calling it."""
+    """The prepared launch of ``gemm`` for these inputs; call it with the stream and the output's address."""
     key = ("gemm", c, a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
     ln = _LAUNCHES.get(key)
     if ln is None:
@@ -363,43 +371,94 @@ def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
             TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
     sz = sizes({"M": M, "N": N, "K": K}, t)
     vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
-    return ck.module().prepare(vals, maps, sz["NTILES"])
+    return ck.module().prepare(vals, maps, sz["NTILES"], out="c")
 
 
 # ---------------------------------------------------------------------------------------------- the table
 
 
-_MAMBA_PLANS: dict[tuple[Any, ...], KernelPlan] = {}
+def _shape_error(name: str, got: Any, want: tuple[int, ...], what: str) -> ShapeError:
+    return ShapeError(f"{name}: {what} must be {want}, got {tuple(got)}")
 
 
-def _mamba_plan(c: ShapeClass, params: dict[str, Any]) -> KernelPlan:
-    """The class's schedule at this shape (Mamba2's kernels are exact-shape: the source, and so the cubin, is per
-    shape), one plan object per (class, shape) so the runtime's emission memo hits by identity."""
-    key = (c, *params.values())
-    plan = _MAMBA_PLANS.get(key)
-    if plan is None:
-        if len(_MAMBA_PLANS) >= 1024:
-            _MAMBA_PLANS.clear()
-        plan = _MAMBA_PLANS[key] = dataclasses.replace(schedule(c), params=params)
-    return plan
+def mamba_params(c: ShapeClass, x: Any, BC: Any, dt: Any, dA_cumsum: Any, cb: Any = None, states: Any = None
+                 ) -> dict[str, Any]:
+    """The operator parameters of a Mamba2 chunk-kernel call of class ``c`` (mamba_ssm's layouts: x (b, L, h, p),
+    B / C (b, L, g, n), dt / dA_cumsum (b, h, nc, chunk); ChunkScan's cb (b, nc, g, chunk, chunk) and states
+    (b, nc, h, p, n)), after checking every shape against them; ShapeError naming the tensor otherwise, or for a
+    shape beyond the kernels' 32-bit indices."""
+    from .cuda import chunk_scan as cs
+    from .cuda import chunk_state as st
+
+    b, L, h, p = x.shape
+    g, n, Q = BC.shape[2], BC.shape[3], c.chunk
+    nc = -(-L // Q)
+    name = "mamba_chunk_scan" if c.op == "mamba2_chunk_scan" else "mamba_chunk_state"
+    want = {"B/C": (BC, (b, L, g, n)), "dt": (dt, (b, h, nc, Q)), "dA_cumsum": (dA_cumsum, (b, h, nc, Q))}
+    if cb is not None:
+        want |= {"cb": (cb, (b, nc, g, Q, Q)), "states": (states, (b, nc, h, p, n))}
+    for k, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise _shape_error(name, t.shape, shape, f"{k}'s shape (x {tuple(x.shape)}, chunk {Q})")
+    if g < 1 or h % g:
+        raise ShapeError(f"{name}: heads={h} is not a multiple of ngroups={g}")
+    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": n, "chunk": Q, "groups": g,
+              "dtype": c.dtype}
+    err = (cs if cb is not None else st).index_error(params)
+    if err:
+        raise ShapeError(err + ": split the batch")
+    return params
 
 
 def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass) -> Any:
-    """Mamba2 ChunkScan (mamba_ssm's layouts, codegen.runtime.run_chunk_scan) with class ``c``'s schedule."""
-    from .runtime import run_chunk_scan
-    b, L, h, p = x.shape
-    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": C.shape[-1], "chunk": c.chunk,
-              "groups": C.shape[2], "dtype": c.dtype}
-    return run_chunk_scan(cb, x, dt, dA_cumsum, C, states, _mamba_plan(c, params), out=out)
+    """Mamba2 ChunkScan with class ``c``'s generic kernel (mamba_ssm's layouts, see ``mamba_params``): cb, x, C,
+    states and ``out`` (b, L, h, p) contiguous in the class's dtype, dt / dA_cumsum contiguous float32, all
+    16-byte aligned (the caller converts and checks). Returns ``out``."""
+    chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c)(current_stream(x.get_device()), out.data_ptr())
+    return out
+
+
+def chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``chunk_scan`` for these inputs, kept per (addresses, shapes); call it with the
+    stream and the output's address."""
+    ts = (cb, x, dt, dA_cumsum, C, states)
+    key = ("scan", c, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
+    ln = _LAUNCHES.get(key)
+    if ln is None:
+        from .cuda.chunk_scan import maps, sizes
+
+        p = mamba_params(c, x, C, dt, dA_cumsum, cb, states)
+        ck = kernel(c)
+        sz = sizes(p, ck.ir.tiling)
+        vals = {"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
+                "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": 0, **sz}
+        ln = _remember(key, ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out"))
+    return ln
 
 
 def chunk_state(B: Any, x: Any, dt: Any, dA_cumsum: Any, out: Any, c: ShapeClass) -> Any:
-    """Mamba2 ChunkState (fp32 states, codegen.runtime.run_chunk_state) with class ``c``'s schedule."""
-    from .runtime import run_chunk_state
-    b, L, h, p = x.shape
-    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": B.shape[-1], "chunk": c.chunk,
-              "groups": B.shape[2], "dtype": c.dtype}
-    return run_chunk_state(x, B, dt, dA_cumsum, _mamba_plan(c, params), out=out)
+    """Mamba2 ChunkState with class ``c``'s generic kernel: states ``out`` (b, nc, h, p, n) float32, contiguous,
+    from x (b, L, h, p), B (b, L, g, n) contiguous in the class's dtype and dt / dA_cumsum (b, h, nc, chunk)
+    contiguous float32 (the caller converts and checks). Returns ``out``."""
+    chunk_state_launch(B, x, dt, dA_cumsum, c)(current_stream(x.get_device()), out.data_ptr())
+    return out
+
+
+def chunk_state_launch(B: Any, x: Any, dt: Any, dA_cumsum: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``chunk_state`` for these inputs; call it with the stream and the output's address."""
+    ts = (B, x, dt, dA_cumsum)
+    key = ("state", c, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
+    ln = _LAUNCHES.get(key)
+    if ln is None:
+        from .cuda.chunk_state import maps, sizes
+
+        p = mamba_params(c, x, B, dt, dA_cumsum)
+        ck = kernel(c)
+        sz = sizes(p, ck.ir.tiling)
+        vals = {"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(), "out": 0,
+                **sz}
+        ln = _remember(key, ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out"))
+    return ln
 
 
 def _commit() -> str:
@@ -430,14 +489,11 @@ def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: s
         else:
             entry = solved[c] = solve(c, time_limit)
         plan = KernelPlan.from_json(json.dumps(entry["plan"]))
-        if c.op in MAMBA_OPS:  # exact-shape kernels: the solve's compiler in the loop checked the representative's
-            rep = {"exact-shape": "compiled per shape on first use"}
-        else:
-            _KERNELS[c] = _build(c, plan)
-            try:
-                rep = compile_class(c)
-            except PtsolveError as e:  # no nvcc: the table still says what was solved
-                rep = {"not compiled": str(e).splitlines()[0]}
+        _KERNELS[c] = _build(c, plan)
+        try:
+            rep = compile_class(c)
+        except PtsolveError as e:  # no nvcc: the table still says what was solved
+            rep = {"not compiled": str(e).splitlines()[0]}
         if rep.get("spill_stores") or rep.get("wgmma_serialized"):
             raise PtsolveError(f"{c.key}: the generic kernel of the solved schedule spills or serialises ({rep})")
         entry["generic_ptxas"] = rep
@@ -457,15 +513,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", type=Path, default=TABLE)
     t.add_argument("--time-limit", type=float, default=SOLVE_TIME_LIMIT)
     t.add_argument("--only", default="", help="only the classes whose key contains this text")
-    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR (attention, "
-                       "GEMM)")
+    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
     p.add_argument("--only", default="")
     a = ap.parse_args(argv)
     if a.cmd == "table":
         build_table(a.out, a.time_limit, a.only)
     else:
-        for c in classes():  # Mamba2's kernels are exact-shape: nothing to compile ahead for a class
-            if (not a.only or a.only in c.key) and c.op not in MAMBA_OPS:
+        for c in classes():
+            if not a.only or a.only in c.key:
                 print(c.key, compile_class(c), flush=True)
     return 0
 

@@ -122,12 +122,30 @@ def _attn_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
 
 def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                           softmax_scale: float) -> torch.Tensor:
-    out = q.new_empty(q.shape)
+    key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           q.dtype, k.dtype, v.dtype, causal, softmax_scale)
+    ln = _FAST.get(key)
+    if ln is not None:  # the dispatcher's warm path (torch.ops.ptsolve.flash_attention, a compiled graph)
+        out = _empty_like(q, memory_format=_CF)
+        ln(_raw_stream(q.get_device()), out.data_ptr())
+        return out
+    return _flash_attention_cold(q, k, v, causal, softmax_scale, key)
+
+
+def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                          key: tuple[Any, ...]) -> torch.Tensor:
+    """A call whose launch is not kept yet: prepare it, launch it, keep it under ``key`` where the inputs went to
+    the kernel as they are (no copy)."""
+    out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
     if k.shape[1] == 0:
         return out.zero_()  # no key at all: every row is zeros
-    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale)
+    q2, k2, v2 = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
+    ln(_raw_stream(q.get_device()), out.data_ptr())
+    if q2 is q and k2 is k and v2 is v:
+        _fast_put(key, ln)
     return out
 
 
@@ -148,7 +166,20 @@ _GEMM_CLASSES: dict[torch.dtype, Any] = {}
 
 
 def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    out = a.new_empty((a.shape[0], b.shape[0]))
+    key = ("gemm", a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype)
+    hit = _FAST.get(key)
+    if hit is not None:  # the dispatcher's warm path
+        out = _empty_like(hit[1], memory_format=_CF)
+        hit[0](_raw_stream(a.get_device()), out.data_ptr())
+        return out
+    return _gemm_cold(a, b, (a.shape[0], b.shape[0]), key)
+
+
+def _gemm_cold(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], key: tuple[Any, ...] | None
+               ) -> torch.Tensor:
+    """a [M, K] · b [N, K]ᵀ into a new contiguous tensor of ``shape`` (M·N elements: [M, N] or a's leading dims and
+    N); the launch is kept under ``key`` (None: not kept) where a and b went to the kernel as they are."""
+    out = a.new_empty(shape)
     if out.numel() == 0:
         return out
     if a.shape[1] == 0:
@@ -156,28 +187,104 @@ def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     c = _GEMM_CLASSES.get(a.dtype)
     if c is None:
         c = _GEMM_CLASSES[a.dtype] = _gen().gemm_class(_DT[a.dtype])
-    _gen().gemm(_tma_ready(a), _tma_ready(b), out, c)
+    a2, b2 = _tma_ready(a), _tma_ready(b)
+    ln = _gen().gemm_launch(a2, b2, c)
+    ln(_raw_stream(a.get_device()), out.data_ptr())
+    if key is not None and a2 is a and b2 is b:
+        _fast_put(key, (ln, a.new_empty(()).expand(shape)))  # expand: an output template of one element
     return out
 
 
+_MAMBA_CLASSES: dict[tuple[Any, ...], Any] = {}
+
+
 def _mamba_class(op: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor) -> Any:
-    return _gen().mamba_class(op, _DT[x.dtype], x.shape[-1], BC.shape[-1], dt.shape[-1])
+    key = (op, x.dtype, x.shape[-1], BC.shape[-1], dt.shape[-1])
+    c = _MAMBA_CLASSES.get(key)
+    if c is None:
+        c = _MAMBA_CLASSES[key] = _gen().mamba_class(op, _dtype(x, "x"), x.shape[-1], BC.shape[-1], dt.shape[-1])
+    return c
+
+
+def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (mamba_ssm may hand over float32 cb / states: a wgmma operand), contiguous and 16-byte
+    aligned."""
+    if t.dtype != dtype and t.dtype.is_floating_point:
+        t = t.to(dtype)
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _scan_key(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, C: torch.Tensor,
+              states: torch.Tensor) -> tuple[Any, ...]:
+    ts = (cb, x, dt, dA_cumsum, C, states)
+    return ("scan", *[t.data_ptr() for t in ts], *[t.shape for t in ts], *[t.stride() for t in ts],
+            *[t.dtype for t in ts])
+
+
+def _state_key(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> tuple[Any, ...]:
+    ts = (B, x, dt, dA_cumsum)
+    return ("state", *[t.data_ptr() for t in ts], *[t.shape for t in ts], *[t.stride() for t in ts],
+            *[t.dtype for t in ts])
 
 
 def _mamba_chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
                            C: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    out = x.new_empty(x.shape)
+    key = _scan_key(cb, x, dt, dA_cumsum, C, states)
+    ln = _FAST.get(key)
+    if ln is not None:
+        out = _empty_like(x, memory_format=_CF)
+        ln(_raw_stream(x.get_device()), out.data_ptr())
+        return out
+    return _scan_cold(cb, x, dt, dA_cumsum, C, states, key)
+
+
+def _scan_cold(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor, C: torch.Tensor,
+               states: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor:
+    """ChunkScan whose launch is not kept yet: the operands converted where needed (``_operand``), the launch
+    prepared (shapes checked there) and kept under ``key`` where no operand needed a conversion."""
+    out = _empty_like(x, memory_format=_CF)
+    if out.numel() == 0:
+        return out
     c = _mamba_class("mamba2_chunk_scan", x, C, dt)
-    return _gen().chunk_scan(cb, x.contiguous(), dt.contiguous(), dA_cumsum.contiguous(), C.contiguous(), states,
-                             out, c)
+    d = x.dtype
+    ins = (cb, x, dt, dA_cumsum, C, states)
+    ops = tuple(_operand(t, f) for t, f in zip(ins, (d, d, torch.float32, torch.float32, d, d)))
+    ln = _gen().chunk_scan_launch(*ops, c)
+    ln(_raw_stream(x.get_device()), out.data_ptr())
+    if all(a is b for a, b in zip(ops, ins)):
+        _fast_put(key, ln)
+    return out
 
 
 def _mamba_chunk_state_cuda(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
                             dA_cumsum: torch.Tensor) -> torch.Tensor:
+    key = _state_key(B, x, dt, dA_cumsum)
+    hit = _FAST.get(key)
+    if hit is not None:
+        out = _empty_like(hit[1], memory_format=_CF)
+        hit[0](_raw_stream(x.get_device()), out.data_ptr())
+        return out
+    return _state_cold(B, x, dt, dA_cumsum, key)
+
+
+def _state_cold(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor,
+                key: tuple[Any, ...]) -> torch.Tensor:
+    """ChunkState whose launch is not kept yet (as ``_scan_cold``); the states are float32."""
     b, L, h, p = x.shape
-    out = x.new_empty((b, dt.shape[2], h, p, B.shape[-1]), dtype=torch.float32)
+    shape = (b, dt.shape[2], h, p, B.shape[-1])
+    out = x.new_empty(shape, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
     c = _mamba_class("mamba2_chunk_state", x, B, dt)
-    return _gen().chunk_state(B.contiguous(), x.contiguous(), dt.contiguous(), dA_cumsum.contiguous(), out, c)
+    d = x.dtype
+    ins = (B, x, dt, dA_cumsum)
+    ops = tuple(_operand(t, f) for t, f in zip(ins, (d, d, torch.float32, torch.float32)))
+    ln = _gen().chunk_state_launch(*ops, c)
+    ln(_raw_stream(x.get_device()), out.data_ptr())
+    if all(a is b for a, b in zip(ops, ins)):
+        _fast_put(key, (ln, x.new_empty((), dtype=torch.float32).expand(shape)))
+    return out
 
 
 _LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
@@ -215,9 +322,14 @@ def _(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tenso
 
 
 _compiling = torch.compiler.is_compiling
-# eager warm path: (input addresses, shapes, strides, dtypes, causal, scale) -> the prepared launch
-# (codegen.runtime.Launch) of inputs that were checked and that the tensor maps take as they are; a hit allocates
-# the output, points the launch at it and launches
+_empty_like = torch.empty_like
+_CF = torch.contiguous_format
+# torch's current CUDA stream on a device, as a raw handle (the private binding skips building a Stream object)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+# warm path: (input addresses, shapes, strides, dtypes, scalars) -> the prepared launch (codegen.runtime.Launch; with
+# an output template where the output's shape is not an input's) of inputs that were checked and that the kernel took
+# as they are; a hit allocates the output and launches: ~1 µs of Python besides the allocation and cuLaunchKernel
 _FAST: dict[tuple[Any, ...], Any] = {}
 
 
@@ -225,10 +337,6 @@ def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
     if len(_FAST) >= 4096:
         _FAST.clear()
     _FAST[key] = ln
-
-
-def _ready(*xs: torch.Tensor) -> bool:
-    return all(_tma_ready(x) is x for x in xs)
 
 
 # ---------------------------------------------------------------------------------------------- the API
@@ -243,18 +351,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                v.stride(), q.dtype, k.dtype, v.dtype, causal, softmax_scale)
         ln = _FAST.get(key)
         if ln is not None:
-            out = q.new_empty(q.shape)
-            ln.ptrs["o"].value = out.data_ptr()
-            ln(_gen().current_stream(q.get_device()))
+            out = _empty_like(q, memory_format=_CF)
+            ln(_raw_stream(q.get_device()), out.data_ptr())
             return out
     causal = bool(causal)
     scale = _check_attention(q, k, v, 4, causal, softmax_scale)
     if _compiling():
         return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
-    out = _flash_attention_cuda(q, k, v, causal, scale)
-    if out.numel() and k.shape[1] and _ready(q, k, v):
-        _fast_put(key, _gen().attention_launch(q, k, v, _attn_class(q, k, causal), scale))
-    return out
+    return _flash_attention_cold(q, k, v, causal, scale, key)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -285,10 +389,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         key = ("gemm", a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype)
         hit = _FAST.get(key)
         if hit is not None:
-            ln, shape = hit
-            out = a.new_empty(shape)
-            ln.ptrs["c"].value = out.data_ptr()
-            ln(_gen().current_stream(a.get_device()))
+            out = _empty_like(hit[1], memory_format=_CF)
+            hit[0](_raw_stream(a.get_device()), out.data_ptr())
             return out
     _same("gemm", {"a": a, "b": b})
     _dtype(a, "a")
@@ -300,11 +402,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a2 = a.reshape(-1, K)
     if _compiling():
         out = torch.ops.ptsolve.gemm(a2, b)
-    else:
-        out = _gemm_cuda(a2, b)
-        if out.numel() and K and a2.data_ptr() == a.data_ptr() and _ready(a2, b):  # a2 a view of a, not a copy
-            _fast_put(key, (_gen().gemm_launch(a2, b, _GEMM_CLASSES[a.dtype]), (*a.shape[:-1], N)))
-    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], N)
+        return out if a.dim() == 2 else out.reshape(*a.shape[:-1], N)
+    # the launch is kept under the caller's key only where a2 is a view of a (not a copy reshape made)
+    return _gemm_cold(a2, b, (*a.shape[:-1], N), key if a2.data_ptr() == a.data_ptr() else None)
 
 
 # ---------------------------------------------------------------------------------------------- transformers
@@ -339,22 +439,36 @@ def mamba_chunk_scan(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cum
                      states: torch.Tensor) -> torch.Tensor:
     """Mamba2 SSD ChunkScan with mamba_ssm's argument layout (``_chunk_scan_fwd`` without D, z, seq_idx):
     cb (b, nc, g, chunk, chunk), x (b, L, h, p), dt / dA_cumsum (b, h, nc, chunk) float32, C (b, L, g, n), states
-    (b, nc, h, p, n) → out (b, L, h, p) in x's dtype. Exact-shape kernels: the first call of a shape compiles (the
-    cubin is then cached on disk), the schedule is the shape class's (head_dim, d_state, chunk)."""
+    (b, nc, h, p, n) → out (b, L, h, p) in x's dtype. Shape-generic: one kernel per class (dtype, head_dim p,
+    d_state n, chunk), batch, seq, heads and ngroups are its arguments (the cubin is cached on disk)."""
+    if not _compiling():
+        key = _scan_key(cb, x, dt, dA_cumsum, C, states)
+        ln = _FAST.get(key)
+        if ln is not None:
+            out = _empty_like(x, memory_format=_CF)
+            ln(_raw_stream(x.get_device()), out.data_ptr())
+            return out
     _check_mamba("mamba_chunk_scan", x, C, dt, dA_cumsum)
     if _compiling():
         return torch.ops.ptsolve.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)
-    return _mamba_chunk_scan_cuda(cb, x, dt, dA_cumsum, C, states)
+    return _scan_cold(cb, x, dt, dA_cumsum, C, states, key)
 
 
 def mamba_chunk_state(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> torch.Tensor:
     """Mamba2 SSD ChunkState with mamba_ssm's argument layout (``_chunk_state_fwd(B, x, dt, dA_cumsum)``, states
     in float32): B (b, L, g, n), x (b, L, h, p), dt / dA_cumsum (b, h, nc, chunk) float32 → states
-    (b, nc, h, p, n) float32. Exact-shape kernels, as ``mamba_chunk_scan``."""
+    (b, nc, h, p, n) float32. Shape-generic, as ``mamba_chunk_scan``."""
+    if not _compiling():
+        key = _state_key(B, x, dt, dA_cumsum)
+        hit = _FAST.get(key)
+        if hit is not None:
+            out = _empty_like(hit[1], memory_format=_CF)
+            hit[0](_raw_stream(x.get_device()), out.data_ptr())
+            return out
     _check_mamba("mamba_chunk_state", x, B, dt, dA_cumsum)
     if _compiling():
         return torch.ops.ptsolve.mamba_chunk_state(B, x, dt, dA_cumsum)
-    return _mamba_chunk_state_cuda(B, x, dt, dA_cumsum)
+    return _state_cold(B, x, dt, dA_cumsum, key)
 
 
 def register_transformers(name: str = "ptsolve") -> str:

@@ -109,11 +109,80 @@ def test_generic_refuses_ops_without_sizes_and_profiling():
     from ptsolve.errors import CodegenError
     with pytest.raises(CodegenError, match="profiler"):
         emit_ir(lower(fa3_order_plan(_fa(1, 8, 8, 256, 256), FA), "h200", generic=True, profile=True))
-    ms = {"batch": 1, "seq": 512, "heads": 8, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 1,
-          "dtype": "fp16"}
-    plan = default_plan("mamba2_chunk_state", ms, {"BM": 64, "BK": 64, "depth": 2, "groups": 1})
-    with pytest.raises(CodegenError, match="generic"):
+    dp = {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 1, "seq_kv": 4096}
+    plan = default_plan("flash_decode", dp, {"BM": 64, "BN": 128, "depth": 2, "groups": 1, "splits": 4})
+    with pytest.raises(CodegenError, match="generic"):  # split-KV's sizes are compile-time constants
         emit_ir(lower(plan, "h200", generic=True))
+
+
+MAMBA = {"mamba2_chunk_scan": {"BM": 64, "BK": 64, "depth": 3, "groups": 1, "ctas": 2},
+         "mamba2_chunk_state": {"BM": 64, "BK": 64, "depth": 3, "groups": 1, "ctas": 2}}
+
+
+def _mp(b, L, h, g, n=128, q=256, dtype="fp16"):
+    return {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": n, "chunk": q, "groups": g, "dtype": dtype}
+
+
+@pytest.mark.parametrize("op", sorted(MAMBA))
+def test_generic_mamba_source_has_no_sizes_and_is_one_per_class(op):
+    a = _src(default_plan(op, _mp(3, 1003, 24, 8), MAMBA[op]))
+    b = _src(default_plan(op, _mp(1, 77, 2, 1), MAMBA[op]))
+    assert a.source == b.source and a.name == b.name and a.generic and a.grid == (0, 1, 1)
+    body = a.source.split('extern "C"')[1]
+    for size in ("1003", "24"):  # neither seq nor heads of the shape it was lowered at
+        assert not re.search(rf"\b{size}\b", body), size
+    for name in ("B_", "SEQ", "H", "G", "NC", "NTILES"):
+        assert f"i32:{name}" in a.args and f"const int {name}" in a.source
+        assert not re.search(rf"constexpr int [^;]*\b{name} =", a.source)
+    # the class's other sizes stay constants; another class (d_state, chunk, dtype) is another binary
+    assert "constexpr int P = 64" in a.source
+    for other in (_mp(3, 1003, 24, 8, n=64), _mp(3, 1003, 24, 8, q=128), _mp(3, 1003, 24, 8, dtype="bf16")):
+        assert _src(default_plan(op, other, MAMBA[op])).name != a.name
+    # the exact-shape build keeps its constants (and its source: the paper configurations' are byte-identical)
+    exact = emit_ir(lower(default_plan(op, _mp(3, 1003, 24, 8), MAMBA[op]), "h200"))
+    assert "  constexpr int SEQ = 1003, H = 24, G = 8, P = 64, " in exact.source and not exact.generic
+    assert f"\n  constexpr int NTILES = {exact.grid[0]};\n" in exact.source
+    for name in ("B_", "SEQ", "H", "G", "NC", "NTILES"):  # each defined once, in the op's own constants' layout
+        assert len(re.findall(rf"constexpr int [^;]*\b{name} =", exact.source)) == 1, name
+    assert not any(x.startswith("i32:") for x in exact.args)
+
+
+def test_generic_mamba_sizes_give_the_grid():
+    from codegen.cuda import chunk_scan, chunk_state
+    s = chunk_scan.sizes(_mp(2, 1000, 8, 2), {"BM": 64})
+    assert list(s) == ["B_", "SEQ", "H", "G", "NC", "NTILES"] and s["NC"] == 4 and s["NTILES"] == 4 * 8 * 2 * 4
+    t = chunk_state.sizes(_mp(2, 1000, 8, 2), {"BM": 64})
+    assert t["NC"] == 4 and t["NTILES"] == 4 * 8 * 2 * 2
+    for op, mod in (("mamba2_chunk_scan", chunk_scan), ("mamba2_chunk_state", chunk_state)):
+        # the exact build's grid is the same formula at the plan's shape
+        plan = default_plan(op, _mp(2, 1000, 8, 2), MAMBA[op])
+        assert emit_ir(lower(plan, "h200")).grid[0] == mod.sizes(plan.params, plan.tiling)["NTILES"]
+
+
+class _T:
+    """A tensor's shape only (mamba_params reads nothing else)."""
+
+    def __init__(self, *shape):
+        self.shape = shape
+
+
+def test_mamba_params_check_every_shape():
+    c = generic.mamba_class("mamba2_chunk_scan", "fp16", 64, 128, 256)
+    b, L, h, g, n, q = 2, 300, 8, 2, 128, 256
+    ok = dict(x=_T(b, L, h, 64), BC=_T(b, L, g, n), dt=_T(b, h, 2, q), dA_cumsum=_T(b, h, 2, q),
+              cb=_T(b, 2, g, q, q), states=_T(b, 2, h, 64, n))
+    assert generic.mamba_params(c, **ok) == _mp(b, L, h, g)
+    for k, bad in (("dt", _T(b, h, 1, q)), ("cb", _T(b, 2, 1, q, q)), ("states", _T(b, 2, h, 64, 64)),
+                   ("BC", _T(b, L + 1, g, n))):
+        with pytest.raises(ShapeError, match="must be"):
+            generic.mamba_params(c, **(ok | {k: bad}))
+    with pytest.raises(ShapeError, match="ngroups=3"):
+        generic.mamba_params(c, **(ok | {"BC": _T(b, L, 3, n), "cb": _T(b, 2, 3, q, q)}))
+    s = generic.mamba_class("mamba2_chunk_state", "fp16", 64, 128, 256)
+    huge = 1 << 22  # batch·heads·nchunks·chunk >= 2^31
+    with pytest.raises(ShapeError, match="32-bit"):
+        generic.mamba_params(s, _T(1, huge, 512, 64), _T(1, huge, 1, n), _T(1, 512, huge // q, q),
+                             _T(1, 512, huge // q, q))
 
 
 def test_kernel_ir_json_keeps_generic():
@@ -167,6 +236,7 @@ import json, sys
 from codegen import generic, runtime
 c = generic.attention_class("fp16", 64, True, 8, 2)
 generic.compile_class(c); generic.compile_class(generic.gemm_class("bf16"))
+generic.compile_class(generic.mamba_class("mamba2_chunk_state", "bf16", 64, 64, 64))
 print(json.dumps({"nvcc": runtime.NVCC_RUNS[0]}))
 """
 
@@ -180,4 +250,4 @@ def test_second_process_compiles_nothing(tmp_path):
                            timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         runs.append(json.loads(r.stdout.strip().splitlines()[-1])["nvcc"])
-    assert runs == [2, 0]
+    assert runs == [3, 0]

@@ -232,3 +232,71 @@ def test_mamba_chunk_ops(torch, pt, b, L, h, g, n, q, dt):
     torch.testing.assert_close(compiled(st["B"], st["x"], st["dt"], st["dA_cumsum"]), states, atol=0, rtol=0)
     with pytest.raises(Exception, match="d_state"):
         pt.mamba_chunk_state(st["B"][..., :48].contiguous(), st["x"], st["dt"], st["dA_cumsum"])
+
+
+MAMBA_SHAPES = [(1, 1, 2, 1), (2, 300, 8, 2), (3, 1000, 24, 8), (1, 2048, 64, 1)]  # b, L, h, g of one class
+
+
+def test_mamba_one_kernel_serves_every_shape_of_a_class(torch, pt):
+    """Class (fp16, head_dim 64, d_state 128, chunk 256): batch, seq (ragged, one position to 8 chunks), heads and
+    ngroups change, the kernel does not (no nvcc, no new class kernel after the first call); every shape matches the
+    float64 references; float32 states (mamba_ssm's) are converted; a warm call sees new data at old addresses."""
+    from codegen import generic, runtime
+    from codegen.bench import TOL, rel_err
+    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    runs = kernels = None
+    for b, L, h, g in MAMBA_SHAPES:
+        p = {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": g,
+             "dtype": "fp16"}
+        s = scan_inputs(p, seed=L)
+        args = (s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
+        poison(torch, s["x"].shape, torch.float16)
+        assert rel_err(pt.mamba_chunk_scan(*args), chunk_scan_reference(**s)) <= TOL, (b, L, h, g)
+        assert rel_err(pt.mamba_chunk_scan(*args[:5], s["states"].float()), chunk_scan_reference(**s)) <= TOL
+        st = state_inputs(p, seed=L + 1)
+        r = L % 256
+        if r:  # mamba_ssm's dt past seq is 0, so dA_cumsum is flat there (else a 1-position chunk's states underflow)
+            st["dt"][:, :, -1, r:] = 0
+            st["dA_cumsum"][:, :, -1, r:] = st["dA_cumsum"][:, :, -1, r - 1:r]
+        sargs = (st["B"], st["x"], st["dt"], st["dA_cumsum"])
+        ref = chunk_state_reference(st["x"], st["B"], st["dt"], st["dA_cumsum"])
+        assert rel_err(pt.mamba_chunk_state(*sargs), ref) <= TOL, (b, L, h, g)
+        st["x"].copy_(torch.randn_like(st["x"]))  # same addresses, new values: the kept launch reads them
+        ref = chunk_state_reference(st["x"], st["B"], st["dt"], st["dA_cumsum"])
+        assert rel_err(pt.mamba_chunk_state(*sargs), ref) <= TOL, (b, L, h, g)
+        if runs is None:
+            runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    torch.cuda.synchronize()
+    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+
+
+PROBE = """
+import json, torch
+import ptsolve.torch as pt
+from codegen import runtime
+from codegen.mamba import scan_inputs, state_inputs
+p = {"batch": 2, "seq": 777, "heads": 12, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 3, "dtype": "fp16"}
+s, st = scan_inputs(p, seed=3), state_inputs(p, seed=4)
+o = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
+t = pt.mamba_chunk_state(st["B"], st["x"], st["dt"], st["dA_cumsum"])
+torch.cuda.synchronize()
+print(json.dumps({"nvcc": runtime.NVCC_RUNS[0], "finite": bool(o.isfinite().all() and t.isfinite().all())}))
+"""
+
+
+def test_mamba_second_process_compiles_nothing(torch, pt):
+    """A new process calling the class (at a shape no process has called) runs no nvcc: the cubin is on disk."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).parents[1]
+    from codegen import generic
+    for op in generic.MAMBA_OPS:  # this process fills the disk cache where it is cold (no nvcc where it is warm)
+        generic.compile_class(generic.mamba_class(op, "fp16", 64, 128, 256))
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"nvcc": 0, "finite": True}

@@ -19,6 +19,8 @@ W·x (A from registers, x MN-major). CB is loaded in 64-column boxes whatever BK
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from ptsolve.errors import CodegenError
 
@@ -30,8 +32,31 @@ OP = "mamba2_chunk_scan"
 LOG2E = math.log2(math.e)
 
 
-def _dims(p: dict) -> tuple[int, ...]:
+def _dims(p: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
+
+
+# the sizes that do not change the schedule: a generic build (KernelIR.generic) takes them as kernel arguments
+SIZE_PARAMS = ("batch", "seq", "heads", "groups")
+
+
+def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
+    """The sizes a generic build takes at launch (batch, seq in positions, heads, groups of B/C; the chunks NC of
+    the sequence), NTILES (CTAs: BM positions of one (head, batch·chunk)) last."""
+    B, L, H, P, N, Q, G = _dims(p)
+    nc = -(-L // Q)
+    return {"B_": B, "SEQ": L, "H": H, "G": G, "NC": nc, "NTILES": (Q // t["BM"]) * H * B * nc}
+
+
+def index_error(p: Mapping[str, Any]) -> str:
+    """Why the shape ``p`` is beyond the kernel's 32-bit indices ('' when it is not)."""
+    B, L, H, P, N, Q, G = _dims(p)
+    nc = -(-L // Q)
+    # the 32-bit ints of the kernel: the dt / dA row, the output row, the cb and states TMA rows
+    if max(B * H * nc * Q, B * L, B * nc * G * Q, B * nc * H * P) >= 1 << 31:
+        return (f"{OP}: shape too large for the kernel's 32-bit indices (batch·heads·nchunks·chunk, batch·seq, and "
+                "the cb / states TMA rows must stay below 2^31)")
+    return ""
 
 
 def _check(ir: KernelIR) -> None:
@@ -46,25 +71,26 @@ def _check(ir: KernelIR) -> None:
         raise CodegenError(f"{OP}: chunk must be a multiple of 64 up to 256, got {Q}")
     if t["BM"] != 64 * t["groups"] or t["BK"] not in (16, 32, 64, 128):
         raise CodegenError(f"{OP}: tiling {t}: BM must be 64 rows per warpgroup, BK one of 16, 32, 64, 128")
-    nc = -(-L // Q)
-    # the 32-bit ints of the kernel: the dt / dA row, the output row, the cb and states TMA rows
-    if max(B * H * nc * Q, B * L, B * nc * G * Q, B * nc * H * P) >= 1 << 31:
-        raise CodegenError(f"{OP}: shape too large for the kernel's 32-bit indices (batch·heads·nchunks·chunk, "
-                           "batch·seq, and the cb / states TMA rows must stay below 2^31)")
+    if index_error(p):
+        raise CodegenError(index_error(p))
 
 
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     B, L, H, P, N, Q, G = _dims(p)
+    if ir.generic:  # SEQ, H, G, NC, B_ and NTILES are kernel arguments (sizes)
+        return (f"  constexpr int P = {P}, Q = {Q};\n"
+                f"  constexpr int NMB = {Q // t['BM']}, BM = {t['BM']}, BK = {t['BK']}, NCH = {N // 64}, "
+                f"CBCH = {max(1, t['BK'] // 64)};\n"
+                f"  constexpr float LOG2E = {LOG2E!r}f;")
     return (f"  constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, Q = {Q}, NC = {-(-L // Q)}, B_ = {B};\n"
             f"  constexpr int NMB = {Q // t['BM']}, BM = {t['BM']}, BK = {t['BK']}, NCH = {N // 64}, "
             f"CBCH = {max(1, t['BK'] // 64)};\n"
             f"  constexpr float LOG2E = {LOG2E!r}f;")
 
 
-def _tiles(ir: KernelIR) -> tuple[int, str]:
-    B, L, H, P, N, Q, G = _dims(ir.params)
-    n = (Q // ir.tiling["BM"]) * H * B * -(-L // Q)
+def _tiles(ir: KernelIR) -> tuple[int | str, str]:
+    n = "NTILES" if ir.generic else sizes(ir.params, ir.tiling)["NTILES"]
     return n, ("  const int mb = NMB - 1 - tile % NMB, h = (tile / NMB) % H, bc = tile / (NMB * H);\n"
                "  const int bz = bc / NC, c = bc % NC, m0 = mb * BM, CQ = c * Q, grp = h / (H / G);\n"
                "  skip_ = CQ + m0 >= SEQ;  // the ragged last chunk: nothing of this block is stored\n"
@@ -170,9 +196,11 @@ def _body(t: Task) -> str:
         "  }", "}"])
 
 
-def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
-    B, L, H, P, N, Q, G = _dims(ir.params)
-    t, dt, nc, e = ir.tiling, ir.params["dtype"], -(-L // Q), 2
+def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
+    """Tensor maps of contiguous cb, x, C, states, dt and dA_cumsum of shape ``p`` (a generic kernel's launcher
+    encodes them per shape)."""
+    B, L, H, P, N, Q, G = _dims(p)
+    dt, nc, e = p["dtype"], -(-L // Q), 2
     return (
         TensorMapSpec("cb", dt, (Q, B * nc * G * Q), (Q * e,), (64, t["BM"])),
         TensorMapSpec("x", dt, (P, H, L, B), (P * e, H * P * e, L * H * P * e), (64, 1, t["BK"], 1)),
@@ -186,8 +214,9 @@ def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
 REGISTRY[OP] = OpKernel(
     op=OP, check=_check,
     device=lambda ir: wgmma_ss(64, ir.params["dtype"]) + wgmma_rs(64, ir.params["dtype"], 1) + BULK,
-    consts=_consts, maps=_maps,
+    consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling),
     signature=lambda ir: (("ptr:dA", "const float* __restrict__ da_ptr"),
                           ("ptr:out", f"{CTYPE[ir.params['dtype']]}* __restrict__ out")),
     tiles=_tiles, decls=_decls, body=_body, min_trips=1, shared_base=True,  # the decay's LDS (skeleton._smem_base)
-    info=lambda ir: {"w_buffers": [ir.copies.get(f"w@{g}", 1) for g in range(ir.groups)]})
+    info=lambda ir: {"w_buffers": [ir.copies.get(f"w@{g}", 1) for g in range(ir.groups)]},
+    sizes=sizes, size_params=SIZE_PARAMS, exact_consts=True)

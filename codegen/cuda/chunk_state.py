@@ -15,6 +15,9 @@ is K). The accumulator is (head_dim × d_state columns) so the epilogue writes c
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Role
@@ -25,8 +28,29 @@ OP = "mamba2_chunk_state"
 LOG2E = 1.4426950408889634
 
 
-def _dims(p: dict) -> tuple[int, ...]:
+def _dims(p: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
+
+
+# the sizes that do not change the schedule: a generic build (KernelIR.generic) takes them as kernel arguments
+SIZE_PARAMS = ("batch", "seq", "heads", "groups")
+
+
+def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
+    """The sizes a generic build takes at launch (batch, seq in positions, heads, groups of B; the chunks NC of the
+    sequence), NTILES (CTAs: BM d_state columns of one (chunk, head, batch)) last."""
+    B, L, H, P, N, Q, G = _dims(p)
+    nc = -(-L // Q)
+    return {"B_": B, "SEQ": L, "H": H, "G": G, "NC": nc, "NTILES": nc * H * (N // t["BM"]) * B}
+
+
+def index_error(p: Mapping[str, Any]) -> str:
+    """Why the shape ``p`` is beyond the kernel's 32-bit index ('' when it is not)."""
+    B, L, H, P, N, Q, G = _dims(p)
+    if B * H * -(-L // Q) * Q >= 1 << 31:
+        return (f"{OP}: dt / dA_cumsum too large (batch·heads·nchunks·chunk >= 2^31) for the kernel's 32-bit "
+                "index")
+    return ""
 
 
 def _check(ir: KernelIR) -> None:
@@ -39,24 +63,25 @@ def _check(ir: KernelIR) -> None:
         raise CodegenError(f"{OP}: d_state={N} must be a multiple of 64 and of BM={t['BM']} (128-byte TMA boxes)")
     if (t["BM"] // t["groups"]) not in (64, 128) or Q % t["BK"]:
         raise CodegenError(f"{OP}: tiling {t}: 64 or 128 columns per warpgroup and a BK that divides chunk={Q}")
-    if B * H * -(-L // Q) * Q >= 1 << 31:
-        raise CodegenError(f"{OP}: dt / dA_cumsum too large (batch·heads·nchunks·chunk >= 2^31) for the kernel's "
-                           "32-bit index")
+    if index_error(p):
+        raise CodegenError(index_error(p))
 
 
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     B, L, H, P, N, Q, G = _dims(p)
-    return (f"  constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, N = {N}, Q = {Q}, NC = {-(-L // Q)}, B_ = {B};\n"
+    # a generic build takes SEQ, H, G, NC, B_ and NTILES as kernel arguments (sizes)
+    first = (f"  constexpr int P = {P}, N = {N}, Q = {Q};\n" if ir.generic else
+             f"  constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, N = {N}, Q = {Q}, NC = {-(-L // Q)}, B_ = {B};\n")
+    return (first +
             f"  constexpr int BM = {t['BM']}, BK = {t['BK']}, MT = P / 64, COLS = {t['BM'] // t['groups']};\n"
             "  constexpr int XVEC = BK * P / 8;  // 16-byte vectors of one x tile\n"
             f"  constexpr float LOG2E = {LOG2E!r}f;")
 
 
-def _tiles(ir: KernelIR) -> tuple[int, str]:
-    B, L, H, P, N, Q, G = _dims(ir.params)
-    nb = N // ir.tiling["BM"]
-    return -(-L // Q) * H * nb * B, (
+def _tiles(ir: KernelIR) -> tuple[int | str, str]:
+    nb = ir.params["d_state"] // ir.tiling["BM"]
+    return "NTILES" if ir.generic else sizes(ir.params, ir.tiling)["NTILES"], (
         f"  const int x_ = tile % (NC * H), n0 = ((tile / (NC * H)) % {nb}) * BM, bz = tile / (NC * H * {nb});\n"
         "  const int c0 = x_ / H, hd = x_ % H, grp = hd / (H / G);\n"
         "  const int vec0 = ((bz * H + hd) * NC + c0) * Q;  // the dt / dA_cumsum row of (batch, head, chunk)\n"
@@ -144,9 +169,11 @@ __device__ __forceinline__ void scale8(uint4& u, float s) {{
 """)
 
 
-def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
-    B, L, H, P, N, Q, G = _dims(ir.params)
-    BK, dt, NC, e = ir.tiling["BK"], ir.params["dtype"], -(-L // Q), 2
+def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
+    """Tensor maps of contiguous x, B, dt and dA_cumsum of shape ``p`` (a generic kernel's launcher encodes them
+    per shape)."""
+    B, L, H, P, N, Q, G = _dims(p)
+    BK, dt, NC, e = t["BK"], p["dtype"], -(-L // Q), 2
     return (
         TensorMapSpec("x", dt, (P, H, L, B), (P * e, H * P * e, L * H * P * e), (64, 1, BK, 1)),
         TensorMapSpec("b", dt, (N, G, L, B), (N * e, G * N * e, L * G * N * e), (64, 1, BK, 1)),
@@ -156,7 +183,8 @@ def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
 
 
 REGISTRY[OP] = OpKernel(
-    op=OP, check=_check, device=_device, consts=_consts, maps=_maps,
+    op=OP, check=_check, device=_device, consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling),
     signature=lambda ir: (("ptr:da", "const float* __restrict__ da"), ("ptr:out", "float* __restrict__ out")),
     tiles=_tiles, decls=_decls, body=_body, min_trips=1,
-    info=lambda ir: {"xs_buffers": [ir.copies.get(f"xs@{g}", 1) for g in range(ir.groups)]})
+    info=lambda ir: {"xs_buffers": [ir.copies.get(f"xs@{g}", 1) for g in range(ir.groups)]},
+    sizes=sizes, size_params=SIZE_PARAMS, exact_consts=True)

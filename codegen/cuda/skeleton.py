@@ -86,11 +86,15 @@ class OpKernel:
     shared_base: bool = False
     sizes: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, int]] | None = None
     size_params: tuple[str, ...] = ()
+    # an exact-shape build's sizes (and NTILES) are written by the operator's ``consts`` in its own layout, not by
+    # ``size_decls``: the Mamba2 kernels' exact-shape sources (and so their cached cubins) stay what they were before
+    # they had a generic build
+    exact_consts: bool = False
 
 
 def size_decls(ir: KernelIR, opk: OpKernel) -> str:
     """The op's sizes as ``constexpr int`` lines (exact-shape build; a generic build takes them as arguments)."""
-    if opk.sizes is None or ir.generic:
+    if opk.sizes is None or ir.generic or opk.exact_consts:
         return ""
     sz = opk.sizes(ir.params, ir.tiling)
     return "\n".join([*(f"  constexpr int {k} = {v};" for k, v in sz.items()),
@@ -399,7 +403,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
   using namespace pts;
 {size_decls(ir, opk)}
 {opk.consts(ir)}
-{"" if opk.sizes is not None else f"  constexpr int NTILES = {ntiles};"}
+{"" if opk.sizes is not None and (ir.generic or not opk.exact_consts) else f"  constexpr int NTILES = {ntiles};"}
   (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};
 {prof_consts}
