@@ -13,7 +13,7 @@ from .errors import ConfigError, ShapeError, SolverError
 
 SOLVER_NAMES = ("greedy", "cpsat", "milp", "milp-highs", "milp-cbc", "exhaustive")
 EXECUTORS = ("process", "serial", "ray")
-PLACEMENTS = ("even", "lpt", "exact")
+PLACEMENTS = ("even", "lpt", "exact", "dynamic")
 GRAIN_DEFAULT = 8     # cycles
 GRAIN_MAX = 1024      # cycles; a coarser grain rounds every task of a kernel to the same length
 # Size guard: the placement keeps a few int64 arrays of one entry per CTA, and simulate() replays every distinct

@@ -12,9 +12,8 @@ import heapq
 
 import numpy as np
 
+from .checks import PLACEMENTS as POLICIES
 from .errors import PtsolveError
-
-POLICIES = ("even", "lpt", "exact")
 
 
 def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -> np.ndarray:
@@ -22,6 +21,7 @@ def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -
 
     even: the paper's split — CTA k of T (launch order) goes to SM k // ceil(T / sms).
     lpt:  longest first, each CTA to the least-loaded SM (a persistent kernel with a sorted tile list).
+    dynamic: the GPU's block scheduler: CTAs in launch order, each to the SM that frees first.
     exact: the makespan-optimal assignment (exact_loads), proven by CP-SAT or by meeting lower_bound.
     """
     if policy not in POLICIES:
@@ -34,9 +34,15 @@ def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -
         pad = np.zeros(sms * k, dtype=np.int64)
         pad[: len(costs)] = costs
         return pad.reshape(sms, k).sum(axis=1)
-    vals, counts = np.unique(costs, return_counts=True)
     heap = [(0, s) for s in range(sms)]
     loads = np.zeros(sms, dtype=np.int64)
+    if policy == "dynamic":
+        for c in costs.tolist():
+            load, s = heapq.heappop(heap)
+            loads[s] = load + c
+            heapq.heappush(heap, (load + c, s))
+        return loads
+    vals, counts = np.unique(costs, return_counts=True)
     for c, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):
         for _ in range(m):
             load, s = heapq.heappop(heap)
@@ -65,7 +71,8 @@ def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: 
                  ratio: float = 0.25) -> list[tuple[tuple[int, int], ...]]:
     """The CTAs of every SM slot that runs any, as ((trip count, CTAs), ...) sorted by trip count: the slot's
     cycles are Σ CTAs · program.cta_time(trip, ...) for any schedule. ``even``: the paper's split (CTA k of T,
-    in launch order, to slot k // ceil(T / sms)). ``lpt`` (and ``exact``, approximated by LPT here) gives the
+    in launch order, to slot k // ceil(T / sms)). ``dynamic``: the GPU's block scheduler, CTAs in launch order each
+    to the slot that frees first. ``lpt`` (and ``exact``, approximated by LPT here) gives the
     CTAs longest first to the least-loaded slot, a CTA weighing (trip-1) + ratio, i.e. as if span = ii / ratio;
     the kernel's latency is always re-evaluated with the true costs (sm_loads)."""
     if policy not in POLICIES:
@@ -75,9 +82,15 @@ def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: 
         k = -(-len(trips) // sms)
         return [tuple((int(v), int(c)) for v, c in zip(*np.unique(trips[i:i + k], return_counts=True)))
                 for i in range(0, len(trips), k)]
-    vals, counts = np.unique(trips, return_counts=True)
     heap = [(0.0, s) for s in range(sms)]
     acc: list[dict[int, int]] = [{} for _ in range(sms)]
+    if policy == "dynamic":  # launch order, each CTA to the slot that frees first
+        for v in trips.tolist():
+            load, s = heapq.heappop(heap)
+            acc[s][v] = acc[s].get(v, 0) + 1
+            heapq.heappush(heap, (load + v - 1 + ratio, s))
+        return [tuple(sorted(a.items())) for a in acc if a]
+    vals, counts = np.unique(trips, return_counts=True)
     for v, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):  # longest first
         for _ in range(m):
             load, s = heapq.heappop(heap)

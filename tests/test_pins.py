@@ -148,3 +148,15 @@ def test_exact_placement_beats_longest_first_by_hand() -> None:
     assert sorted(sm_loads([5, 4, 3, 3, 3], 1, 2, "exact").tolist()) == [9, 9]
     loads, proven = exact_loads([2, 2, 2, 2], 1, 2)  # longest first already meets the bound
     assert loads.tolist() == [4, 4] and proven
+
+
+def test_dynamic_placement_is_the_block_schedulers() -> None:
+    """dynamic: CTAs in launch order, each to the SM that frees first (what the GPU's block scheduler does for a
+    grid launch); it differs from longest-first when a long CTA comes late, and from the even split always."""
+    assert sm_loads([1, 1, 4], 1, 2, "dynamic").tolist() == [5, 1]
+    assert sorted(sm_loads([1, 1, 4], 1, 2, "lpt").tolist()) == [2, 4]
+    assert sm_loads([1, 1, 4], 1, 2, "even").tolist() == [2, 4]
+    assert sm_loads([4, 1, 1, 1, 1], 1, 2, "dynamic").tolist() == [4, 4]
+    # per_sm_trips: the same assignment by trip counts (weights trip - 1 + ratio)
+    assert per_sm_trips([1, 1, 5], 1, 2, "dynamic") == [((1, 1), (5, 1)), ((1, 1),)]
+    assert sorted(per_sm_trips([1, 1, 5], 1, 2, "lpt")) == [((1, 2),), ((5, 1),)]
