@@ -10,8 +10,8 @@ Each kernel runs once on a small, ragged shape (GEMM 200×136×200; attention ca
 the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from results/schedules_h200 with
 its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
 of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
-in results/study_h200, the release-point model's; a split-K GEMM; ptsolve.torch's shape-generic attention and GEMM)
-and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
+in results/study_h200, the release-point model's; a split-K GEMM; ptsolve.torch's shape-generic attention, GEMM
+and Mamba2 chunk kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
 """
 from __future__ import annotations
 
@@ -86,13 +86,14 @@ def precompile() -> None:
     from codegen import generic
     from codegen.bench import precompile as compile_plans
     compile_plans([pl for _, pl in cases()])
-    for c in (generic.attention_class("fp16", 64, True, 8, 2), generic.gemm_class("fp16")):  # _front_door's
+    for c in (generic.attention_class("fp16", 64, True, 8, 2), generic.gemm_class("fp16"),  # _front_door's
+              *(generic.mamba_class(op, "fp16", 64, 128, 256) for op in generic.MAMBA_OPS)):
         generic.compile_class(c)
 
 
 def _front_door() -> list[dict]:
-    """ptsolve.torch's attention (causal, GQA, ragged, seq_q < seq_kv) and GEMM (odd sizes) on the generic kernels,
-    against float32 references."""
+    """ptsolve.torch's attention (causal, GQA, ragged, seq_q < seq_kv), GEMM (odd sizes) and Mamba2 chunk kernels
+    (ragged last chunk, grouped B/C) on the generic kernels, against float32 / float64 references."""
     import torch
 
     import ptsolve.torch as pt
@@ -105,9 +106,21 @@ def _front_door() -> list[dict]:
     e1 = rel_err(pt.flash_attention(q, k, v, causal=True), attention_ref(q, k, v, True))
     a, b = rnd(100, 200), rnd(136, 200)
     e2 = rel_err(pt.gemm(a, b), a.float() @ b.float().T)
+    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    p = {"batch": 2, "seq": 300, "heads": 4, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 2, "dtype": "fp16"}
+    sc = scan_inputs(p, seed=1)
+    e3 = rel_err(pt.mamba_chunk_scan(sc["cb"], sc["x"], sc["dt"], sc["dA_cumsum"], sc["C"], sc["states"]),
+                 chunk_scan_reference(**sc))
+    st = state_inputs(p, seed=2)
+    st["dt"][:, :, -1, 44:] = 0  # mamba_ssm's dt past the sequence (300 = 256 + 44), dA_cumsum flat there
+    st["dA_cumsum"][:, :, -1, 44:] = st["dA_cumsum"][:, :, -1, 43:44]
+    e4 = rel_err(pt.mamba_chunk_state(st["B"], st["x"], st["dt"], st["dA_cumsum"]),
+                 chunk_state_reference(st["x"], st["B"], st["dt"], st["dA_cumsum"]))
     return [{"op": "ptsolve.torch.flash_attention", "order": "generic, causal, 150x333, GQA 4", "rel_err": e1,
              "ok": e1 <= TOL},
-            {"op": "ptsolve.torch.gemm", "order": "generic, 100x136x200", "rel_err": e2, "ok": e2 <= TOL}]
+            {"op": "ptsolve.torch.gemm", "order": "generic, 100x136x200", "rel_err": e2, "ok": e2 <= TOL},
+            *({"op": f"ptsolve.torch.{n}", "order": "generic, 2x300, 4 heads, 2 groups", "rel_err": e, "ok": e <= TOL}
+              for n, e in (("mamba_chunk_scan", e3), ("mamba_chunk_state", e4)))]
 
 
 if __name__ == "__main__":
