@@ -11,7 +11,8 @@ the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from
 its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
 of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
 in results/study_h200, the release-point model's; a split-K GEMM; ptsolve.torch's shape-generic attention, GEMM
-and Mamba2 chunk kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
+and Mamba2 chunk kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a
+correct one.
 """
 from __future__ import annotations
 
