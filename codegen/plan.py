@@ -113,11 +113,11 @@ def _split(params: dict[str, Any], tiling: dict[str, int]) -> bool:
 def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan:
     """FA3's intra-warpgroup overlap as a plan: QK of j issued, then PV of j-1, then the softmax of j; ping-pong:
     each warpgroup issues QK(j) and PV(j-1) in one turn, then hands the tensor cores on."""
+    from ptsolve.ops.attention import orders
     base = default_plan("flash_attention", params, tiling)
     loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_k", 0), ("load_v", 0)]}
-    for g in range(tiling["groups"]):
-        loop[f"wg{g}"] = [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
-                          (f"rowsum@{g}", 0), (f"rescale@{g}", 0)]
+    fa3 = orders(tiling["groups"])["fa3"]
+    loop |= {r: seq for r, seq in fa3.items() if r != "tc"}
     turns = [x for g in range(tiling["groups"]) for x in (f"mma_qk@{g}", f"mma_pv@{g}")]
     return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, turns)
 
@@ -150,6 +150,29 @@ def min_copies(p: Any, hw: Any) -> dict[str, int]:
     return out
 
 
+def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str]) -> dict[str, list[tuple[str, int]]]:
+    """Consumer warpgroups whose loop is a rotation of warpgroup 0's (the same tasks in the same cyclic order, a
+    different first task: the model's slots start each role's loop wherever its ii window cuts it) rotated back to
+    warpgroup 0's first task; a task moved from the front to the end runs one stage earlier. Each warpgroup still
+    issues the same task instances in the same order: only where the emitted loop begins and which iterations the
+    prologue and epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in
+    the rotated form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's. Only where
+    the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
+    out = dict(loop)
+    ref = [t.split("@")[0] for t, _ in loop.get("wg0", [])]
+    for r in sorted(k for k in loop if k.startswith("wg") and k != "wg0"):
+        names = [t.split("@")[0] for t, _ in loop[r]]
+        if len(names) != len(ref) or names == ref or sorted(names) != sorted(ref):
+            continue
+        m = next((m for m in range(1, len(names)) if names[m:] + names[:m] == ref), None)
+        if m is None:
+            continue
+        seq = loop[r][m:] + [(t, s - 1) for t, s in loop[r][:m]]
+        if [t for t, _ in seq if t in tc] == [t for t in tc if any(t == x for x, _ in seq)]:
+            out[r] = seq
+    return out
+
+
 def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
     """The KernelPlan of a ptsolve SProgram: its per-role issue orders with stages, the order in which the tensor
     cores serve the mma tasks within one initiation interval, and the copies its start times use (min_copies)."""
@@ -163,4 +186,5 @@ def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
              for ph, roles in streams.items()}
     mma = sorted((t.name for t in g.phase("loop") if t.kind == "mma"),
                  key=lambda n: (program.start[n] % program.ii, n))
+    order["loop"] = same_rotation(order["loop"], mma)
     return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii), min_copies(program, hwt))

@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import ConfigError, ShapeError, SolverError
 
-SOLVER_NAMES = ("greedy", "cpsat", "milp", "milp-highs", "milp-cbc", "exhaustive")
+SOLVER_NAMES = ("greedy", "cpsat", "milp", "milp-highs", "milp-cbc", "exhaustive", "cpsat-orders")
 EXECUTORS = ("process", "serial", "ray")
 PLACEMENTS = ("even", "lpt", "exact", "dynamic")
 GRAIN_DEFAULT = 8     # cycles

@@ -8,6 +8,7 @@ the paper's ablation: pick the tiling by its roofline bound alone, then schedule
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -81,6 +82,9 @@ def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None,
     if solver == "exhaustive":
         from .policies import exhaustive
         return exhaustive.solve(P, time_limit=time_limit)
+    if solver == "cpsat-orders":
+        from .policies import orders
+        return orders.solve(P, time_limit=time_limit, num_workers=workers)
     raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS} (milp-highs, milp-cbc pick the backend)")
 
 
@@ -165,6 +169,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     # ties in kernel time (a shared-unit floor) go to the smaller slot latency, then to the smaller tiling key
     best = min(cands, key=lambda c: (c[4], c[5], _key(c[1])))
     inc_prog, inc_obj, inc_lat = best[3], best[4], best[5]
+    inc_key = _key(best[1])
+    if solver == "cpsat-orders":  # greedy's program is not of the pinned orders: no incumbent from it
+        inc_obj = inc_lat = math.inf
     bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
     solved = len(cands)
     timed_out = False
@@ -190,7 +197,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     # prune only what cannot win even the tie-break (time, slot latency, tiling key): a serial
                     # search, which prunes more, and a parallel one then return the same program
                     k = _key(c[1])
-                    if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, _key(inc_prog.graph.tiling)):
+                    if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, inc_key):
                         bounds.append(lbs[k])
                         continue
                     left = max(0.2, deadline - time.perf_counter())
@@ -215,8 +222,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                         status = "FEASIBLE"
                     # equal objectives go to the smaller slot latency, then the smaller tiling key, so parallel
                     # solves finishing in any order give the same answer
-                    if obj is not None and (obj, lat, _key(c[1])) < (inc_obj, inc_lat, _key(inc_prog.graph.tiling)):
-                        inc_prog, inc_obj, inc_lat = prog, obj, lat
+                    if obj is not None and (obj, lat, _key(c[1])) < (inc_obj, inc_lat, inc_key):
+                        inc_prog, inc_obj, inc_lat, inc_key = prog, obj, lat, _key(c[1])
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
                     b = (obj if status == "OPTIMAL" and obj is not None else
                          inc_obj if status == "INFEASIBLE" else
@@ -236,6 +243,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                 pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
         timed_out |= bool(todo)  # tilings the deadline left unsolved
         bounds += [lbs[_key(c[1])] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
+    if inc_obj == math.inf:
+        raise InfeasibleError(f"{solver} found no schedule of {what} within {time_limit:.0f} s")
     bound = min([*bounds, inc_obj])
     status = ("FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else
               "TIME_LIMIT" if timed_out else "FEASIBLE")

@@ -161,8 +161,18 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                       edges=tuple(edges), row=tuple(trips), rows=B * H, useful_flops=flops)
 
 
+def orders(groups: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """FlashAttention-3's intra-warpgroup overlap: each warpgroup issues QK of j, then PV of j-1 (one stage behind),
+    then the softmax of j, so the softmax runs while the tensor cores work on both; the warpgroups take the tensor
+    cores in turn, QK and PV in one turn each (``tc``, a cyclic order, stages free)."""
+    out = {f"wg{g}": [(f"mma_qk@{g}", 0), (f"mma_pv@{g}", 1), (f"rowmax@{g}", 0), (f"exp2@{g}", 0),
+                      (f"rowsum@{g}", 0), (f"rescale@{g}", 0)] for g in range(groups)}
+    return {"fa3": out | {"tc": [(f"{t}@{g}", 0) for g in range(groups) for t in ("mma_qk", "mma_pv")]}}
+
+
 REGISTRY["flash_attention"] = OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
+    orders=orders,
 )

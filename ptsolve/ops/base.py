@@ -85,6 +85,9 @@ class OpSpec:
     out_tile: Callable[[dict[str, int]], tuple[int, ...]]
     from_out_tile: Callable[[dict[str, Any], tuple[int, ...]], dict[str, int]]
     optional: dict[str, int] = field(default_factory=dict)  # tiling keys a caller may leave out, with defaults
+    # hand-known issue orders of the loop, by name: groups -> {role: [(loop task, stage)] in issue order, and "tc":
+    # the tensor cores' cyclic turn order} (policy cpsat-orders pins them; codegen's hand plans are built from them)
+    orders: Callable[[int], dict[str, dict[str, list[tuple[str, int]]]]] | None = None
 
 
 REGISTRY: dict[str, OpSpec] = {}

@@ -37,7 +37,8 @@ def _symmetry_task(P: Problem) -> list[tuple[str, str]]:
 
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
           hint: SProgram | None = None, ii_max: int | None = None,
-          pin: dict[str, list[tuple[str, int]]] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+          pin: dict[str, list[tuple[str, int]]] | None = None,
+          cycle: list[str] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
     """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
     has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s.
 
@@ -45,7 +46,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     interval (slots strictly increasing, as ``SProgram.streams`` reads them back) and their stages relative to
     the first: the best schedule with a given order (a hand plan's, e.g. codegen.plan.fa3_order_plan) instead
     of the best of all orders. A cyclic rotation of an order is the same steady state: rotate it (the tasks
-    moved to the end one stage earlier) to pin that one."""
+    moved to the end one stage earlier) to pin that one. ``cycle``: loop tasks whose slots follow this cyclic order
+    (any rotation; e.g. the tensor cores' turn order), stages free."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -107,7 +109,19 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
             m.add(r[a] + 1 <= r[b])
         for t, st in seq[1:]:
             m.add(k[t] - k[seq[0][0]] == st - seq[0][1])
-    if not pin:  # with an order pinned the warpgroups are no longer interchangeable
+    if cycle:
+        bad = [t for t in cycle if t not in r]
+        if bad:
+            raise SolverError(f"cycle: {bad} are not loop tasks of {P.graph.name}")
+        # slots increase along the cycle with exactly one wrap (the last task before the first, or one pair)
+        wraps = []
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            x = m.new_bool_var(f"wrap_{a}_{b}")
+            m.add(r[a] + 1 <= r[b]).only_enforce_if(~x)
+            m.add(r[b] + 1 <= r[a]).only_enforce_if(x)
+            wraps.append(x)
+        m.add(sum(wraps) == 1)
+    if not pin and not cycle:  # with an order pinned the warpgroups are no longer interchangeable
         for a, b in _symmetry_task(P):
             m.add(s[a] <= s[b])
     # the CTA time of program.cta_time: x_n = max(pre, (n-1)·ii + last) per distinct trip count n (minimising

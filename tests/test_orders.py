@@ -1,0 +1,80 @@
+"""Hand-known issue orders as points of the schedule space: policy cpsat-orders, cpsat's pin / cycle constraints,
+and the kernel plan's rotation of symmetric warpgroups (codegen.plan.same_rotation)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ortools")
+
+import ptsolve  # noqa: E402
+from codegen.plan import fa3_order_plan, plan_from_program, same_rotation  # noqa: E402
+from ptsolve.errors import SolverError  # noqa: E402
+from ptsolve.hw import load  # noqa: E402
+from ptsolve.ops.attention import orders  # noqa: E402
+from ptsolve.policies import cpsat  # noqa: E402
+from ptsolve.policies import orders as orders_policy  # noqa: E402
+from ptsolve.policies.model import build  # noqa: E402
+
+H200 = load("h200")
+T = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
+FA = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=128, causal=False)
+
+
+def _cyclic(seq: list[str], ref: list[str]) -> bool:
+    return len(seq) == len(ref) and any(seq[m:] + seq[:m] == ref for m in range(len(seq)))
+
+
+def test_cpsat_orders_returns_fa3s_kernel_plan():
+    """The pinned schedule lowers to FA3's order in every warpgroup (warpgroup 1 rotated back to warpgroup 0's
+    start), FA3's turn order, one copy of each register buffer: the hand plan's loop, found by the solver."""
+    r = ptsolve.optimize(FA, hw="h200", solver="cpsat-orders", time_limit=60, cache=False, fix=T,
+                         compile_check=False, executor="serial")
+    assert r.status == "FEASIBLE" and r.program.policy.startswith("cpsat-orders")
+    plan = plan_from_program(r.program, "h200")
+    hand = fa3_order_plan(dict(FA.params), T)
+    for g in (0, 1):
+        got = plan.order["loop"][f"wg{g}"]
+        assert [t for t, _ in got] == [t for t, _ in hand.order["loop"][f"wg{g}"]]
+        st = dict(got)  # stages relative to the warpgroup's QK: PV one behind, the softmax with the QK
+        assert {t: s - st[f"mma_qk@{g}"] for t, s in got} == dict(hand.order["loop"][f"wg{g}"])
+    assert _cyclic(plan.tc_order, [t for t, _ in orders(2)["fa3"]["tc"]])
+    assert set(plan.copies.values()) == {1}
+
+
+def test_cpsat_pin_and_cycle_are_constraints():
+    """pin fixes a role's slot order and relative stages; cycle fixes a cyclic slot order. An impossible pin (PV
+    before the QK whose scores it multiplies, same stage) is infeasible."""
+    P = build(FA.graph(T, H200), H200)
+    seq = orders(2)["fa3"]["wg0"]
+    prog, st = cpsat.solve(P, time_limit=30, pin={"wg0": seq}, cycle=["mma_qk@0", "mma_pv@0", "mma_qk@1",
+                                                                           "mma_pv@1"])
+    assert prog is not None
+    slot = {t: prog.start[t] % prog.ii for t in prog.start}
+    assert [slot[t] for t, _ in seq] == sorted(slot[t] for t, _ in seq)
+    k = {t: prog.start[t] // prog.ii for t, _ in seq}
+    assert {t: k[t] - k["mma_qk@0"] for t, _ in seq} == dict(seq)
+    tc = sorted(["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"], key=lambda t: slot[t])
+    assert _cyclic(tc, ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"])
+    bad = [("mma_pv@0", 0), ("mma_qk@0", 0), ("rowmax@0", 0), ("exp2@0", 0), ("rowsum@0", 0), ("rescale@0", 0)]
+    prog, st = cpsat.solve(P, time_limit=30, pin={"wg0": bad})
+    assert prog is None and st["status"] == "INFEASIBLE"
+
+
+def test_cpsat_orders_refuses_operators_without_orders():
+    op = ptsolve.ops.gemm(M=1024, N=1024, K=1024)
+    with pytest.raises(SolverError, match="declares no issue orders"):
+        orders_policy.pins(build(op.graph(op.tilings()[0], H200), H200))
+
+
+def test_same_rotation_only_where_the_turns_allow():
+    """Warpgroup 1's loop, a rotation of warpgroup 0's, is rotated back (moved tasks one stage earlier) when the
+    turn order still serves it in issue order; otherwise it is left as the model's slots cut it."""
+    w0 = [("mma_qk@0", 1), ("mma_pv@0", 2), ("rowmax@0", 1), ("exp2@0", 1), ("rowsum@0", 1), ("rescale@0", 1)]
+    w1 = [("rowmax@1", 2), ("exp2@1", 2), ("rowsum@1", 2), ("rescale@1", 2), ("mma_qk@1", 1), ("mma_pv@1", 2)]
+    loop = {"producer": [("load_k", 0), ("load_v", 1)], "wg0": w0, "wg1": w1}
+    out = same_rotation(loop, ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"])
+    assert out["wg1"] == [("mma_qk@1", 1), ("mma_pv@1", 2), ("rowmax@1", 1), ("exp2@1", 1), ("rowsum@1", 1),
+                          ("rescale@1", 1)]
+    assert out["wg0"] == w0 and out["producer"] == loop["producer"]
+    # a turn order that serves warpgroup 1's PV before its QK: the rotated form is the only consistent one
+    assert same_rotation(loop, ["mma_qk@0", "mma_pv@1", "mma_qk@1", "mma_pv@0"])["wg1"] == w1
