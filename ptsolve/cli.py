@@ -324,7 +324,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .ops.base import ctas_of
+    from .ops.base import slots_of
     from .placement import exact_loads, lower_bound, sm_loads
     from .simulate import unit_floor
     from .suites import SUITES, operator
@@ -350,7 +350,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
         if len(set(g.row)) < 2:
             continue
         costs = [p.cta_cycles(n, hw) for n in g.row]
-        slots = hw.sms * ctas_of(g.tiling)
+        slots = hw.sms * slots_of(g.tiling)
         fl = {x: unit_floor(g, hw, x) for x in ("even", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "lpt"))

@@ -24,7 +24,7 @@ from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Ring, Role
 from ..protocol import check as check_protocol
-from ..protocol import loops, turns
+from ..protocol import loops, tile_turns, turns
 from .common import PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, setup
 from .schedule import emit_loop, wait_depths
 
@@ -315,6 +315,9 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 f"constexpr int WG_BAR = {W + 1 + role.group};  // a named barrier of this warpgroup alone",
                 "(void)WG_BAR;", opk.decls(ir, role)]
         tile = [prof_head(rn, "(threadIdx.x & 127) == 0")]
+        if ir.pingpong:  # this warpgroup's tiles are every groups-th of the CTA's; the others only move the ring on
+            tile.insert(0, f"if (lt % {W} != {role.group}) {{ rbase += T; ++lt; continue; }}  "
+                        "// another warpgroup's tile (ping-pong)")
         pw = dict(pre.waiters).get(rn) if pre is not None else None
         for name, _ in role.pre:
             if pw == name:
@@ -325,8 +328,14 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                               opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
         if pw == "":
             tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
-        turn = None if tn is None else tn.code(rn, 256)
+        turn = None if tn is None or ir.pingpong else tn.code(rn, 256)
+        sync, arrive = tile_turns(ir, tn, rn) if ir.pingpong else (None, None)
+        if sync is not None:
+            tile.append(f'asm volatile("bar.sync {sync}, 256;" ::: "memory");  // wait for the tensor cores\' turn')
         tile.append(emit_loop(loop, trips, body, nbuf, steady, commits, min_trips=opk.min_trips, turn=turn))
+        if arrive is not None:
+            tile.append(f'if (tile + (int)gridDim.x < NTILES) asm volatile("bar.arrive {arrive}, 256;" ::: "memory");'
+                        "  // the main loop's wgmmas are issued: the next tile's warpgroup takes the tensor cores")
         tail = ["wg_wait<0>();  // every wgmma of the tile is complete"]
         for r in loop_rings:
             for x in r.releases:
