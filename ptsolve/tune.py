@@ -53,13 +53,13 @@ def order_key(p: Any) -> tuple:
 
 
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
-               check: bool = True, progress: Callable[[str], None] | None = None) -> tuple[list[Candidate],
-                                                                                         list[tuple[dict, str]]]:
+               check: bool = True, progress: Callable[[str], None] | None = None,
+               fix: dict[str, int] | None = None) -> tuple[list[Candidate], list[tuple[dict, str]]]:
     """The ``k`` best distinct compile-clean schedules of ``op`` (best predicted first) and the tilings the
     compiler rejected on the way, with why. ``solver``: one policy, or several comma-separated (each tiling then
     gives one schedule per distinct order, ``order_key``). ``check`` False (or no checker for ``hw.arch``) keeps
-    every schedule, marked "not compile-checked"."""
-    from .search import lower_bound
+    every schedule, marked "not compile-checked". ``fix``: only the tilings with these values (as ``optimize``'s)."""
+    from .search import _fixed, lower_bound
 
     solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
     if not all(solvers):
@@ -70,7 +70,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     hw = load(hw)
     say = progress or (lambda s: None)
     bounded = []
-    for t in op.tilings():
+    for t in _fixed(op, fix):
         g = op.graph(t, hw)
         if fits(g, hw) is None:
             bounded.append((lower_bound(build(g, hw)), sorted(t.items()), g))

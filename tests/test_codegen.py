@@ -699,3 +699,36 @@ def test_pingpong_broken_turn_order_fails():
         lower(plan, "h200", turns=False)
     with pytest.raises(CodegenError, match="persistent"):
         lower(plan, "h200", persistent=False)
+
+
+def test_gemm_space_pingpong_report(tmp_path):
+    """codegen.gemm_space report --pingpong: a plan found twice is timed once (``same_as``), the model's choice is
+    named by structure, the gain is coop / ping-pong (predicted, measured), ratios are cuBLAS time / ours."""
+    import json
+
+    from codegen import gemm_space
+    co = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
+    pp = {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}
+    cands = {"shapes": {
+        "GEMM0": {"cands": {"pp": {"tiling": co, "predicted_us": 10.0, "same_as": "pp_coop"},
+                            "pp_coop": {"tiling": co, "predicted_us": 10.0, "plan": "x"},
+                            "pp_ping": {"tiling": pp, "predicted_us": 12.5, "plan": "y"},
+                            "pp_ping_c0": {"tiling": pp, "predicted_us": 12.5, "same_as": "pp_ping"},
+                            "pp_ping_c1": {"tiling": pp | {"depth": 3}, "predicted_us": 12.5, "plan": "z"},
+                            "pp_probe0": {"tiling": pp | {"BM": 64, "BN": 256}, "predicted_us": 14.0, "plan": "w"}}},
+        "GEMM1": {"cands": {"pp": {"tiling": pp, "predicted_us": 8.0, "same_as": "pp_ping"},
+                            "pp_coop": {"tiling": co, "predicted_us": 10.0, "plan": "x"},
+                            "pp_ping": {"tiling": pp, "predicted_us": 8.0, "plan": "y"}}}}}
+    run = {"shapes": {"GEMM0": {"us": {"cublas": 9.0, "pp_coop": 10.0, "pp_ping": 9.0, "pp_ping_c1": 12.0,
+                                       "pp_probe0": 8.0}},
+                      "GEMM1": {"us": {"cublas": 9.0, "pp_coop": 10.0, "pp_ping": 12.0}}}}
+    (tmp_path / "c.json").write_text(json.dumps(cands))
+    (tmp_path / "r.json").write_text(json.dumps(run))
+    md = gemm_space.report_pingpong([tmp_path / "c.json"], tmp_path / "r.json")
+    rows = {r.split("|")[1].strip(): [x.strip() for x in r.split("|")[1:-1]] for r in md.splitlines()
+            if r.startswith("| GEMM")}
+    assert rows["GEMM0"][3:9] == ["10.0 (0.900)", "128x256 d4 g2", "9.0 (1.000)", "128x128 d4 g1 **pingpong**",
+                                  "0.80 / 1.11", "9.0 (1.000)"]
+    assert rows["GEMM0"][10] == "8.0 (1.125)" and rows["GEMM0"][12] == "coop"
+    assert rows["GEMM1"][7] == "1.25 / 0.83" and rows["GEMM1"][12] == "**ping-pong**"
+    assert "| paper (GEMM0-3) | 2 | 0.900 | " in md and "chose ping-pong for 1 shape(s): GEMM1" in md
