@@ -138,7 +138,9 @@ class Operator:
         """Tile shape of every sTask, inferred from the output tile (paper Fig. 8).
         ``rest`` fills the tiling parameters the output tile does not fix (ring depth, groups, K block)."""
         t = self.spec.from_out_tile(self.params, tuple(out_tile))
-        base = self.tilings()[0]
+        # the first tiling with every optional key at its default (GEMM: cooperative, no split-K)
+        opt = self.spec.optional
+        base = next((x for x in self.tilings() if all(x.get(k, v) == v for k, v in opt.items())), self.tilings()[0])
         g = self.graph({**base, **t, **rest})
         return {x.name: x.tile for x in g.tasks}
 
