@@ -252,11 +252,13 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     roles_idx = {r.name: k for k, r in enumerate(ir.roles)}
 
     def prof_head(role: str, recorder: str) -> str:
-        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds)."""
+        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds): the
+        CTA's first tile, or a ping-pong warpgroup's own first one."""
         if not ir.profile:
             return ""
+        first = ir.role(role).group if ir.pingpong and role != "producer" else 0
         return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
-                "if (lt == 0 && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
+                f"if (lt == {first} && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
                 f"{recorder}) {{\n"
                 f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {roles_idx[role]}) * "
                 f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
