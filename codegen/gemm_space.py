@@ -283,7 +283,7 @@ def report_pingpong(cand_paths: list[Path], run_path: Path, tag: str = "pp") -> 
         pp = bool(c.get(tag, {}).get("tiling", {}).get("pingpong"))
         if pp:
             chose_pp.append(name)
-        everything = [k for k in (coop, ping, *tops, *probes) if k in us]
+        everything = [k for k in (coop, ping, *tops, *probes, *both) if k in us]
         lab = {"coop": coop, "ping": ping, "pingbest": pbest, "probe": qbest, "model": model, "tune": tbest,
                "best": min(everything, key=lambda k: us[k]) if everything else None}
         for col, k in lab.items():
