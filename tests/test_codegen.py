@@ -639,6 +639,9 @@ def test_pingpong_in_the_space_and_modelled_as_two_slots():
     assert g.groups == 1 and g.tiling["pingpong"] == 1 and slots_of(g.tiling) == 2
     assert kernel_groups(g.groups, g.tiling) == 2
     assert "pingpong" not in op.graph(PP | {"pingpong": 0}, "h200").tiling  # cooperative graphs as they were
+    from ptsolve.policies.model import fits
+    assert fits(g, ptsolve.hw.load("h200")) is None
+    assert "use pingpong=0" in fits(op.graph(PP, "mi300x"), ptsolve.hw.load("mi300x"))  # no wgmma / TMA there
     with pytest.raises(ptsolve.errors.ShapeError, match="groups=1"):
         op.graph(PP | {"BM": 256, "groups": 2}, "h200")
     r = ptsolve.optimize(op, hw="h200", solver="greedy", cache=False, compile_check=False, executor="serial",

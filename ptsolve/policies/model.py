@@ -111,6 +111,9 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
     for b, (n, who) in sorted(min_slots(g).items()):
         if rings[b] < n:
             return f"ring {b!r} of depth {rings[b]} is released by {who} {n - 1} iteration(s) late: it needs {n} slots"
+    if pingpong_of(g.tiling) and not (hw.has_wgmma and hw.has_tma):
+        return (f"ping-pong consumer warpgroups take turns on asynchronous warpgroup MMAs fed by TMA, which {hw.name} "
+                "lacks (and no code generator builds them there); use pingpong=0")
     k = ctas_of(g.tiling)
     sm, names = smem_peak(g, rings, hw)
     if sm > smem_budget(hw, k):
