@@ -46,10 +46,14 @@ def shapes(only: tuple[str, ...] = ()) -> list[tuple[str, int, int, int, str]]:
 
 
 def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True,
-            executor: str = "serial", top_k: int = 0) -> dict[str, Any]:
+            executor: str = "serial", top_k: int = 0, pingpong: bool = False,
+            probes: tuple[dict[str, int], ...] = ()) -> dict[str, Any]:
     """Solve every shape (the full space and, when ``base``, the space without split-K; with ``top_k``, instead the
     model's ``top_k`` best compile-clean tilings, labelled ``<tag>_c<rank>``, for a measured selection); write the
-    JSON."""
+    JSON. ``pingpong``: the full space (``<tag>``), its cooperative part (``<tag>_coop``) and its ping-pong part
+    (``<tag>_ping``), and with ``top_k`` the ping-pong part's ``top_k`` best (``<tag>_ping_c<rank>``) too.
+    ``probes``: only these tilings (each fixed whole, where the shape's space has it; ``<tag>_probe<k>``), as
+    measurement probes beside the model's choices, not instead of them."""
     import ptsolve
     from ptsolve.errors import PtsolveError
 
@@ -59,21 +63,27 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
                            "shapes": {}}
     for name, M, N, K, kind in shapes(only):
         e: dict[str, Any] = {"M": M, "N": N, "K": K, "set": kind, "cands": {}}
-        spaces = {tag: None}
+        spaces: dict[str, dict[str, int] | None] = {tag: None}
         if base:
             spaces[f"{tag}_nosplit"] = {"splits": 1}
+        if pingpong:
+            spaces = {tag: None, f"{tag}_coop": {"pingpong": 0}, f"{tag}_ping": {"pingpong": 1}}
+        if probes:
+            spaces = {f"{tag}_probe{k}": dict(t) for k, t in enumerate(probes)}
         if top_k:  # measured selection (ptsolve tune's procedure): the model's top_k compile-clean tilings
             from ptsolve.tune import candidates
+            pre, fx = (f"{tag}_ping", {"pingpong": 1}) if pingpong else (tag, None)
             try:
-                cands, _ = candidates(ptsolve.ops.gemm(M=M, N=N, K=K), hw, top_k)
+                cands, _ = candidates(ptsolve.ops.gemm(M=M, N=N, K=K), hw, top_k, fix=fx)
                 for c in cands:
-                    e["cands"][f"{tag}_c{c.rank}"] = {
+                    e["cands"][f"{pre}_c{c.rank}"] = {
                         "tiling": dict(c.result.program.graph.tiling), "predicted_us": c.result.predicted_us,
                         "status": c.result.status, "check": c.check.status,
                         "plan": plan_from_program(c.result.program, hw).to_json()}
             except PtsolveError as ex:
-                e["cands"][f"{tag}_c0"] = {"error": f"{type(ex).__name__}: {ex}"}
-            spaces = {}
+                e["cands"][f"{pre}_c0"] = {"error": f"{type(ex).__name__}: {ex}"}
+            if not pingpong:
+                spaces = {}
         for label, fix in spaces.items():
             try:
                 # no result cache: the cached schedules may predate the space's current structures
@@ -83,6 +93,15 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
                                      "plan": plan_from_program(r.program, hw).to_json()}
             except PtsolveError as ex:
                 e["cands"][label] = {"error": f"{type(ex).__name__}: {ex}"}
+        if pingpong or probes:  # a plan found twice is timed once: the later label names the first ("same_as")
+            seen: dict[str, str] = {}
+            for label in sorted(e["cands"], key=lambda k: (k == tag, k)):
+                plan = e["cands"][label].get("plan")
+                if plan in seen:
+                    e["cands"][label]["same_as"] = seen[plan]
+                    del e["cands"][label]["plan"]
+                elif plan:
+                    seen[plan] = label
         doc["shapes"][name] = e
         print(name, {k: (v.get("tiling"), round(v["predicted_us"], 1)) if "tiling" in v else v["error"][:80]
                      for k, v in e["cands"].items()}, flush=True)
@@ -170,7 +189,8 @@ def _geo(xs: list[float]) -> float:
 
 def _tiling(t: dict[str, Any]) -> str:
     s = f"{t['BM']}x{t['BN']} d{t['depth']} g{t['groups']}"
-    return s + (f" **split{t['splits']}**" if t.get("splits", 1) > 1 else "")
+    return s + (f" **split{t['splits']}**" if t.get("splits", 1) > 1 else "") + (" **pingpong**" if t.get("pingpong")
+                                                                                 else "")
 
 
 def report(cand_paths: list[Path], run_path: Path, meta: str = "") -> str:
@@ -227,6 +247,82 @@ def report(cand_paths: list[Path], run_path: Path, meta: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def report_pingpong(cand_paths: list[Path], run_path: Path, tag: str = "pp") -> str:
+    """Markdown for the ping-pong candidates (``prepare --pingpong``): per shape cuBLAS, the model's cooperative
+    choice (``<tag>_coop``), its best ping-pong tiling (``<tag>_ping``), the measured best of its ping-pong top 3,
+    the model's choice in the whole space (``<tag>``: which structure it took), the predicted and measured gain of
+    ping-pong over the cooperative choice, the measured best of the model's 3 best cooperative (``tune_c*``, from a
+    ``--top-k`` candidates file) and 3 best ping-pong tilings; ratios are cuBLAS time / ours; geomeans."""
+    cands: dict[str, dict[str, Any]] = {}
+    for p in cand_paths:
+        for name, e in json.loads(p.read_text())["shapes"].items():
+            cands.setdefault(name, {}).update(e["cands"])
+    res = json.loads(run_path.read_text())
+    rows = []
+    cols = ("coop", "ping", "pingbest", "probe", "model", "tune", "best")
+    ratios: dict[str, dict[str, float]] = {c: {} for c in cols}
+    chose_pp = []
+    for name, M, N, K, _kind in SHAPES:
+        r = res["shapes"].get(name)
+        if r is None:
+            continue
+        us, c = r["us"], cands.get(name, {})
+        cub = us["cublas"]
+
+        def timed(k: str, c: dict[str, Any] = c) -> str:
+            """The label whose kernel was timed for ``k`` (a plan found twice is timed once, ``same_as``)."""
+            return c.get(k, {}).get("same_as", k)
+        coop, ping, model = timed(f"{tag}_coop"), timed(f"{tag}_ping"), timed(tag)
+        tops = sorted({timed(k) for k in c if k.startswith(f"{tag}_ping_c")} & set(us))
+        pbest = min(tops, key=lambda k: us[k]) if tops else None
+        probes = sorted({timed(k) for k in c if k.startswith(f"{tag}_probe")} & set(us))
+        qbest = min(probes, key=lambda k: us[k]) if probes else None
+        # the measured selection over both structures: the model's 3 best cooperative (tune_c*) and ping-pong tilings
+        both = sorted(({timed(k) for k in c if k.startswith("tune_c")} & set(us)) | set(tops))
+        tbest = min(both, key=lambda k: us[k]) if both else None
+        pp = bool(c.get(tag, {}).get("tiling", {}).get("pingpong"))
+        if pp:
+            chose_pp.append(name)
+        everything = [k for k in (coop, ping, *tops, *probes, *both) if k in us]
+        lab = {"coop": coop, "ping": ping, "pingbest": pbest, "probe": qbest, "model": model, "tune": tbest,
+               "best": min(everything, key=lambda k: us[k]) if everything else None}
+        for col, k in lab.items():
+            if k in us:
+                ratios[col][name] = cub / us[k]
+
+        def cell(k: str | None, us: dict[str, float] = us, cub: float = cub) -> str:
+            return f"{us[k]:.1f} ({cub / us[k]:.3f})" if k in us else "-"
+
+        def tl(k: str | None, c: dict[str, Any] = c) -> str:
+            return _tiling(c[k]["tiling"]) if k and "tiling" in c.get(k, {}) else "-"
+        pc, pp_ = (c.get(k, {}).get("predicted_us") for k in (coop, ping))
+        gain = (f"{pc / pp_:.2f}" if pc and pp_ else "-") + " / " + (
+            f"{us[coop] / us[ping]:.2f}" if coop in us and ping in us else "-")
+        rows.append(f"| {name} | {M}x{N}x{K} | {cub:.1f} | {cell(coop)} | {tl(coop)} | {cell(ping)} | {tl(ping)} | "
+                    f"{gain} | {cell(pbest)} | {tl(pbest)} | {cell(qbest)} | {tl(qbest)} | "
+                    f"{'**ping-pong**' if pp else 'coop'} | {cell(tbest)} | {tl(tbest)} |")
+    out = ["| shape | MxNxK | cuBLAS | coop | coop tiling | ping-pong | ping-pong tiling | gain pred / meas | "
+           "ping-pong best of 3 | its tiling | probes' best | its tiling | model's choice | tune (3 + 3) | "
+           "its tiling |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+           "| geomean of cuBLAS / ours | shapes | coop | ping-pong | ping-pong best of 3 | probes' best | "
+           "model's choice | tune (3 + 3) | best of all |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, sel in (("paper (GEMM0-3)", {"paper"}), ("shapes.md (LLM, square, odd)", {"llm", "square", "odd"}),
+                       ("skinny M (1, 16, 128)", None), ("M >= 1024 and square", {"big"}),
+                       ("all", {"paper", "llm", "square", "odd"}),
+                       ("all without 4095x4097x1024", {"paper", "llm", "square", "odd1000"})):
+        if sel == {"big"}:
+            names = [n for n, M, _, _, k in SHAPES if M >= 1000 and n != "odd4095x4097x1024"]
+        else:
+            names = [n for n, M, _, _, k in SHAPES if (k in sel or n in sel if sel else (k == "llm" and M <= 128))]
+        vals = [_geo([ratios[col][n] for n in names if n in ratios[col]]) for col in cols]
+        out.append(f"| {label} | {len([n for n in names if n in ratios['model']])} | "
+                   + " | ".join(f"{v:.3f}" for v in vals)
+                   + " |")
+    out += ["", f"The model chose ping-pong for {len(chose_pp)} shape(s): {', '.join(chose_pp) or 'none'}."]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m codegen.gemm_space", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -238,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-base", action="store_true", help="skip the search without split-K")
     p.add_argument("--executor", default="serial", help="ptsolve.optimize's executor (serial: few CPUs)")
     p.add_argument("--top-k", type=int, default=0, help="the model's K best tilings instead (measured selection)")
+    p.add_argument("--probe", action="append", default=[], help="a whole tiling to time as a probe, e.g. "
+                   "BM=128,BN=128,BK=64,depth=4,groups=1,splits=1,pingpong=1 (repeatable)")
+    p.add_argument("--pingpong", action="store_true", help="the whole space, its cooperative and its ping-pong "
+                   "parts (with --top-k: the ping-pong part's K best too)")
     c = sub.add_parser("precompile")
     c.add_argument("cands", type=Path, nargs="+")
     r = sub.add_parser("run")
@@ -248,13 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("run", type=Path, help="gemm_space.json of a run")
     rp.add_argument("cands", type=Path, nargs="+")
     rp.add_argument("--meta", default="", help="markdown put above the table (device, date, commit, command)")
+    rp.add_argument("--pingpong", default="", help="the ping-pong table of the candidates of this tag instead")
     a = ap.parse_args(argv)
     if a.cmd == "report":
-        print(report(a.cands, a.run, a.meta))
+        print(report_pingpong(a.cands, a.run, a.pingpong) if a.pingpong else report(a.cands, a.run, a.meta))
         return 0
     only = tuple(x for x in getattr(a, "only", "").split(",") if x)
     if a.cmd == "prepare":
-        prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor, top_k=a.top_k)
+        prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor, top_k=a.top_k,
+                pingpong=a.pingpong, probes=tuple({k: int(v) for k, v in (x.split("=") for x in pr.split(","))}
+                                                  for pr in a.probe))
         return 0
     if a.cmd == "precompile":
         print(precompile([json.loads(x.read_text()) for x in a.cands]), "plans compiled")

@@ -132,6 +132,11 @@ class KernelIR:
     # shape-generic build: the sizes that do not change the schedule (batch, sequence lengths, heads; M, N, K) are
     # kernel arguments, not constants, so one binary serves every shape of its class (codegen.cuda.skeleton)
     generic: bool = False
+    # ping-pong (GEMM tiling key ``pingpong``): the consumer warpgroups take a persistent CTA's tiles in turn (wg g
+    # runs local tiles g, g + groups, ...), each with the roles' orders on its own tile; the tensor-core turns of
+    # ``tc_order`` then pass once per tile (before a warpgroup's first mma of its tile, after its last one is
+    # issued), and each ring slot is released by the one warpgroup whose tile it holds
+    pingpong: bool = False
     schema: int = field(default=SCHEMA)
 
     @property
@@ -154,6 +159,8 @@ class KernelIR:
         d = asdict(self)
         if not d["generic"]:
             del d["generic"]  # exact-shape IRs keep their JSON (and so their plan ids and cached cubins)
+        if not d["pingpong"]:
+            del d["pingpong"]  # so do cooperative ones
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -182,7 +189,7 @@ class KernelIR:
                        smem_bytes=int(d["smem_bytes"]), threads=int(d["threads"]), ctas=int(d["ctas"]),
                        persistent=bool(d["persistent"]), sms=int(d["sms"]), predicted_ii=int(d["predicted_ii"]),
                        trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]),
-                       generic=bool(d.get("generic", False)))
+                       generic=bool(d.get("generic", False)), pingpong=bool(d.get("pingpong", False)))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             if isinstance(e, SchemaError):
                 raise

@@ -7,6 +7,7 @@ that breaks a same-stream dependence of the graph, or a tiling the layout cannot
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from ptsolve.cost import timings
 from ptsolve.errors import CodegenError, PtsolveError
 from ptsolve.hw import Hardware, Target, load
 from ptsolve.ir import STaskGraph
+from ptsolve.ops.base import kernel_groups, pingpong_of
 from ptsolve.program import SProgram
 
 from .cuda.schedule import LoopOrder, check_deps
@@ -252,6 +254,52 @@ def _tasks(g: STaskGraph, stream: dict[str, str]) -> tuple[TaskInfo, ...]:
                  for t in g.tasks)
 
 
+def _renamed(name: str, g: int) -> str:
+    """A warpgroup-0 name (``mma@0``, ``acc@0``) as warpgroup ``g``'s; shared names (``a``, ``load_a``) as they are."""
+    return name[:-2] + f"@{g}" if name.endswith("@0") else name
+
+
+def pingpong(ir: KernelIR, groups: int, regs: int, turns: bool) -> KernelIR:
+    """The ping-pong kernel of a one-warpgroup tile's KernelIR (GEMM tiling key ``pingpong``): ``groups`` consumer
+    warpgroups take the persistent CTA's tiles in turn, each running warpgroup 0's orders on its own tile with its
+    own names (``mma@1``, ``acc@1``); the tensor cores serve their main loops in warpgroup order
+    (``tc_order`` mma@0, mma@1, ... passed once per tile, ``codegen.protocol``), so one's epilogue overlaps the
+    next one's main loop; a ring slot is released by the one warpgroup whose tile it holds (``arrivals``: its
+    warps). ``regs``: registers per consumer thread for ``groups`` warpgroups."""
+    if not turns:
+        raise CodegenError("gemm ping-pong: its warpgroups alternate on the tensor cores by their turns (the model's "
+                           "protocol); lower it with turns=True")
+    if not ir.persistent:
+        raise CodegenError("gemm ping-pong: the warpgroups take turns over a persistent CTA's tiles; it needs "
+                           "persistent=1")
+    if any(r.phase == "pre" for r in ir.rings) or any(s.role for s in ir.smem):
+        raise CodegenError("ping-pong: the tile's prologue loads and per-warpgroup shared memory are not supported")
+    wg0 = ir.role("wg0")
+    roles = [ir.role("producer")] + [
+        Role(f"wg{g}", g, regs, tuple((_renamed(n, g), s) for n, s in wg0.pre),
+             tuple((_renamed(n, g), s) for n, s in wg0.loop), tuple((_renamed(n, g), s) for n, s in wg0.post))
+        for g in range(groups)]
+    tasks = list(ir.tasks)
+    mine = [t for t in ir.tasks if t.role == "wg0"]
+    for g in range(1, groups):
+        tasks += [TaskInfo(_renamed(t.name, g), t.kind, t.phase, f"wg{g}", t.is_async, t.smem,
+                           tuple(_renamed(b, g) for b in t.regs), tuple(_renamed(a, g) for a in t.after)) for t in mine]
+    rings = tuple(dataclasses.replace(
+        r, waiters=tuple((f"wg{g}", _renamed(t, g)) for g in range(groups) for rr, t in r.waiters if rr == "wg0"),
+        releases=tuple(dataclasses.replace(x, role=f"wg{g}", task=_renamed(x.task, g))
+                       for g in range(groups) for x in r.releases if x.role == "wg0"),
+        arrivals=WARPS) for r in ir.rings)
+    waits = {_renamed(t, g): tuple((_renamed(a, g), o) for a, o in v) for g in range(groups)
+             for t, v in ir.waits.items()}
+    mmas = [n for n, _ in wg0.loop if ir.task(n).kind == "mma"]
+    return dataclasses.replace(
+        ir, roles=tuple(roles), tasks=tuple(tasks), rings=rings, waits=waits,
+        commits=tuple(sorted({_renamed(c, g) for g in range(groups) for c in ir.commits})),
+        tc_order=tuple(_renamed(m, g) for g in range(groups) for m in mmas), turns=True, turns_note="",
+        copies={_renamed(b, g): c for g in range(groups) for b, c in ir.copies.items()},
+        threads=128 * (groups + 1), pingpong=True)
+
+
 def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = None, *,
           persistent: bool | None = None, turns: bool = True, profile: bool = False, generic: bool = False
           ) -> KernelIR:
@@ -296,7 +344,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
     out_roles = tuple(Role(r, -1 if r == "producer" else int(r[2:]),
                            (prod_regs if r == "producer" else tgt.consumer_regs(W, ctas)) if prod_regs else 0,
                            tuple(order["pre"][r]), loops[r].ops, tuple(order["post"][r])) for r in roles)
-    return KernelIR(
+    ir = KernelIR(
         op=g.op, params=ops.make(g.op, **g.params).params,  # the operator's defaults for graphs that predate them
         tiling={k: v for k, v in plan.tiling.items() if k not in CODEGEN_KEYS} | {"ctas": ctas}, target=hwt.name,
         roles=out_roles, tasks=_tasks(g, stream), rings=_rings(g, rings, roles, loops, order, stream),
@@ -308,3 +356,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         predicted_ii=int(plan.ii), trips=g.trip_count,
         model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
         profile=profile, generic=generic)
+    if pingpong_of(g.tiling):
+        kg = kernel_groups(W, g.tiling)
+        return pingpong(ir, kg, tgt.consumer_regs(kg, ctas) if prod_regs else 0, turns)
+    return ir

@@ -32,6 +32,23 @@ def turns(ir: KernelIR, lo: dict[str, LoopOrder] | None = None) -> Turns | None:
                       {r.name: 1 + r.group for r in ir.roles if r.group >= 0})
 
 
+def owners(ir: KernelIR, tile: int) -> list[str]:
+    """The consumer roles that work on a persistent CTA's ``tile``-th tile: all of them (cooperative), or warpgroup
+    ``tile mod groups`` alone (ping-pong, ``KernelIR.pingpong``)."""
+    cons = [r.name for r in ir.roles if r.group >= 0]
+    return [cons[tile % len(cons)]] if ir.pingpong else cons
+
+
+def tile_turns(ir: KernelIR, tn: Turns | None, role: str) -> tuple[int | None, int | None]:
+    """A ping-pong warpgroup's turn per tile: (named barrier it syncs on before its first mma of a tile, the one it
+    arrives at once its last mma of the tile is issued, when the CTA has a next tile), from the same turn plan as
+    the cooperative kernels' per-iteration turns; (None, None) without turns."""
+    if tn is None:
+        return None, None
+    ops = list(tn.ops.get(role, {}).values())
+    return (ops[0][0], ops[-1][1]) if ops else (None, None)
+
+
 def check(ir: KernelIR) -> None:
     """Simulate ``ir``'s kernel for short and long trip counts and, when persistent, several tiles of different
     lengths in a row; CodegenError if the roles could deadlock."""
@@ -54,8 +71,8 @@ def check(ir: KernelIR) -> None:
             def prod_ops(name: str, it: int, rb: int = rb) -> list[Op]:
                 r = fill_of[name]
                 q = rb + it
-                wait: list[Op] = [("wait", (r.name, "free", q - r.depth), len({x.role for x in r.releases}))] \
-                    if q >= r.depth else []
+                rel = 1 if ir.pingpong else len({x.role for x in r.releases})  # ping-pong: the tile's owner frees it
+                wait: list[Op] = [("wait", (r.name, "free", q - r.depth), rel)] if q >= r.depth else []
                 return [*wait, ("signal", (r.name, "full", q, name))]
 
             if pre is not None:
@@ -63,7 +80,7 @@ def check(ir: KernelIR) -> None:
                     prog["producer"].append(("wait", ("pre", "free", t - 1), len(pre.releases)))
                 prog["producer"] += [("signal", ("pre", "full", t, f)) for f, _ in pre.fills]
             prog["producer"] += role_steps(lo["producer"], T, {}, prod_ops)
-            for role in (r for r in ir.roles if r.group >= 0):
+            for role in (r for r in ir.roles if r.name in owners(ir, t)):
                 rn = role.name
 
                 def cons_ops(name: str, it: int, rb: int = rb, rn: str = rn) -> list[Op]:
@@ -88,7 +105,13 @@ def check(ir: KernelIR) -> None:
                         prog[rn] += pre_wait
                 if pw == "":
                     prog[rn] += pre_wait
-                prog[rn] += role_steps(lo[rn], T, {} if tn is None else tn.ops.get(rn, {}), cons_ops)
+                if ir.pingpong:  # the turn is taken once per tile: the whole main loop is one tensor-core turn
+                    sync, arrive = tile_turns(ir, tn, rn)
+                    prog[rn] += [("sync", sync)] if sync is not None else []
+                    prog[rn] += role_steps(lo[rn], T, {}, cons_ops)
+                    prog[rn] += [("arrive", arrive)] if arrive is not None and t + 1 < len(tiles) else []
+                else:
+                    prog[rn] += role_steps(lo[rn], T, {} if tn is None else tn.ops.get(rn, {}), cons_ops)
                 for r in loop_rings:  # the end of the tile: releases whose point lies past the last iteration
                     for x in r.releases:
                         if x.role == rn and x.mode in ("wait", "commit"):

@@ -10,9 +10,10 @@ Each kernel runs once on a small, ragged shape (GEMM 200×136×200; attention ca
 the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from results/schedules_h200 with
 its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
 of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
-in results/study_h200, the release-point model's; a split-K GEMM; ptsolve.torch's shape-generic attention, GEMM
-and Mamba2 chunk kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a
-correct one.
+in results/study_h200, the release-point model's; a split-K GEMM; ping-pong GEMMs with two to three tiles per CTA, so
+both warpgroups and their per-tile turns run; ptsolve.torch's shape-generic attention, GEMM and Mamba2 chunk
+kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
+``python3 -m codegen.sanitize <word>`` runs only the cases whose label contains ``<word>`` (e.g. ``ping-pong``).
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def cases() -> list[tuple[str, Any]]:
     out = [("default", default_plan("gemm", GEMM_SMALL, tg)),
            (f"split-K {ts}", default_plan("gemm", GEMM_SMALL | {"M": 100, "K": 1000}, ts)),
            ("fa3_hand", fa3_order_plan(FA_SMALL, {"BM": 128, "BN": 128, "depth": 2, "groups": 2}))]
+    # ping-pong: 272 / 288 tiles over at most 132 CTAs (2-3 tiles each: both warpgroups, odd and even counts), ragged
+    for tp in ({"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1, "pingpong": 1},
+               {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}):
+        sh = GEMM_SMALL | ({"M": 1000, "N": 1064} if tp["BM"] == 64 else {"M": 2000, "N": 2250, "K": 136})
+        out.append((f"ping-pong {tp['BM']}x{tp['BN']}", default_plan("gemm", sh, tp)))
 
     def small(pl: Any) -> Any:
         return dataclasses.replace(pl, params=FA_SMALL if pl.op == "flash_attention" else GEMM_SMALL
@@ -66,7 +72,10 @@ def main() -> int:
     from codegen.mamba import check
 
     results = []
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
     for label, pl in cases():
+        if only not in label:
+            continue
         if pl.op == "gemm":
             p = pl.params
             results.append(check_gemm(p["M"], p["N"], p["K"], p["dtype"], pl.tiling, pl, trials=1) | {"order": label})
@@ -75,7 +84,8 @@ def main() -> int:
         else:
             err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")
             results.append({"op": pl.op, "order": f"{label} {pl.tiling}", "rel_err": err, "ok": err <= TOL})
-    results += _front_door()
+    if not only:
+        results += _front_door()
     torch.cuda.synchronize()
     for r in results:
         print(f"{r['op']} {r.get('order', '')}: rel err {r['rel_err']:.2e} {'PASS' if r['ok'] else 'FAIL'}", flush=True)

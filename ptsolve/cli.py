@@ -169,9 +169,9 @@ def cmd_tune(a: argparse.Namespace) -> int:
     op = ops.make(OPS[a.op], **parse_params(a.params))
     hw = load(a.hw)
     if a.prepare:
-        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit)
+        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit, per=a.per)
         doc = {"hw": hw.name, "op": op.op, "params": op.params, "top_k": a.top_k, "solver": a.solver,
-               "time_limit": a.time_limit, "rejected": rejected,
+               "time_limit": a.time_limit, "rejected": rejected, **({"per": a.per} if a.per else {}),
                "candidates": [{"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us,
                                "check": c.check.status, "program": c.result.program.to_json(),
                                "result": c.result.to_json()} for c in cands]}
@@ -186,7 +186,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         print(r)
         print("cached: `ptsolve tune` of this shape now returns it without timing")
         return 0
-    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit))
+    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit, per=a.per))
     return 0
 
 
@@ -324,7 +324,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .ops.base import ctas_of
+    from .ops.base import slots_of
     from .placement import exact_loads, lower_bound, sm_loads
     from .simulate import unit_floor
     from .suites import SUITES, operator
@@ -352,7 +352,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
         if len(set(g.row)) < 2:
             continue
         costs = [p.cta_cycles(n, hw) for n in g.row]
-        slots = hw.sms * ctas_of(g.tiling)
+        slots = hw.sms * slots_of(g.tiling)
         fl = {x: unit_floor(g, hw, x) for x in ("even", "dynamic", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, dyn, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "dynamic", "lpt"))
@@ -557,6 +557,8 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
                     "(python3 -m codegen.tune FILE --out TIMED)")
     tu.add_argument("--finish", metavar="TIMED", help="read the GPU's times (codegen.tune output), report the best")
+    tu.add_argument("--per", action="append", default=[], metavar="KEY", help="the K best of every value of this "
+                    "structure key, e.g. --per pingpong (GEMM: cooperative and ping-pong both timed); repeatable")
     return p
 
 

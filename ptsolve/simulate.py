@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost import Timing, shared_busy, timings
+from .cost import Timing, timings
 from .errors import InfeasibleError
 from .hw import Hardware, load
 from .ir import STaskGraph
-from .ops.base import ctas_of
+from .ops.base import pingpong_of, slots_of
 from .placement import per_sm_pairs, shared_floor, sm_loads
 from .program import SProgram, cta_time, precedences
 from .protocol import first_reuse
@@ -138,20 +138,22 @@ def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
 def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: str,
                   tm: dict[str, Timing] | None = None) -> tuple[int, np.ndarray]:
     """(kernel cycles, busy cycles of each SM slot) for CTAs of ``cta[trip]`` cycles: the busiest of the
-    hw.sms · ctas slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher."""
-    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * ctas_of(g.tiling), placement)
+    hw.sms · slots_of(tiling) slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher."""
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * slots_of(g.tiling), placement)
     return max(int(busy.max()), unit_floor(g, hw, placement, tm)), busy
 
 
 def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing] | None = None) -> int:
     """The SMs' shared-unit floor of ``g``'s kernel, cycles (ptsolve.placement.shared_floor; 0 with one CTA per
     SM); ``exact`` placement is approximated by longest-first's slots, as in the model."""
-    k = ctas_of(g.tiling)
+    k = slots_of(g.tiling)
     if k == 1:
         return 0  # one CTA per SM: the schedule already serialises the shared units (and claimed() stays cheap)
+    from .policies.model import ii_lower_bound, units
     tm = tm or timings(g, hw)
-    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k,
-                        shared_busy(tm, {t.name: t.phase for t in g.tasks}))
+    phase = {t.name: t.phase for t in g.tasks}
+    ii_lb = ii_lower_bound(g, hw) if pingpong_of(g.tiling) else 0  # the ping-pong turns (policies.model.units)
+    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k, units(g, tm, phase, ii_lb))
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:

@@ -53,13 +53,34 @@ def order_key(p: Any) -> tuple:
 
 
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
-               check: bool = True, progress: Callable[[str], None] | None = None) -> tuple[list[Candidate],
-                                                                                         list[tuple[dict, str]]]:
+               check: bool = True, progress: Callable[[str], None] | None = None,
+               fix: dict[str, int] | None = None, per: Sequence[str] = ()) -> tuple[list[Candidate],
+                                                                              list[tuple[dict, str]]]:
     """The ``k`` best distinct compile-clean schedules of ``op`` (best predicted first) and the tilings the
     compiler rejected on the way, with why. ``solver``: one policy, or several comma-separated (each tiling then
     gives one schedule per distinct order, ``order_key``). ``check`` False (or no checker for ``hw.arch``) keeps
-    every schedule, marked "not compile-checked"."""
-    from .search import lower_bound
+    every schedule, marked "not compile-checked". ``fix``: only the tilings with these values (as ``optimize``'s).
+    ``per``: tiling keys that pick a kernel structure (GEMM: ``pingpong``): the ``k`` best of every combination of
+    their values, ranked together by prediction, so a structure the model ranks below another still gets timed."""
+    from .search import _fixed, lower_bound
+
+    if per:
+        opt = op.spec.optional
+        combos = sorted({tuple(t.get(x, opt.get(x)) for x in per) for t in _fixed(op, fix)},
+                        key=lambda v: tuple(-1 if x is None else x for x in v))
+        got: list[Candidate] = []
+        rej: list[tuple[dict, str]] = []
+        for v in combos:
+            try:
+                cs, rs = candidates(op, hw, k, solver, time_limit, check, progress, (fix or {}) | dict(zip(per, v)))
+            except InfeasibleError:
+                continue  # no tiling of this structure fits
+            got += cs
+            rej += rs
+        if not got:
+            raise InfeasibleError(f"no tiling of {op.describe()} fits {load(hw).name}")
+        got.sort(key=lambda c: (c.result.objective, sorted(c.tiling.items())))
+        return [replace(c, rank=n) for n, c in enumerate(got)], rej
 
     solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
     if not all(solvers):
@@ -70,7 +91,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     hw = load(hw)
     say = progress or (lambda s: None)
     bounded = []
-    for t in op.tilings():
+    for t in _fixed(op, fix):
         g = op.graph(t, hw)
         if fits(g, hw) is None:
             bounded.append((lower_bound(build(g, hw)), sorted(t.items()), g))
@@ -104,10 +125,10 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
 
 
-def key(op: Operator, hw: Hardware, top_k: int, solver: str) -> str:
+def key(op: Operator, hw: Hardware, top_k: int, solver: str, per: Sequence[str] = ()) -> str:
     """The schedule-cache key of a measured selection (the measured best depends on the table's device)."""
     from . import cache
-    return cache.key("tune", op.to_json(), hw.to_dict(), top_k, solver)
+    return cache.key("tune", op.to_json(), hw.to_dict(), top_k, solver, *((tuple(per),) if per else ()))
 
 
 def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
@@ -127,7 +148,7 @@ def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
 
 def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
          solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
-         cache: bool = True) -> Result:
+         cache: bool = True, per: Sequence[str] = ()) -> Result:
     """The measured best of the model's ``top_k`` best compile-clean schedules. ``runner(programs, hw)`` returns
     their kernel times in µs (default: the code generator's, codegen.tune.runner, which needs a GPU). The Result
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
@@ -136,11 +157,11 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
     from . import cache as store
 
     hw = load(hw)
-    k = key(op, hw, top_k, solver)
+    k = key(op, hw, top_k, solver, per)
     if cache and (hit := store.get(k, time_limit)) is not None and hit.measured_us is not None:
         return hit
     t0 = time.perf_counter()
-    cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress)
+    cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress, per=per)
     if runner is None:
         runner = find_runner(hw)
         if runner is None:
@@ -167,5 +188,5 @@ def finish(op: Operator, hw: str | Hardware, doc: dict[str, Any]) -> Result:
     cands = [Result.from_json(c["result"]) for c in doc["candidates"]]
     r = choose(cands, doc["measured_us"], [c["check"] for c in doc["candidates"]],
                [(t, why) for t, why in doc.get("rejected", [])], 0.0)
-    store.put(key(op, hw, doc["top_k"], doc["solver"]), doc["time_limit"], r)
+    store.put(key(op, hw, doc["top_k"], doc["solver"], doc.get("per", ())), doc["time_limit"], r)
     return r

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .cost import Timing, timings
 from .hw import Hardware, load
 from .ir import STaskGraph
-from .ops.base import consumer_reg_budget, ctas_of, smem_budget
+from .ops.base import consumer_reg_budget, ctas_of, kernel_groups, smem_budget
 from .program import SProgram, precedences, required_barriers
 from .protocol import is_ring, ring_depths, ring_users, smem_layout
 
@@ -185,12 +185,13 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
     if sm > smem_budget(hw, k):
         v.append(f"shared memory {sm} B exceeds {smem_budget(hw, k)} B per block with {k} CTA(s) per SM on {hw.name} "
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
-    budget = consumer_reg_budget(g.groups, hw, k)
+    kg = kernel_groups(g.groups, g.tiling)
+    budget = consumer_reg_budget(kg, hw, k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, p.copies, grp, hw)
         if need > budget:
             v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
-                     f"{g.groups} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
+                     f"{kg} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
                      "fewer live copies")
     if not v:
         v += _deadlock(p, tm, hw)

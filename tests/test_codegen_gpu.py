@@ -84,6 +84,24 @@ def test_gemm_split_k(M, N, K, dtype, tiling):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+PINGPONG_CASES = [  # ping-pong: two warpgroups, a tile each; ragged M / N / K, odd N, CTAs with odd tile counts
+    (4095, 4097, 1024, "fp16", {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}),
+    (2000, 3000, 520, "bf16", {"BM": 64, "BN": 256, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}),
+    (8192, 8192, 1024, "bf16", {"BM": 128, "BN": 192, "BK": 64, "depth": 3, "groups": 1, "pingpong": 1}),
+    (777, 1000, 4096, "fp16", {"BM": 128, "BN": 64, "BK": 64, "depth": 5, "groups": 1, "pingpong": 1}),
+    (300, 500, 64, "fp16", {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1, "pingpong": 1}),  # one k-step
+    (1, 151936, 3584, "fp16", {"BM": 64, "BN": 192, "BK": 64, "depth": 3, "groups": 1, "pingpong": 1}),
+]
+
+
+@pytest.mark.parametrize("M,N,K,dtype,tiling", PINGPONG_CASES)
+def test_gemm_pingpong(M, N, K, dtype, tiling):
+    """Ping-pong kernels against the float32 product (output poisoned with NaN), two fresh inputs each."""
+    from codegen.bench import check_gemm
+    r = check_gemm(M, N, K, dtype, tiling, trials=2)
+    assert r["ok"], r
+
+
 def test_gemm_without_turns():
     from codegen.bench import check_gemm
     from codegen.cuda import emit

@@ -213,6 +213,9 @@ def test_errors_name_the_fix() -> None:
     scan = default_plan(op.op, op.params, op.tilings()[0])
     with pytest.raises(CodegenError, match="emits \\['flash_attention', 'gemm'\\]"):
         hip.emit(scan, "mi300x")
+    pp = {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1, "pingpong": 1}
+    with pytest.raises(CodegenError, match="use pingpong=0"):  # the search's compile check drops such tilings
+        hip.emit(default_plan("gemm", {"M": 512, "N": 512, "K": 512, "dtype": "fp16"}, pp), "mi300x")
 
 
 def test_cli_writes_code_object(tmp_path) -> None:

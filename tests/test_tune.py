@@ -42,6 +42,19 @@ def test_candidates_hold_other_orders_of_a_tiling():
     with pytest.raises(PtsolveError, match="empty policy"):
         candidates(fa, "h200", 2, solver="cpsat,", check=False)
 
+def test_candidates_per_structure():
+    """``per``: the K best of each structure (GEMM cooperative and ping-pong), ranked together by prediction, so the
+    measured selection times ping-pong where the model ranks every ping-pong tiling below the cooperative ones."""
+    op = ptsolve.ops.gemm(M=8192, N=8192, K=8192)
+    plain, _ = candidates(op, "h200", 2, solver="greedy", check=False)
+    assert not any(c.tiling.get("pingpong") for c in plain)  # the model's own top 2: cooperative
+    cands, _ = candidates(op, "h200", 2, solver="greedy", check=False, per=("pingpong",))
+    assert sorted(bool(c.tiling.get("pingpong")) for c in cands) == [False, False, True, True]
+    assert [c.rank for c in cands] == [0, 1, 2, 3]
+    assert [c.result.objective for c in cands] == sorted(c.result.objective for c in cands)
+    assert [c.tiling for c in cands[:2]] == [c.tiling for c in plain]
+
+
 def test_tune_keeps_the_measured_best_and_caches_it():
     calls = []
 
@@ -87,3 +100,24 @@ def test_prepare_time_finish_round_trip(tmp_path, capsys):
     other.write_text(json.dumps(doc | {"params": {"M": 1, "N": 8, "K": 8, "dtype": "fp16"}}))
     assert main(["tune", *ARGS, "--finish", str(other)]) == 2
     assert "not of gemm" in capsys.readouterr().err
+
+
+def test_prepare_per_structure_round_trip(tmp_path, capsys):
+    """``ptsolve tune --per pingpong``: the prepare file holds both structures' candidates and names ``per``; its
+    finished selection is cached under its own key (a plain ``tune`` of the shape is not answered by it)."""
+    f = tmp_path / "cands.json"
+    args = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "1", "--time-limit", "10", "--solver",
+            "greedy"]
+    assert main(["tune", *args, "--prepare", str(f), "--per", "pingpong"]) == 0
+    doc = json.loads(f.read_text())
+    assert doc["per"] == ["pingpong"] and len(doc["candidates"]) == 2
+    assert sorted(bool(c["tiling"].get("pingpong")) for c in doc["candidates"]) == [False, True]
+    doc["measured_us"] = [12.0, 11.0]
+    f.write_text(json.dumps(doc))
+    assert main(["tune", *args, "--finish", str(f)]) == 0
+    capsys.readouterr()
+    r = tune(OP, "h200", top_k=1, solver="greedy", runner=lambda p, hw: pytest.fail("timed again"), time_limit=10,
+             per=("pingpong",))
+    assert r.measured_us == 11.0
+    with pytest.raises(BaseException, match="timed again"):
+        tune(OP, "h200", top_k=1, solver="greedy", runner=lambda p, hw: pytest.fail("timed again"), time_limit=10)

@@ -5,6 +5,9 @@ consumer warpgroup g owns BM/groups of its rows. ``load_a`` / ``load_b``: 64-col
 boxes; ``mma@g``: wgmma from shared memory, both operands K-major; ``epilogue@g`` packs the accumulators,
 ``store@g`` writes them (rows past M and columns past N skipped).
 
+Ping-pong (``KernelIR.pingpong``): each consumer warpgroup owns a whole BM×BN tile (``ROW0`` = 0), the CTA's tiles
+taken in turn; everything else (which tiles, the turns, the ring) is the skeleton's.
+
 Split-K (``splits`` = S > 1): a work unit is (tile, split), split fastest; split s runs K steps
 [s·KT/S, (s+1)·KT/S) (ptsolve.ops.gemm.split_trips). ``partial@g`` stores the accumulators to the fp32 workspace
 ``ws`` in fragment order (each thread's registers as float4s, consecutive threads adjacent: coalesced, and a
@@ -42,6 +45,9 @@ def _check(ir: KernelIR) -> None:
                            "at least)")
     if max(p["M"], p["N"], p["K"]) >= 1 << 30:
         raise CodegenError("gemm: M, N and K must stay below 2^30 (32-bit TMA coordinates)")
+    if ir.pingpong and (_splits(ir) > 1 or not ir.persistent):
+        raise CodegenError("gemm: ping-pong warpgroups alternate over a persistent CTA's tiles: it takes splits=1 "
+                           "and persistent=1")
     if ir.generic and _splits(ir) > 1:
         raise CodegenError(f"gemm: splits={_splits(ir)} in a generic build; split-K kernels are built for one shape "
                            "(their workspace is sized by it): build it exact, or pick a tiling without splits")
@@ -85,7 +91,8 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
 
 def _decls(ir: KernelIR, role: Role) -> str:
     rows = ir.tiling["BM"] // ir.tiling["groups"]
-    return (f"constexpr int ROW0 = {role.group * rows};\n"
+    # the first row of the tile this warpgroup owns: its share of the cooperative tile, or a ping-pong tile's row 0
+    return (f"constexpr int ROW0 = {0 if ir.pingpong else role.group * rows};\n"
             "float acc[MT][BN / 2];\nuint32_t cpk[MT][BN / 4];\n"
             "bool last_ = true;  // split-K: this split stores the tile (the last to arrive)")
 

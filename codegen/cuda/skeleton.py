@@ -24,7 +24,7 @@ from ptsolve.errors import CodegenError
 
 from ..kernel_ir import KernelIR, Ring, Role
 from ..protocol import check as check_protocol
-from ..protocol import loops, turns
+from ..protocol import loops, tile_turns, turns
 from .common import PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, setup
 from .schedule import emit_loop, wait_depths
 
@@ -256,11 +256,13 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     roles_idx = {r.name: k for k, r in enumerate(ir.roles)}
 
     def prof_head(role: str, recorder: str) -> str:
-        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds)."""
+        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds): the
+        CTA's first tile, or a ping-pong warpgroup's own first one."""
         if not ir.profile:
             return ""
+        first = ir.role(role).group if ir.pingpong and role != "producer" else 0
         return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
-                "if (lt == 0 && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
+                f"if (lt == {first} && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
                 f"{recorder}) {{\n"
                 f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {roles_idx[role]}) * "
                 f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
@@ -319,6 +321,9 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                 f"constexpr int WG_BAR = {W + 1 + role.group};  // a named barrier of this warpgroup alone",
                 "(void)WG_BAR;", opk.decls(ir, role)]
         tile = [prof_head(rn, "(threadIdx.x & 127) == 0")]
+        if ir.pingpong:  # this warpgroup's tiles are every groups-th of the CTA's; the others only move the ring on
+            tile.insert(0, f"if (lt % {W} != {role.group}) {{ rbase += T; ++lt; continue; }}  "
+                        "// another warpgroup's tile (ping-pong)")
         pw = dict(pre.waiters).get(rn) if pre is not None else None
         for name, _ in role.pre:
             if pw == name:
@@ -329,8 +334,14 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                               opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
         if pw == "":
             tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
-        turn = None if tn is None else tn.code(rn, 256)
+        turn = None if tn is None or ir.pingpong else tn.code(rn, 256)
+        sync, arrive = tile_turns(ir, tn, rn) if ir.pingpong else (None, None)
+        if sync is not None:
+            tile.append(f'asm volatile("bar.sync {sync}, 256;" ::: "memory");  // wait for the tensor cores\' turn')
         tile.append(emit_loop(loop, trips, body, nbuf, steady, commits, min_trips=opk.min_trips, turn=turn))
+        if arrive is not None:
+            tile.append(f'if (tile + (int)gridDim.x < NTILES) asm volatile("bar.arrive {arrive}, 256;" ::: "memory");'
+                        "  // the main loop's wgmmas are issued: the next tile's warpgroup takes the tensor cores")
         tail = ["wg_wait<0>();  // every wgmma of the tile is complete"]
         for r in loop_rings:
             for x in r.releases:

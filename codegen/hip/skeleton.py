@@ -114,6 +114,9 @@ def check_target(ir: KernelIR) -> None:
         raise CodegenError("the HIP skeleton has no instrumented (profile) build; lower with profile=False")
     if ir.ctas != 1:
         raise CodegenError(f"{ir.op}: ctas={ir.ctas}; the HIP skeleton runs one workgroup per CU (ctas=1)")
+    if ir.pingpong:
+        raise CodegenError(f"{ir.op}: ping-pong (each consumer group its own tile, turns per tile) has no HIP build; "
+                           "use pingpong=0")
 
 
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:

@@ -64,6 +64,26 @@ def ctas_of(tiling: dict[str, int]) -> int:
     return int(tiling.get("ctas", 1))
 
 
+def pingpong_of(tiling: dict[str, int]) -> bool:
+    """Whether two consumer warpgroups alternate tiles (tiling key ``pingpong``, default 0; GEMM): each runs its own
+    tile with the graph's tasks, their main loops take the tensor cores in turn, and one's epilogue overlaps the
+    other's main loop (CUTLASS's Hopper ping-pong kernel schedule)."""
+    return bool(tiling.get("pingpong", 0))
+
+
+def slots_of(tiling: dict[str, int]) -> int:
+    """Work units an SM runs at once, each one after another in its own slot (ptsolve.placement): the co-resident
+    CTAs (``ctas``), times the two warpgroups of a ping-pong kernel, which run their tiles as two slots sharing
+    the SM's tensor cores, copy engine and MUFU (the shared-unit floor of ptsolve.placement.shared_floor)."""
+    return ctas_of(tiling) * (2 if pingpong_of(tiling) else 1)
+
+
+def kernel_groups(groups: int, tiling: dict[str, int]) -> int:
+    """Consumer warpgroups of the kernel: the graph's ``groups`` (the warpgroups of one work unit), twice over for
+    a ping-pong kernel (its registers and threads are those of both)."""
+    return groups * (2 if pingpong_of(tiling) else 1)
+
+
 def consumer_reg_budget(groups: int, hw: Hardware, ctas: int = 1) -> int:
     """Registers per consumer thread (ptsolve.hw.Target.consumer_regs): what the model budgets and the code
     generators grant."""
@@ -121,7 +141,9 @@ class Operator:
         """Tile shape of every sTask, inferred from the output tile (paper Fig. 8).
         ``rest`` fills the tiling parameters the output tile does not fix (ring depth, groups, K block)."""
         t = self.spec.from_out_tile(self.params, tuple(out_tile))
-        base = self.tilings()[0]
+        # the first tiling with every optional key at its default (GEMM: cooperative, no split-K)
+        opt = self.spec.optional
+        base = next((x for x in self.tilings() if all(x.get(k, v) == v for k, v in opt.items())), self.tilings()[0])
         g = self.graph({**base, **t, **rest})
         return {x.name: x.tile for x in g.tasks}
 

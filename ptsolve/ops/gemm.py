@@ -3,6 +3,14 @@
 One CTA computes a BM×BN tile of C; its consumer warpgroups split the BM rows (cooperative). The
 reduction over K is the loop: load_a, load_b (TMA, producer) and one mma per warpgroup per BK step.
 
+Ping-pong (tiling key ``pingpong`` = 1, default 0; with ``groups`` = 1): two consumer warpgroups each own a *different*
+BM×BN tile of a persistent CTA (local tiles 0, 2, 4, ... and 1, 3, 5, ...); their main loops take the tensor cores
+in turn (``tc_order`` mma@0, mma@1 at tile granularity) and one's epilogue (convert + store) overlaps the other's
+main loop; the producer fills one ring in tile order (CUTLASS's Hopper ping-pong kernel schedule). The graph is one
+warpgroup's tile; the model runs it in two slots per SM that share the tensor cores, copy engine and MUFU
+(``ops.base.slots_of``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
+consumer warpgroups (``ops.base.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
+
 Split-K (tiling key ``splits`` = S, default 1): the K steps of a tile are divided into S contiguous ranges, one
 CTA each (S times the CTAs, each with ~1/S of the trips), for shapes with too few output tiles to fill the SMs
 (M of 1-128 with large K). Every split writes its fp32 partial tile to a global workspace (``partial@g``); the
@@ -52,6 +60,8 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                         for depth in (2, 3, 4, 5) if splits == 1 else SPLIT_DEPTHS:
                             t = {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
                             yield t | {"splits": splits}
+                            if groups == 1 and splits == 1 and tiles > 1:  # two warpgroups, a tile each
+                                yield t | {"splits": 1, "pingpong": 1}
 
 
 def split_trips(kt: int, splits: int) -> tuple[int, ...]:
@@ -65,6 +75,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
     positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
+    pp = t.pop("pingpong", 0)  # kept in the graph's tiling only when set (cooperative graphs stay as they were)
+    if pp not in (0, 1) or isinstance(pp, bool):
+        raise ShapeError(f"gemm tiling: pingpong={pp!r} must be 0 (cooperative) or 1 (ping-pong)")
+    if pp and (W != 1 or S != 1):
+        raise ShapeError(f"gemm tiling: pingpong=1 gives each of two warpgroups its own tile: it takes groups=1 "
+                         f"(the warpgroups of one tile) and splits=1, got groups={W}, splits={S}")
+    if pp:
+        t["pingpong"] = 1
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
@@ -76,7 +94,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     e = DTYPE_BYTES[dt]
     tm, tn = cdiv(M, BM), cdiv(N, BN)
     # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
-    side = math.isqrt(sms_of(hw))
+    side = math.isqrt(sms_of(hw) * (2 if pp else 1))
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
              allocs=(smem("a", BM * BK * e),)),
@@ -92,9 +110,9 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
             task("mma" + s, "mma", tile=(rows, BN, BK), dtype=dt, flops=2 * rows * BN * BK, is_async=True, group=g,
                  reads=("a", "b", "acc" + s), frees=("a", "b")),
             task("epilogue" + s, "vector", phase="post", tile=(rows, BN), dtype=dt, flops=2 * rows * BN, group=g,
-                 reads=("acc" + s,), allocs=(smem("c" + s, rows * BN * e),)),
+                 reads=("acc" + s,), allocs=() if pp else (smem("c" + s, rows * BN * e),)),
             task("store" + s, "store", phase="post", tile=(rows, BN), dtype=dt, bytes=rows * BN * e, is_async=True,
-                 group=g, reads=("c" + s,)),
+                 group=g, reads=("acc" + s,) if pp else ("c" + s,)),
         ]
         edges += [Edge("zero" + s, "mma" + s), Edge("load_a", "mma" + s), Edge("load_b", "mma" + s),
                   Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, "store" + s)]
@@ -108,7 +126,8 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
         tasks.append(task("partial" + s, "store", phase="post", tile=(rows, BN), dtype="fp32",
                           bytes=2 * live * BN * 4, is_async=False, group=g, reads=("acc" + s,)))
         edges += [Edge("mma" + s, "partial" + s), Edge("partial" + s, "epilogue" + s)]
-    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else ""), op="gemm", params=dict(p),
+    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else "") + ("_pingpong" if pp else ""),
+                      op="gemm", params=dict(p),
                       tiling=dict(t), tasks=tuple(tasks), edges=tuple(edges), row=split_trips(trip, S),
                       rows=tm * tn, useful_flops=2 * M * N * K)
 
@@ -117,5 +136,5 @@ REGISTRY["gemm"] = OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
-    optional={"splits": 1},
+    optional={"splits": 1, "pingpong": 0},
 )

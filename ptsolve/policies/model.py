@@ -23,7 +23,7 @@ from ..cost import GRAIN, Timing, check_grain, lower_bound_ii, shared_busy, timi
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
-from ..ops.base import consumer_reg_budget, ctas_of, smem_budget
+from ..ops.base import consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
 from ..placement import busiest, per_sm_trips, shared_floor
 from ..program import SProgram, cta_time, make_program, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
@@ -93,7 +93,7 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     FA's S tile is what FA3's intra-warpgroup overlap costs."""
     loop = copy_buffers(g)
     k = ctas_of(g.tiling)
-    budget = consumer_reg_budget(g.groups, hw, k)
+    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
     rings = ring_depths(g)
     out = dict.fromkeys(loop, 1)
     # symmetric warpgroups raise the same buffer together (s@0 and s@1)
@@ -111,17 +111,20 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
     for b, (n, who) in sorted(min_slots(g).items()):
         if rings[b] < n:
             return f"ring {b!r} of depth {rings[b]} is released by {who} {n - 1} iteration(s) late: it needs {n} slots"
+    if pingpong_of(g.tiling) and not (hw.has_wgmma and hw.has_tma):
+        return (f"ping-pong consumer warpgroups take turns on asynchronous warpgroup MMAs fed by TMA, which {hw.name} "
+                "lacks (and no code generator builds them there); use pingpong=0")
     k = ctas_of(g.tiling)
     sm, names = smem_peak(g, rings, hw)
     if sm > smem_budget(hw, k):
         return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
-    budget = consumer_reg_budget(g.groups, hw, k)
+    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, {}, grp, hw)
         if need > budget:
             return f"registers {need}/thread > {budget} ({', '.join(names)})"
-    if g.groups * 128 + 128 > hw.max_threads:
-        return f"{g.groups} consumer warpgroups + producer exceed {hw.max_threads} threads"
+    if kernel_groups(g.groups, g.tiling) * 128 + 128 > hw.max_threads:
+        return f"{kernel_groups(g.groups, g.tiling)} consumer warpgroups + producer exceed {hw.max_threads} threads"
     return None
 
 
@@ -130,7 +133,7 @@ def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
     """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
     busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
     is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
-    return busiest(per_sm_trips(g.row, g.rows, hw.sms * ctas_of(g.tiling), placement, ratio))
+    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement, ratio))
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
@@ -155,9 +158,31 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
     slots = objective_slots(g, hw, placement)
     pairs = [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in slots]
-    floor = shared_floor(pairs, ctas_of(g.tiling), shared_busy(tm, phase))
+    floor = shared_floor(pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
                    slots, ii_lb, ii_ub, total + ii_ub, q, floor)
+
+
+def units(g: STaskGraph, tm: dict[str, Timing], phase: dict[str, str], ii_lb: int) -> dict[str, tuple[int, int]]:
+    """The SM's shared units as ptsolve.placement.shared_floor takes them, in the unit of ``tm``: the tensor cores,
+    copy engine and MUFU (ptsolve.cost.shared_busy) and, for a ping-pong kernel, the tensor-core turn: the turns
+    serialise the two warpgroups' main loops (``tc_order`` passed once per tile), so every iteration of either holds
+    the turn for at least the loop's lower bound ``ii_lb`` (its busiest resource or its ring / register capacity
+    recurrence); only the epilogues overlap."""
+    busy = shared_busy(tm, phase)
+    return busy | {"turn": (ii_lb, 0)} if pingpong_of(g.tiling) else busy
+
+
+def ii_lower_bound(g: STaskGraph, hw: Hardware, copies: dict[str, int] | None = None) -> int:
+    """The lower bound on ``g``'s initiation interval on ``hw``, cycles: its busiest resource per iteration or its
+    loop-carried recurrences (latency over ring slots and register copies), as ``build`` computes it."""
+    q = check_grain()
+    cyc = timings(g, hw)
+    cp = copies if copies is not None else max_copies(g, hw)
+    prec = [(u, v, d, lat // q) for u, v, d, lat, _ in precedences(g, cyc, hw, ring_depths(g), cp)]
+    tm = {t: Timing(x.stream, tuple((r, o // q, n // q) for r, o, n in x.uses), x.latency // q) for t, x in cyc.items()}
+    phase = {t.name: t.phase for t in g.tasks}
+    return max(lower_bound_ii(tm, [t.name for t in g.phase("loop")]), _recurrence_bound(prec, phase)) * q
 
 
 def _recurrence_bound(prec: list[tuple[str, str, int, int]], phase: dict[str, str]) -> int:
