@@ -331,3 +331,17 @@ def test_tune_runner_times_candidates():
     other = default_plan("flash_attention", p, {"BM": 128, "BN": 128, "depth": 3, "groups": 2})
     us = tune.time_plans([good, other])
     assert all(0 < u < 1e4 for u in us), us
+
+
+@pytest.mark.parametrize("name", ["FA3c", "FA17c"])
+def test_cpsat_orders_schedule(name):
+    """The FA3 order as the exact solver returns it (policy cpsat-orders, committed by scripts/orders_ab.py), lowered
+    through plan_from_program (warpgroup 1 rotated back to warpgroup 0's start), on a reduced causal shape."""
+    from codegen.bench import check_fa
+    from ptsolve.result import Result
+    prog = Result.from_json((SCHEDULES.parent / "orders_ab" / f"{name}_cpsat-orders.json").read_text()).program
+    plan = plan_from_program(prog, "h200")
+    assert [t for t, _ in plan.order["loop"]["wg1"]][:2] == ["mma_qk@1", "mma_pv@1"]
+    p = _fa(1, 8, 2, 1000, 1000, plan.params["head_dim"], plan.params["causal"], plan.params["dtype"])
+    r = check_fa(p, plan.tiling, dataclasses.replace(plan, params=p), trials=1, label=name)
+    assert r["ok"], r
