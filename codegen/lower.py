@@ -23,7 +23,7 @@ from .cuda.schedule import LoopOrder, check_deps
 from .kernel_ir import KernelIR, Release, Ring, Role, Smem, TaskInfo
 from .plan import PHASES, KernelPlan, plan_from_program
 
-CODEGEN_KEYS = {"persistent": (0, 1)}  # tiling keys the code generator reads and the model does not
+CODEGEN_KEYS = {"persistent": (0, 1)}  # keys the code generator reads (the model too where the space has them)
 DEFAULT_PERSISTENT = {"gemm": 1}  # GEMM runs on persistent CTAs unless told otherwise; the others launch a grid
 WARPS = 4  # warps of a warpgroup: each warp's lane 0 arrives on an empty barrier
 
@@ -34,7 +34,8 @@ def graph_of(plan: KernelPlan, hw: Hardware) -> STaskGraph:
 
     try:
         op = ops.make(plan.op, **dict(plan.params))
-        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS}, hw)
+        modelled = set().union(*op.tilings(), op.spec.optional)  # attention's space has persistent: the model's
+        return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS or k in modelled}, hw)
     except PtsolveError as e:
         raise CodegenError(f"plan for {plan.op}: {e}") from e
     except TypeError as e:

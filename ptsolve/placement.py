@@ -15,39 +15,44 @@ import numpy as np
 from .checks import PLACEMENTS as POLICIES
 from .errors import PtsolveError
 
+STRIDED = "strided"  # not a user's choice: how a persistent kernel deals its tiles (ptsolve.program.persistent)
 
-def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even") -> np.ndarray:
+
+def sm_loads(row_cycles: list[int], rows: int, sms: int, policy: str = "even", handover: int = 0) -> np.ndarray:
     """Cycles each SM is busy. ``row_cycles``: CTA latencies of one grid row, in launch order.
 
     even: the paper's split — CTA k of T (launch order) goes to SM k // ceil(T / sms).
     lpt:  longest first, each CTA to the least-loaded SM (a persistent kernel with a sorted tile list).
     dynamic: the GPU's block scheduler: CTAs in launch order, each to the SM that frees first.
     exact: the makespan-optimal assignment (exact_loads), proven by CP-SAT or by meeting lower_bound.
+    strided: a persistent kernel's static deal: the tiles longest first, tile i to SM i mod sms.
+    ``handover``: cycles of each CTA after an SM's first that the previous one hides (a persistent CTA loads its
+    next tile under the current one's tail): they cost that much less (with ``exact``, not applied).
     """
-    if policy not in POLICIES:
+    if policy not in (*POLICIES, STRIDED):
         raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
     if policy == "exact":
         return exact_loads(row_cycles, rows, sms)[0]
     costs = np.tile(np.asarray(row_cycles, dtype=np.int64), rows)
+    if policy == STRIDED:
+        srt = np.sort(costs)[::-1]
+        loads = np.zeros(sms, dtype=np.int64)
+        np.add.at(loads, np.arange(len(srt)) % sms, srt)
+        n = np.bincount(np.arange(len(srt)) % sms, minlength=sms)
+        return loads - np.maximum(n - 1, 0) * handover
     if policy == "even":
         k = -(-len(costs) // sms)
         pad = np.zeros(sms * k, dtype=np.int64)
         pad[: len(costs)] = costs
-        return pad.reshape(sms, k).sum(axis=1)
+        n = np.minimum(np.maximum(len(costs) - np.arange(sms) * k, 0), k)
+        return pad.reshape(sms, k).sum(axis=1) - np.maximum(n - 1, 0) * handover
     heap = [(0, s) for s in range(sms)]
     loads = np.zeros(sms, dtype=np.int64)
-    if policy == "dynamic":
-        for c in costs.tolist():
-            load, s = heapq.heappop(heap)
-            loads[s] = load + c
-            heapq.heappush(heap, (load + c, s))
-        return loads
-    vals, counts = np.unique(costs, return_counts=True)
-    for c, m in sorted(zip(vals.tolist(), counts.tolist()), reverse=True):
-        for _ in range(m):
-            load, s = heapq.heappop(heap)
-            loads[s] = load + c
-            heapq.heappush(heap, (load + c, s))
+    order = costs.tolist() if policy == "dynamic" else sorted(costs.tolist(), reverse=True)
+    for c in order:
+        load, s = heapq.heappop(heap)
+        loads[s] = load + c - (handover if load else 0)
+        heapq.heappush(heap, (int(loads[s]), s))
     return loads
 
 
@@ -75,9 +80,13 @@ def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: 
     to the slot that frees first. ``lpt`` (and ``exact``, approximated by LPT here) gives the
     CTAs longest first to the least-loaded slot, a CTA weighing (trip-1) + ratio, i.e. as if span = ii / ratio;
     the kernel's latency is always re-evaluated with the true costs (sm_loads)."""
-    if policy not in POLICIES:
+    if policy not in (*POLICIES, STRIDED):
         raise PtsolveError(f"unknown placement {policy!r}; use one of {POLICIES}")
     trips = np.tile(np.asarray(row, dtype=np.int64), rows)
+    if policy == STRIDED:
+        srt = np.sort(trips)[::-1]
+        return [tuple((int(v), int(c)) for v, c in zip(*np.unique(srt[s::sms], return_counts=True)))
+                for s in range(min(sms, len(srt)))]
     if policy == "even":
         k = -(-len(trips) // sms)
         return [tuple((int(v), int(c)) for v, c in zip(*np.unique(trips[i:i + k], return_counts=True)))

@@ -25,6 +25,33 @@ from .protocol import copy_buffers, precedences, releases, ring_depths, ring_use
 __all__ = ["Barrier", "SProgram", "make_program", "precedences", "required_barriers", "ring_users"]
 
 
+def persistent(g: STaskGraph) -> bool:
+    """Does ``g``'s kernel run persistent CTAs (tiling key ``persistent``: one CTA per SM slot deals itself the
+    tiles, longest first, tile i to slot i mod slots)?"""
+    return bool(g.tiling.get("persistent", 0))
+
+
+def placement_of(g: STaskGraph, placement: str) -> str:
+    """The CTA-to-SM rule ``g``'s kernel follows: a persistent kernel's own static deal, else ``placement``."""
+    from .placement import STRIDED
+    return STRIDED if persistent(g) else placement
+
+
+def handover(g: STaskGraph, hw: Hardware) -> int:
+    """Cycles of a tile that a persistent CTA hides under the previous tile's tail: the earliest any consumer loop
+    task can start in a fresh CTA (the prologue's loads, the first ring fills: what the producer issues while the
+    previous tile finishes); 0 for a grid launch. A lower bound on what the schedule's own first start hides."""
+    if not persistent(g):
+        return 0
+    tm = timings(g, hw)
+    asap: dict[str, int] = {}
+    edges = [(u, v, lat) for u, v, d, lat, _ in precedences(g, tm, hw, ring_depths(g), {}) if d == 0]
+    for t in g.topo_order():
+        asap[t] = max((asap[u] + lat for u, v, lat in edges if v == t), default=0)
+    cons = [t.name for t in g.phase("loop") if t.group >= 0]
+    return min((asap[t] for t in cons), default=0)
+
+
 def cta_time(trip: int, ii: int, pre: int, last: int) -> int:
     """Time of one CTA whose loop runs ``trip`` times: max(pre, (trip-1)·ii + last), in the unit of the
     arguments (cycles; grains in the solvers). ``pre``: when the prologue's last task ends; ``last``: when the

@@ -104,8 +104,8 @@ def _fixed(op: Operator, fix: dict[str, int] | None) -> list[dict[str, int]]:
     unknown = sorted(set(fix) - set(keys))
     if unknown:
         raise PtsolveError(f"fix: {op.op} tilings have no key(s) {unknown}; they have {keys}")
-    opt = op.spec.optional  # a tiling without an optional key has its default
-    out = [t for t in tilings if all(t.get(k, opt.get(k)) == v for k, v in fix.items())]
+    opt = op.spec.optional  # a tiling without an optional key has its default; without a flag (persistent), 0
+    out = [t for t in tilings if all(t.get(k, opt.get(k, 0)) == v for k, v in fix.items())]
     if not out:
         raise PtsolveError(f"fix {fix}: no tiling of {op.describe()} has these values; "
                            f"e.g. {', '.join(str(t) for t in tilings[:3])}")

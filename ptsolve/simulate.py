@@ -21,7 +21,7 @@ from .hw import Hardware, load
 from .ir import STaskGraph
 from .ops.base import pingpong_of, slots_of
 from .placement import per_sm_pairs, shared_floor, sm_loads
-from .program import SProgram, cta_time, precedences
+from .program import SProgram, cta_time, handover, placement_of, precedences
 from .protocol import first_reuse
 
 
@@ -139,7 +139,8 @@ def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: s
                   tm: dict[str, Timing] | None = None) -> tuple[int, np.ndarray]:
     """(kernel cycles, busy cycles of each SM slot) for CTAs of ``cta[trip]`` cycles: the busiest of the
     hw.sms · slots_of(tiling) slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher."""
-    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * slots_of(g.tiling), placement)
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement),
+                    handover(g, hw))
     return max(int(busy.max()), unit_floor(g, hw, placement, tm)), busy
 
 
@@ -153,7 +154,8 @@ def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing
     tm = tm or timings(g, hw)
     phase = {t.name: t.phase for t in g.tasks}
     ii_lb = ii_lower_bound(g, hw) if pingpong_of(g.tiling) else 0  # the ping-pong turns (policies.model.units)
-    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement), k, units(g, tm, phase, ii_lb))
+    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms * k, placement_of(g, placement)), k,
+                        units(g, tm, phase, ii_lb))
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:

@@ -28,7 +28,7 @@ OUT = ROOT / "results/orders_ab"
 CONFIGS = ("FA2", "FA3", "FA3c", "FA13c", "FA14", "FA17c")
 R.AB = OUT / "sources.json"
 R.NAMES = list(CONFIGS)
-R.COLS = ["hand", "hand_p", "orders", "cpsat"]
+R.COLS = ["hand", "hand_p", "orders", "orders_p", "cpsat", "cpsat_p", "first"]
 R.__file__ = __file__  # regress_ab's smoke test re-runs this script in a child process
 
 
@@ -45,16 +45,27 @@ def emit() -> None:
     out = {}
     for name in CONFIGS:
         op = operator(cfgs[name])
-        r = optimize(op, hw="h200", solver="cpsat-orders", time_limit=240, fix=FIXED, compile_check=True)
-        (OUT / f"{name}_cpsat-orders.json").write_text(r.to_json())
+        r = optimize(op, hw="h200", solver="cpsat-orders", time_limit=240, fix=FIXED | {"persistent": 0},
+                     compile_check=True)
+        rp = optimize(op, hw="h200", solver="cpsat-orders", time_limit=240, fix=FIXED | {"persistent": 1},
+                      compile_check=True)
+        fp = optimize(op, hw="h200", solver="cpsat", time_limit=240, fix=FIXED | {"persistent": 1},
+                      compile_check=True)
+        first = optimize(op, hw="h200", solver="cpsat", time_limit=240, compile_check=True)
+        for tag, x in (("cpsat-orders", r), ("cpsat-orders_p", rp), ("cpsat_p", fp), ("cpsat_first", first)):
+            (OUT / f"{name}_{tag}.json").write_text(x.to_json())
         free = Result.from_json((R.SCHED / f"{name}_cpsat.json").read_text()).program
         p = dict(op.params)
         row = {"hand": emit_source(fa3_order_plan(p, FIXED), "h200"),
                "hand_p": emit_source(fa3_order_plan(p, FIXED | {"persistent": 1}), "h200"),
                "orders": emit_source(plan_from_program(r.program, "h200"), "h200"),
-               "cpsat": emit_source(plan_from_program(free, "h200"), "h200")}
+               "orders_p": emit_source(plan_from_program(rp.program, "h200"), "h200"),
+               "cpsat": emit_source(plan_from_program(free, "h200"), "h200"),
+               "cpsat_p": emit_source(plan_from_program(fp.program, "h200"), "h200"),
+               "first": emit_source(plan_from_program(first.program, "h200"), "h200")}
         out[name] = {k: dataclasses.asdict(v) for k, v in row.items()}
-        print(name, r.status, f"{r.predicted_us:.1f} µs predicted", r.kernel_check, flush=True)
+        print(name, " ".join(f"{k} {x.status} {x.predicted_us:.1f} µs {x.tiling}" for k, x in
+                             (("orders", r), ("orders_p", rp), ("cpsat_p", fp), ("first", first))), flush=True)
     R.AB.write_text(json.dumps(out, indent=0, sort_keys=True))
 
 

@@ -55,7 +55,15 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
             # stages of K and V at 16 KB each); 32-key blocks fit (codegen.hip)
             for bn in (32, 64, 128, 176, 192, 256):
                 for depth in (2, 3):
-                    yield {"BM": rows * groups, "BN": bn, "depth": depth, "groups": groups}
+                    t = {"BM": rows * groups, "BN": bn, "depth": depth, "groups": groups}
+                    yield t
+                    if _tiles(p, t["BM"]) > 1:  # persistent CTAs (program.persistent): not for a single tile
+                        yield t | {"persistent": 1}
+
+
+def _tiles(p: dict[str, Any], BM: int) -> int:
+    """Query tiles of the whole launch (batch x heads x query blocks)."""
+    return p["batch"] * p["heads"] * cdiv(p["seq_q"], BM)
 
 
 def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:

@@ -139,8 +139,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     # schedules that tie at the floor this keeps the shortest
     big = max(sum(c * ((n - 1) * ii_hi + 2 * H) for n, c in h) for h in P.slots)
     obj = m.new_int_var(0, big, "obj")
-    for h in P.slots:
-        m.add(obj >= sum(c * x[n] for n, c in h))
+    for h in P.slots:  # a persistent kernel's slot hides P.handover of each tile after its first (P.latency)
+        m.add(obj >= sum(c * x[n] for n, c in h) - (sum(c for _, c in h) - 1) * P.handover)
     m.minimize(obj)
     if hint is not None:
         q = P.grain

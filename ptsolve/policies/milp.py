@@ -168,7 +168,8 @@ class _Model:
         big = max(sum(c * ((n - 1) * ii_hi + 2 * H) for n, c in h) for h in P.slots)
         self.obj = _var(m, "obj", 0, big, "Integer")
         for c, h in enumerate(P.slots):
-            m += self.obj >= pulp.lpSum(k * self.x[n] for n, k in h), f"obj_{c}"
+            m += self.obj >= pulp.lpSum(k * self.x[n] for n, k in h) - (sum(k for _, k in h) - 1) * P.handover, \
+                f"obj_{c}"
         m += self.obj
 
     def hint_values(self, ii: int, S: dict[str, int]) -> dict[str, float] | None:

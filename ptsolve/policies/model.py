@@ -25,7 +25,7 @@ from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
 from ..placement import busiest, per_sm_trips, shared_floor
-from ..program import SProgram, cta_time, make_program, precedences
+from ..program import SProgram, cta_time, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
 from ..validate import regs_per_thread, smem_peak
 
@@ -49,6 +49,7 @@ class Problem:
     horizon: int
     grain: int = GRAIN
     floor: int = 0                                    # grains; the SM's shared units, see shared_floor
+    handover: int = 0                                 # grains a persistent CTA hides per later tile (program.handover)
 
     def program(self, ii: int, start: dict[str, int], policy: str) -> SProgram:
         """The SProgram of a solution given in grains (ii and start times)."""
@@ -68,8 +69,10 @@ class Problem:
     def latency(self, ii: int, pre: int, last: int) -> int:
         """Busiest SM slot's time for a schedule with this ii, prologue end ``pre`` and one-iteration end ``last``
         (ptsolve.program.cta_time), in the unit of its arguments (grains in the solvers). What every policy
-        minimises; nondecreasing in each argument."""
-        return max(sum(c * cta_time(n, ii, pre, last) for n, c in h) for h in self.slots)
+        minimises; nondecreasing in each argument. A persistent kernel's slot hides ``handover`` of every tile after
+        its first."""
+        return max(sum(c * cta_time(n, ii, pre, last) for n, c in h) - (sum(c for _, c in h) - 1) * self.handover
+                   for h in self.slots)
 
     def objective(self, ii: int, pre: int, last: int) -> int:
         """The kernel's time: max(floor, latency); monotone in the latency, so a schedule of least latency
@@ -133,7 +136,7 @@ def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
     """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
     busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
     is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
-    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement, ratio))
+    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio))
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
@@ -160,7 +163,7 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     pairs = [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in slots]
     floor = shared_floor(pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
-                   slots, ii_lb, ii_ub, total + ii_ub, q, floor)
+                   slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q)
 
 
 def units(g: STaskGraph, tm: dict[str, Timing], phase: dict[str, str], ii_lb: int) -> dict[str, tuple[int, int]]:
