@@ -158,8 +158,10 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
 
     from .plan import plan_from_program
 
-    # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out
-    fix = {"splits": 1} if c.op == "gemm" else None
+    # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out; an
+    # attention class launches a grid (persistent CTAs pay off by the shape's tile count, and the generic persistent
+    # kernel is not tested)
+    fix = {"splits": 1} if c.op == "gemm" else {"persistent": 0} if c.op == "flash_attention" else None
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
                            time_limit=time_limit, compile_check=compile_check, fix=fix)
     plan = plan_from_program(res.program)
