@@ -158,6 +158,7 @@ def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str]) -> dict
     prologue and epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in
     the rotated form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's. Only where
     the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
+    from ptsolve.policies.orders import rotate
     out = dict(loop)
     ref = [t.split("@")[0] for t, _ in loop.get("wg0", [])]
     for r in sorted(k for k in loop if k.startswith("wg") and k != "wg0"):
@@ -167,7 +168,7 @@ def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str]) -> dict
         m = next((m for m in range(1, len(names)) if names[m:] + names[:m] == ref), None)
         if m is None:
             continue
-        seq = loop[r][m:] + [(t, s - 1) for t, s in loop[r][:m]]
+        seq = rotate(loop[r], m)
         if [t for t, _ in seq if t in tc] == [t for t in tc if any(t == x for x, _ in seq)]:
             out[r] = seq
     return out

@@ -28,14 +28,10 @@ from ptsolve import ops  # noqa: E402
 from ptsolve.hw import load  # noqa: E402
 from ptsolve.policies import cpsat  # noqa: E402
 from ptsolve.policies.model import build  # noqa: E402
+from ptsolve.policies.orders import rotate  # noqa: E402
 from ptsolve.simulate import predicted_us  # noqa: E402
 
 LIMIT_S = 60.0  # per CP-SAT solve; every solve below is reported with its status
-
-
-def rotate(seq: list[tuple[str, int]], m: int) -> list[tuple[str, int]]:
-    """The same cyclic issue order started at its m-th task: the tasks moved to the end run one stage earlier."""
-    return seq[m:] + [(t, st - 1) for t, st in seq[:m]]
 
 
 def best(P, pins: list[dict]) -> tuple:
