@@ -150,28 +150,48 @@ def min_copies(p: Any, hw: Any) -> dict[str, int]:
     return out
 
 
-def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str]) -> dict[str, list[tuple[str, int]]]:
-    """Consumer warpgroups whose loop is a rotation of warpgroup 0's (the same tasks in the same cyclic order, a
-    different first task: the model's slots start each role's loop wherever its ii window cuts it) rotated back to
-    warpgroup 0's first task; a task moved from the front to the end runs one stage earlier. Each warpgroup still
-    issues the same task instances in the same order: only where the emitted loop begins and which iterations the
-    prologue and epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in
-    the rotated form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's. Only where
-    the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
+def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str],
+                  entry: dict[str, str] | None = None) -> dict[str, list[tuple[str, int]]]:
+    """Each consumer warpgroup's loop started at a fixed task: ``entry[role]`` where the operator declares an issue
+    order (its first task: FlashAttention's QK), else, for a warpgroup whose loop is a rotation of warpgroup 0's
+    (the same tasks in the same cyclic order, a different first task: the model's slots start each role's loop
+    wherever its ii window cuts it), warpgroup 0's first task. A task moved from the front to the end runs one stage
+    earlier, and every role's stages are shifted alike if one would fall below 0. Each warpgroup still issues the
+    same task instances in the same order: only where the emitted loop begins and which iterations the prologue and
+    epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in the rotated
+    form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's, and the GPU ran the
+    solver's FA3-order schedules 10-25% slower when their warpgroups entered the loop elsewhere (results/first_choice).
+    Only where the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
     from ptsolve.policies.orders import rotate
     out = dict(loop)
     ref = [t.split("@")[0] for t, _ in loop.get("wg0", [])]
-    for r in sorted(k for k in loop if k.startswith("wg") and k != "wg0"):
+    for r in sorted(k for k in loop if k.startswith("wg")):
         names = [t.split("@")[0] for t, _ in loop[r]]
-        if len(names) != len(ref) or names == ref or sorted(names) != sorted(ref):
+        if entry and r in entry:
+            m = next((i for i, (t, _) in enumerate(loop[r]) if t == entry[r]), 0)
+        elif r == "wg0" or len(names) != len(ref) or names == ref or sorted(names) != sorted(ref):
             continue
-        m = next((m for m in range(1, len(names)) if names[m:] + names[:m] == ref), None)
-        if m is None:
+        else:
+            m = next((m for m in range(1, len(names)) if names[m:] + names[:m] == ref), 0)
+        if not m:
             continue
         seq = rotate(loop[r], m)
         if [t for t, _ in seq if t in tc] == [t for t in tc if any(t == x for x, _ in seq)]:
             out[r] = seq
-    return out
+    low = min((s for seq in out.values() for _, s in seq), default=0)
+    return {r: [(t, s - low) for t, s in seq] for r, seq in out.items()} if low < 0 else out
+
+
+def entries(op: str, groups: int) -> dict[str, str] | None:
+    """Where each consumer warpgroup's loop starts, from the operator's declared issue order (OpSpec.orders: the
+    first order by name, its first task per warpgroup), or None when it declares none."""
+    from ptsolve.ops import REGISTRY
+    spec = REGISTRY.get(op)
+    if spec is None or spec.orders is None:
+        return None
+    declared = spec.orders(groups)
+    first = declared[sorted(declared)[0]]
+    return {r: seq[0][0] for r, seq in sorted(first.items()) if r.startswith("wg") and seq}
 
 
 def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
@@ -187,5 +207,5 @@ def plan_from_program(program: Any, hw: Any = None) -> KernelPlan:
              for ph, roles in streams.items()}
     mma = sorted((t.name for t in g.phase("loop") if t.kind == "mma"),
                  key=lambda n: (program.start[n] % program.ii, n))
-    order["loop"] = same_rotation(order["loop"], mma)
+    order["loop"] = same_rotation(order["loop"], mma, entries(g.op, g.groups))
     return KernelPlan(g.op, dict(g.params), dict(g.tiling), order, mma, int(program.ii), min_copies(program, hwt))

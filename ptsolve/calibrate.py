@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -199,15 +200,49 @@ def evaluate(samples: Sequence[Sample], hw: Hardware) -> dict[str, Any]:
             "sign_configs": len(signs)}
 
 
-def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None = None) -> Path:
-    """``<name>.calibrated.json`` (beside the built-in tables unless ``path``) with every fitted entry that differs
-    from ``base``, each with ``provenance`` as its source; ptsolve.hw.load overlays it on the table."""
-    out = {k: {"value": getattr(hw, k), "source": f"ptsolve.calibrate: {provenance} (table value "
-                                                  f"{getattr(base, k)})"}
-           for k in FIT if getattr(hw, k) != getattr(base, k)}
-    p = Path(path) if path else HERE / f"{hw.name}.calibrated.json"
+def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None = None,
+          keys: Sequence[str] = tuple(FIT)) -> Path:
+    """``<name>.calibrated.json`` (in $PTSOLVE_CALIBRATION_DIR, else beside the built-in tables, unless ``path``)
+    with every fitted entry of ``keys`` that differs from ``base``, each with ``provenance`` as its source;
+    ptsolve.hw.load overlays it on the table.
+    Entries of the file outside ``keys`` (another fit's) are kept."""
+    p = Path(path) if path else Path(os.environ.get("PTSOLVE_CALIBRATION_DIR", HERE)) / f"{hw.name}.calibrated.json"
+    out = {k: v for k, v in (json.loads(p.read_text()) if p.exists() else {}).items() if k not in keys}
+    out |= {k: {"value": getattr(hw, k), "source": f"ptsolve.calibrate: {provenance} (table value "
+                                                   f"{getattr(base, k)})"}
+            for k in keys if getattr(hw, k) != getattr(base, k)}
     p.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     return p
+
+
+def task_extra(profiled: Sequence[tuple[dict[str, Any], SProgram]], hw: Hardware) -> dict[str, dict[str, Any]]:
+    """Per ``op/task/groups`` key (cost.task_key) of the profiled kernels' vector loop tasks: the cycles its body
+    measured beyond the model's stream occupancy of it on ``hw`` without task_extra, the fit for hw.task_extra.
+
+    ``profiled``: (a codegen.profile Profile as JSON, the SProgram it ran). A task's measured body is the median of
+    t2 − t1 (after its waits, before the next probe) over its loop instances; each warpgroup's copy of a task is
+    one observation, the extra is the median over all observations less the model's cycles, at least 0 (work a
+    probe shows in a neighbour's body is that neighbour's). Returns {key: {"extra": cycles, "observations":
+    [(kernel, task, measured, model)]}}, sorted by key."""
+    from .cost import task_key, timings
+    bare = replace(hw, task_extra={})
+    obs: dict[str, list[tuple[str, str, float, int]]] = {}
+    for prof, prog in profiled:
+        g = prog.graph
+        if prof.get("op") != g.op:
+            raise PtsolveError(f"profile {prof.get('kernel')!r} is of {prof.get('op')!r}, its schedule of {g.op!r}: "
+                               "pair each profile with the schedule it was measured from")
+        tm = timings(g, bare)
+        busy: dict[str, list[int]] = {}
+        for e in prof["events"]:
+            t = g.task.get(e["task"])
+            if t is not None and t.kind == "vector" and e["phase"] == "loop":
+                busy.setdefault(t.name, []).append(int(e["t2"]) - int(e["t1"]))
+        for n, xs in sorted(busy.items()):
+            obs.setdefault(task_key(g.op, g.task[n], g.groups), []).append(
+                (str(prof.get("kernel")), n, float(statistics.median(xs)), tm[n].busy(tm[n].stream)))
+    return {k: {"extra": max(0, int(round(statistics.median(m - c for _, _, m, c in v)))), "observations": v}
+            for k, v in sorted(obs.items())}
 
 
 def samples_from_study(candidates: dict[str, Any], study: dict[str, Any]) -> list[Sample]:

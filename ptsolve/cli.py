@@ -158,6 +158,44 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
+    """Fit hw.task_extra from profiler timelines (ptsolve.calibrate.task_extra) and print it next to the data."""
+    from dataclasses import replace
+    from datetime import datetime, timezone
+
+    from .calibrate import task_extra, write
+    from .hw import load
+    from .result import Result
+
+    hw = load(a.hw)
+    pairs = []
+    for d in a.profiles:
+        files = sorted(Path(d).glob("*.profile.json"))
+        if not files:
+            raise PtsolveError(f"{d}: no *.profile.json files (write them with `ptsolve profile --out {d}`)")
+        for f in files:
+            sched = Path(a.schedules) / f"{f.name[:-len('.profile.json')]}.json"
+            if not sched.exists():
+                raise PtsolveError(f"{f}: its schedule {sched} does not exist; pass --schedules, the folder of the "
+                                   "Result JSON files the profiles were measured from")
+            pairs.append((json.loads(f.read_text()), Result.from_json(sched.read_text()).program))
+    fit_ = task_extra(pairs, hw)
+    print("| op/task | measured body, cycles (kernel: median per warpgroup) | model cycles | extra |")
+    print("|---|---|---|---|")
+    for k, v in fit_.items():
+        ms = ", ".join(f"{m:.0f}" for _, _, m, _ in v["observations"])
+        mc = sorted({c for _, _, _, c in v["observations"]})
+        print(f"| {k} | {ms} | {', '.join(map(str, mc))} | {v['extra']} |")
+    if a.write:
+        new = replace(hw, task_extra={k: v["extra"] for k, v in fit_.items() if v["extra"] > 0})
+        st = provenance()
+        src = (f"fitted on {len(pairs)} profiled kernels ({', '.join(a.profiles)}; "
+               f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {st.get('commit')}); `ptsolve calibrate-tasks "
+               f"--profiles {' '.join(a.profiles)} --schedules {a.schedules} --hw {a.hw} --write`")
+        print(f"wrote {write(new, replace(hw, task_extra={}), src, keys=('task_extra',))}")
+    return 0
+
+
 def cmd_tune(a: argparse.Namespace) -> int:
     """Prepare, run (with a GPU runner) or finish a measured selection."""
     from . import ops
@@ -544,6 +582,14 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--write", action="store_true", help="write <hw>.calibrated.json beside the built-in table")
     cal.add_argument("--out", default=None, metavar="DIR", help="report folder (default: $PTSOLVE_OUT_DIR or "
                      "~/ptsolve-out)")
+    ct = sub.add_parser("calibrate-tasks", formatter_class=fmt,
+                        help="fit the vector tasks' cycles beyond the throughput model (hw.task_extra) from the "
+                             "profiler's timelines (ptsolve profile)")
+    ct.add_argument("--profiles", nargs="+", required=True, metavar="DIR", help="folders of *.profile.json")
+    ct.add_argument("--schedules", required=True, metavar="DIR",
+                    help="folder of the Result JSON files the profiles ran (<name>.json beside <name>.profile.json)")
+    ct.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    ct.add_argument("--write", action="store_true", help="write task_extra into <hw>.calibrated.json")
     tu = sub.add_parser("tune", formatter_class=fmt, epilog=op_help(),
                         help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
     tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")
@@ -579,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(plugins[argv[0]].load()(argv[1:]) or 0)
         a = parser().parse_args(argv)
         return {"optimize": cmd_optimize, "compare": cmd_compare, "placement": cmd_placement,
-                "ops": cmd_ops, "calibrate": cmd_calibrate, "tune": cmd_tune}[a.cmd](a)
+                "ops": cmd_ops, "calibrate": cmd_calibrate,
+                "calibrate-tasks": cmd_calibrate_tasks, "tune": cmd_tune}[a.cmd](a)
     except PtsolveError as e:
         print(f"ptsolve: error: {e}", file=sys.stderr)
         return 2

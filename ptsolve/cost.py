@@ -72,14 +72,21 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
     return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / hw.l2_bytes_per_clk)))
 
 
-def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> Timing:
+def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
     """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN; ``turns``:
-    the graph's consumer warpgroups take turns on the tensor cores; ``ctas``: CTAs resident on one SM."""
-    r = _raw_timing(t, hw, turns, ctas)
+    the graph's consumer warpgroups take turns on the tensor cores; ``ctas``: CTAs resident on one SM; ``op``: the
+    graph's operator and ``groups`` its consumer warpgroups (the key of hw.task_extra)."""
+    r = _raw_timing(t, hw, turns, ctas, op, groups)
     return Timing(r.stream, tuple((x, grain(o) if o else 0, grain(n)) for x, o, n in r.uses), grain(r.latency))
 
 
-def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> Timing:
+def task_key(op: str, t: STask, groups: int) -> str:
+    """``op/task/groups``: the key of a task in hw.task_extra (warpgroup g's ``exp2@g`` is every warpgroup's ``exp2``;
+    ``groups`` consumer warpgroups share the SM's SFU and issue slots, so the same task costs more with two)."""
+    return f"{op}/{t.name.split('@')[0]}/{groups}"
+
+
+def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
     """Occupancy and latency of one task on ``hw``.
 
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
@@ -91,7 +98,9 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> T
             (two or more consumer warpgroups issue mma tasks) each also holds tc hw.tc_handoff cycles more.
     vector: stream busy flops / (fp32 lanes · vector_efficiency), lanes = fp32_flops_per_clk / 2, times
             1 + hw.coresident · (ctas − 1) when other CTAs share the SM's issue slots;
-            exp2 also holds the shared sfu for sfu / sfu_per_clk cycles and the stream at least as long.
+            exp2 also holds the shared sfu for sfu / sfu_per_clk cycles and the stream at least as long;
+            plus hw.task_extra["op/task/groups"] cycles of stream and latency (what the profiler measured beyond that
+            throughput estimate: reductions' dependent chains and shuffles, the SFU shared with the other warpgroups).
     barrier: stream busy hw.barrier_cycles.
     """
     s = stream_of(t)
@@ -107,11 +116,12 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1) -> T
     if t.kind == "vector":
         lanes = hw.fp32_flops_per_clk / 2 * hw.vector_efficiency / (1 + hw.coresident * (ctas - 1))
         vec = math.ceil(t.flops / lanes)
+        extra = hw.task_extra.get(task_key(op, t, groups), 0)
         if t.sfu:
             sfu = math.ceil(t.sfu / hw.sfu_per_clk)
-            d = max(vec, sfu, 1)
+            d = max(vec, sfu, 1) + extra
             return Timing(s, ((s, 0, d), ("sfu", 0, sfu)), d)
-        d = max(vec, 1)
+        d = max(vec, 1) + extra
         return Timing(s, ((s, 0, d),), d)
     return Timing(s, ((s, 0, hw.barrier_cycles),), hw.barrier_cycles)
 
@@ -121,7 +131,7 @@ def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
     how many CTAs share an SM)."""
     turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
     ctas = int(g.tiling.get("ctas", 1))
-    return {t.name: task_timing(t, hw, turns, ctas) for t in g.tasks}
+    return {t.name: task_timing(t, hw, turns, ctas, g.op, g.groups) for t in g.tasks}
 
 
 def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:

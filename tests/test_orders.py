@@ -78,3 +78,31 @@ def test_same_rotation_only_where_the_turns_allow():
     assert out["wg0"] == w0 and out["producer"] == loop["producer"]
     # a turn order that serves warpgroup 1's PV before its QK: the rotated form is the only consistent one
     assert same_rotation(loop, ["mma_qk@0", "mma_pv@1", "mma_qk@1", "mma_pv@0"])["wg1"] == w1
+
+
+def test_declared_entry_starts_every_warpgroups_loop():
+    """An operator's declared order fixes where each warpgroup's emitted loop begins (FlashAttention: at its QK),
+    also for warpgroup 0 and for loops that are not rotations of each other; a stage pushed below 0 shifts every
+    role alike; a turn order the rotated loop would contradict keeps the model's cut."""
+    from codegen.plan import entries
+    w0 = [("rowsum@0", 1), ("mma_qk@0", 0), ("mma_pv@0", 1), ("rowmax@0", 0), ("exp2@0", 0), ("rescale@0", 0)]
+    w1 = [("exp2@1", 1), ("rowsum@1", 1), ("rescale@1", 1), ("mma_qk@1", 0), ("mma_pv@1", 1), ("rowmax@1", 0)]
+    loop = {"producer": [("load_k", 0), ("load_v", 0)], "wg0": w0, "wg1": w1}
+    ent = entries("flash_attention", 2)
+    assert ent == {"wg0": "mma_qk@0", "wg1": "mma_qk@1"} and entries("gemm", 2) is None
+    tc = ["mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"]
+    out = same_rotation(loop, tc, ent)
+    assert out["wg0"] == [("mma_qk@0", 0), ("mma_pv@0", 1), ("rowmax@0", 0), ("exp2@0", 0), ("rescale@0", 0),
+                          ("rowsum@0", 0)]  # rowsum moved to the end: one stage earlier
+    assert out["wg1"] == [("mma_qk@1", 0), ("mma_pv@1", 1), ("rowmax@1", 0), ("exp2@1", 0), ("rowsum@1", 0),
+                          ("rescale@1", 0)]
+    assert out["producer"] == loop["producer"]
+    # a stage-0 task moved to the end would run at stage -1: every role shifts up by one instead
+    low = dict(loop, wg0=[("rowsum@0", 0), ("mma_qk@0", 0), ("mma_pv@0", 1), ("rowmax@0", 0), ("exp2@0", 0),
+                          ("rescale@0", 0)])
+    out = same_rotation(low, tc, ent)
+    assert out["wg0"][-1] == ("rowsum@0", 0) and out["wg0"][0] == ("mma_qk@0", 1)
+    assert out["producer"] == [("load_k", 1), ("load_v", 1)] and out["wg1"][0] == ("mma_qk@1", 1)
+    # PV before QK in warpgroup 1's turn: its rotated loop (QK first) would contradict it, so it keeps its cut
+    kept = same_rotation(loop, ["mma_qk@0", "mma_pv@0", "mma_pv@1", "mma_qk@1"], ent)
+    assert [t for t, _ in kept["wg1"]] == [t for t, _ in w1]

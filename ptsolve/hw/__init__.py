@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,10 @@ class Hardware:
     # costs a table may leave out (0: not charged); ptsolve calibrate fits them from profiles
     tc_handoff: int = 0           # extra tensor-core cycles per mma task when two or more warpgroups take turns on it
     coresident: float = 0.0       # vector-work slowdown per extra co-resident CTA (issue slots, register-file ports)
+    # cycles a vector task holds its stream beyond the throughput estimate (dependent chains, shuffles, the shared
+    # SFU's contention), keyed "op/task/groups" (the task's name without its @warpgroup, the graph's consumer
+    # warpgroups); ptsolve.calibrate.task_extra fits them from the profiler's timelines
+    task_extra: dict[str, int] = field(default_factory=dict)
 
     @property
     def hbm_bytes_per_clk(self) -> float:
@@ -148,7 +152,7 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
     for f in fields(Hardware):
         if f.name == "sources":
             continue
-        if f.name not in raw and f.default is not MISSING:
+        if f.name not in raw and (f.default is not MISSING or f.default_factory is not MISSING):
             continue
         if f.name not in raw:
             raise HardwareError(f"hardware table {where}: missing field {f.name!r}")
@@ -161,6 +165,11 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
         vals[f.name] = v
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             raise HardwareError(f"hardware table {where}: field {f.name!r} is negative ({v})")
+    for k, v in vals.get("task_extra", {}).items():
+        key_ok = isinstance(k, str) and k.count("/") == 2 and k.rsplit("/", 1)[1].isdigit()
+        if not (key_ok and isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise HardwareError(f"hardware table {where}: task_extra entry {k!r}: {v!r} must map 'op/task/groups' "
+                                "(e.g. 'flash_attention/exp2/2') to cycles (an integer >= 0)")
     for k in ("sms", "clock_ghz", "tc_flops_per_clk", "hbm_bytes_per_s", "smem_per_block", "regs_per_sm"):
         if not vals[k] > 0:
             raise HardwareError(f"hardware table {where}: field {k!r} must be > 0, got {vals[k]}")

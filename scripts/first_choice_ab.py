@@ -1,0 +1,74 @@
+"""The exact solver's first choice against the hand FA3-order plan, on every paper attention configuration
+(issue 13: "the exact kernel ≥ the hand FA3-order plan on every paper configuration").
+
+``first``: ``optimize(op, hw="h200", solver="cpsat")`` over the whole space with this checkout's H200 table (its
+per-task costs fitted from the profiler: ``ptsolve calibrate-tasks``); ``hand_p``: the round's hand plan
+(``codegen.plan.fa3_order_plan``, persistent); ``first_before``: the first choice of ``results/orders_ab`` (the
+table without per-task costs), where that run had the configuration. Timing and checks are
+``results/ab/regress_ab.py``'s (CUDA graphs, order rotated each round, outputs compared).
+
+    python3 scripts/first_choice_ab.py emit [--resolve]      # CPU: solve (unless saved) + emit
+    PTSOLVE_CACHE_DIR=$PWD/.cubin_first python3 scripts/first_choice_ab.py compile
+    PTSOLVE_CACHE_DIR=$PWD/.cubin_first python3 scripts/first_choice_ab.py   # GPU
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "results/ab"))
+
+import regress_ab as R  # noqa: E402
+
+OUT = ROOT / "results/first_choice"
+CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c")
+R.AB = OUT / "sources.json"
+R.NAMES = list(CONFIGS)
+R.COLS = ["hand_p", "first", "first_d2", "first_unrotated", "first_before", "hand_resc0", "hand_resc01"]
+R.__file__ = __file__  # regress_ab's smoke test re-runs this script in a child process
+
+
+def emit() -> None:
+    from codegen.cuda import emit as emit_source
+    from codegen.plan import fa3_order_plan, plan_from_program
+    from codegen.round import FIXED
+    from ptsolve import optimize
+    from ptsolve.result import Result
+    from ptsolve.suites import operator, paper
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    cfgs = {c["name"]: c for c in paper()}
+    before = json.loads((ROOT / "results/orders_ab/sources.json").read_text())
+    out = {}
+    for name in CONFIGS:
+        op = operator(cfgs[name])
+        saved = OUT / f"{name}_cpsat_first.json"
+        if "--resolve" in sys.argv or not saved.exists():
+            saved.write_text(optimize(op, hw="h200", solver="cpsat", time_limit=240, compile_check=True,
+                                      cache=False).to_json())
+        first = Result.from_json(saved.read_text())
+        row = {"hand_p": dataclasses.asdict(emit_source(fa3_order_plan(dict(op.params), FIXED | {"persistent": 1}),
+                                                        "h200")),
+               "first": dataclasses.asdict(emit_source(plan_from_program(first.program, "h200"), "h200"))}
+        if name in before:
+            row["first_before"] = before[name]["first"]
+        out[name] = row
+        print(name, first.status, f"{first.predicted_us:.1f} µs", first.tiling, flush=True)
+    R.AB.write_text(json.dumps(out, indent=0, sort_keys=True))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["emit"]:
+        emit()
+    elif sys.argv[1:2] == ["compile"]:
+        R.compile_all(check=False)
+    elif sys.argv[1:2] == ["check"]:
+        R.compile_all(check=True)
+    elif sys.argv[1:2] == ["smoke"]:
+        R.smoke_child(sys.argv[2:])
+    else:
+        R.main()
