@@ -28,7 +28,7 @@ OUT = ROOT / "results/first_choice"
 CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c")
 R.AB = OUT / "sources.json"
 R.NAMES = list(CONFIGS)
-R.COLS = ["hand_p", "first", "first_d2", "first_unrotated", "first_before", "hand_resc0", "hand_resc01"]
+R.COLS = ["hand_p", "first", "first_before"]
 R.__file__ = __file__  # regress_ab's smoke test re-runs this script in a child process
 
 
