@@ -187,7 +187,8 @@ def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
         mc = sorted({c for _, _, _, c in v["observations"]})
         print(f"| {k} | {ms} | {', '.join(map(str, mc))} | {v['extra']} |")
     if a.write:
-        new = replace(hw, task_extra={k: v["extra"] for k, v in fit_.items() if v["extra"] > 0})
+        # zeros too: a fitted 0 is a measurement, an absent key borrows a neighbouring warpgroup count's entry
+        new = replace(hw, task_extra={k: v["extra"] for k, v in fit_.items()})
         st = provenance()
         src = (f"fitted on {len(pairs)} profiled kernels ({', '.join(a.profiles)}; "
                f"{datetime.now(timezone.utc):%Y-%m-%d}, commit {st.get('commit')}); `ptsolve calibrate-tasks "

@@ -86,6 +86,18 @@ def task_key(op: str, t: STask, groups: int) -> str:
     return f"{op}/{t.name.split('@')[0]}/{groups}"
 
 
+def task_extra_of(hw: Hardware, op: str, t: STask, groups: int) -> int:
+    """hw.task_extra of ``t`` with ``groups`` consumer warpgroups, cycles. A warpgroup count the fit has no entry for
+    takes the entry of the nearest fitted count below it (more warpgroups share the SFU and issue slots at least as
+    much), else above it: a tiling must not look cheaper only because nobody profiled its warpgroup count."""
+    stem = task_key(op, t, groups).rsplit("/", 1)[0] + "/"
+    have = {int(k[len(stem):]): v for k, v in hw.task_extra.items() if k.startswith(stem) and k[len(stem):].isdigit()}
+    if not have:
+        return 0
+    below = [g for g in have if g <= groups]
+    return have[max(below)] if below else have[min(have)]
+
+
 def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
     """Occupancy and latency of one task on ``hw``.
 
@@ -116,7 +128,7 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
     if t.kind == "vector":
         lanes = hw.fp32_flops_per_clk / 2 * hw.vector_efficiency / (1 + hw.coresident * (ctas - 1))
         vec = math.ceil(t.flops / lanes)
-        extra = hw.task_extra.get(task_key(op, t, groups), 0)
+        extra = task_extra_of(hw, op, t, groups)
         if t.sfu:
             sfu = math.ceil(t.sfu / hw.sfu_per_clk)
             d = max(vec, sfu, 1) + extra

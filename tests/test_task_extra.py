@@ -35,7 +35,7 @@ def test_extra_charged_to_the_keyed_tasks_only():
     g = _graph(hw)
     base = timings(g, hw)
     more = timings(g, replace(hw, task_extra={"flash_attention/rowmax/2": 320, "gemm/rowmax/2": 999,
-                                                  "flash_attention/exp2/1": 999}))
+                                                  "flash_decode/exp2/2": 999}))
     for n, t in base.items():
         if n.startswith("rowmax@"):
             assert more[n].busy(t.stream) - t.busy(t.stream) == 320 and more[n].latency - t.latency == 320
@@ -143,3 +143,24 @@ def test_exact_solver_takes_the_fa3_turns_with_the_fitted_costs():
     assert hw.task_extra, "the committed H200 overlay has per-task costs"
     assert turns(hw) == [("mma_qk", "mma_pv")] * 2
     assert turns(replace(hw, task_extra={})) != [("mma_qk", "mma_pv")] * 2
+
+
+def test_unfitted_warpgroup_counts_take_the_nearest_fit():
+    """A tiling must not look cheaper because its warpgroup count was never profiled: three warpgroups take the
+    two-warpgroup entry (the nearest below), one takes the smallest above when nothing below is fitted."""
+    from ptsolve.cost import task_extra_of
+    hw = load("h200", calibrated=False)
+    g = _graph(hw)
+    t = g.task["rowmax@0"]
+    both = replace(hw, task_extra={"flash_attention/rowmax/1": 100, "flash_attention/rowmax/2": 300})
+    assert [task_extra_of(both, "flash_attention", t, n) for n in (1, 2, 3, 4)] == [100, 300, 300, 300]
+    two = replace(hw, task_extra={"flash_attention/rowmax/2": 300})
+    assert [task_extra_of(two, "flash_attention", t, n) for n in (1, 2, 3)] == [300, 300, 300]
+    assert task_extra_of(two, "gemm", t, 2) == 0 and task_extra_of(two, "flash_attention", g.task["exp2@0"], 2) == 0
+
+
+def test_fitted_zeros_are_written():
+    """A task measured no slower than the model is written as 0, so it does not borrow another warpgroup count's
+    entry (the committed table: rowsum with two warpgroups 0, with one 16)."""
+    hw = load("h200")
+    assert hw.task_extra["flash_attention/rowsum/2"] == 0 and hw.task_extra["flash_attention/rowsum/1"] > 0
