@@ -70,13 +70,4 @@ def emit() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["emit"]:
-        emit()
-    elif sys.argv[1:2] == ["compile"]:
-        R.compile_all(check=False)
-    elif sys.argv[1:2] == ["check"]:
-        R.compile_all(check=True)
-    elif sys.argv[1:2] == ["smoke"]:
-        R.smoke_child(sys.argv[2:])
-    else:
-        R.main()
+    R.cli(emit)

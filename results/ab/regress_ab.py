@@ -32,6 +32,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,6 +303,20 @@ def main() -> None:
         r2 = f"{us['fix'] / us['base']:.3f}" if "fix" in us and "base" in us else "—"
         print(f"| {n} | " + " | ".join(cell) + f" | {r1} | {r2} |")
     sys.stdout.flush()
+
+
+def cli(emit: Callable[[], None]) -> None:
+    """The command line of an A/B script built on this one (scripts/orders_ab.py, scripts/first_choice_ab.py):
+    ``emit`` (its own, CPU), ``compile`` / ``check`` (CPU), ``smoke`` (the child of a smoke test), else time (GPU)."""
+    cmd = sys.argv[1:2]
+    if cmd == ["emit"]:
+        emit()
+    elif cmd in (["compile"], ["check"]):
+        compile_all(check=cmd == ["check"])
+    elif cmd == ["smoke"]:
+        smoke_child(sys.argv[2:])
+    else:
+        main()
 
 
 if __name__ == "__main__":
