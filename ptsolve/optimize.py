@@ -75,17 +75,48 @@ def compile_check_default() -> bool:
 def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, chk: Any, kw: dict[str, Any]
                           ) -> Result:
     """Check the best schedule's kernel; while the compiler rejects it, drop its tiling and search again (a graph,
-    one tiling, can only be reported). The Result says what the compiler said and which tilings it rejected."""
+    one tiling, can only be reported). The first tiling the compiler rejects, if its operator declares hand-known
+    issue orders (OpSpec.orders), stays in the race with the best schedule of those orders (policy cpsat-orders)
+    when the compiler takes that one: the compiler rejected one order of the model's best tiling, not the tiling.
+    Such an answer is FEASIBLE (the pinned order proves nothing about the tiling's other orders). Only the first:
+    one more solve per optimize, not one per rejection. The Result says what the compiler said and which tilings
+    it rejected."""
     say = kw.get("progress") or (lambda s: None)
     rejected: list[tuple[dict[str, int], str]] = []
+    kept: list[Result] = []  # compile-clean declared-order schedules of rejected tilings
     while True:
         kc = chk(res.program, hw)
         if kc.status not in ("rejected", "unsupported") or isinstance(op, STaskGraph):
-            return replace(res, kernel_check=kc.to_dict(), rejected=tuple(rejected))
+            res = replace(res, kernel_check=kc.to_dict())
+            best = min([res, *kept], key=lambda r: (r.objective, sorted(r.tiling.items())))
+            return replace(best, rejected=tuple(rejected))
         rejected.append((dict(res.tiling), f"{kc.status}: {kc.reason}"))
         say(f"tiling {res.tiling}: the compiler {kc.status} its kernel ({kc.reason}); searching the others")
+        first = not any(w.startswith("rejected") for _, w in rejected[:-1])
+        if kc.status == "rejected" and first and (alt := _declared_order(op, hw, res.tiling, chk, kw)) is not None:
+            say(f"tiling {res.tiling}: its declared-order schedule compiles ({alt.objective} cycles); kept")
+            kept.append(alt)
         try:
             res = search(op, hw, exclude=tuple(t for t, _ in rejected), **kw)
         except InfeasibleError as e:
+            if kept:
+                best = min(kept, key=lambda r: (r.objective, sorted(r.tiling.items())))
+                return replace(best, rejected=tuple(rejected))
             raise InfeasibleError(f"every tiling of {op.describe()} that fits {hw.name} was rejected by the compiler: "
                                   + "; ".join(f"{t}: {w}" for t, w in rejected[:4]) + f" ({e})") from e
+
+
+def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any, kw: dict[str, Any]
+                    ) -> Result | None:
+    """The best schedule of ``tiling`` with ``op``'s declared issue orders pinned (cpsat-orders), compile-checked, as a
+    FEASIBLE Result; None when ``op`` declares none, the search is not CP-SAT's, or the compiler rejects it too."""
+    if kw.get("solver") != "cpsat" or op.spec.orders is None:
+        return None
+    try:
+        alt = search(op.graph(dict(tiling), hw), hw, **(kw | {"solver": "cpsat-orders", "fix": None}))
+    except PtsolveError:
+        return None
+    kc = chk(alt.program, hw)
+    if kc.status in ("rejected", "unsupported"):
+        return None
+    return replace(alt, status="FEASIBLE", kernel_check=kc.to_dict())

@@ -167,6 +167,26 @@ def test_compiler_in_the_loop_moves_on(monkeypatch):
         ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1)
 
 
+def test_a_rejected_order_keeps_its_tiling_with_the_declared_order(monkeypatch):
+    """The compiler rejects the free order of the only tiling searched but takes FlashAttention's declared (FA3)
+    order there: the answer is that tiling with the declared order, FEASIBLE (the pin proves nothing about the
+    tiling's other orders), the rejection still listed. With every order rejected, no tiling is left."""
+    opt = sys.modules["ptsolve.optimize"]
+    op = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=128)
+    fix = {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "persistent": 1}
+
+    def fake(program, hw):
+        bad = not program.policy.startswith("cpsat-orders")
+        return KernelCheck("rejected", "serialised") if bad else KernelCheck("ok", kernel="k")
+    monkeypatch.setattr(opt, "checker", lambda hw: fake)
+    r = ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix=fix)
+    assert r.tiling == fix and r.program.policy.startswith("cpsat-orders") and r.status == "FEASIBLE"
+    assert r.kernel_check["status"] == "ok" and [t for t, _ in r.rejected] == [fix]
+    monkeypatch.setattr(opt, "checker", lambda hw: lambda p, h: KernelCheck("rejected", "serialised"))
+    with pytest.raises(InfeasibleError, match="rejected by the compiler"):
+        ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix=fix)
+
+
 def test_not_compile_checked_is_said(monkeypatch):
     monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda hw: None)
     r = ptsolve.optimize(ptsolve.ops.gemm(512, 512, 512), hw=H200, cache=False, compile_check=True, jobs=1)
