@@ -31,8 +31,8 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     compiled; if the compiler spills or serialises it (or no generator builds it), its tiling is dropped and the
     search goes on with the others (the first rejected tiling of an operator with declared issue orders stays in
     with the best schedule of those orders if that one compiles: _compiler_in_the_loop); ``kernel_check`` and
-    ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is installed); None: on unless ``PTSOLVE_COMPILE_CHECK=0``. Every argument
-    is checked (ptsolve.checks) before the cache is looked at."""
+    ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is installed); None:
+    on unless ``PTSOLVE_COMPILE_CHECK=0``. Every argument is checked (ptsolve.checks) before the cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
     check_args(hw, solver, time_limit, placement, executor, jobs, fix)
