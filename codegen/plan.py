@@ -160,7 +160,8 @@ def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str],
     same task instances in the same order: only where the emitted loop begins and which iterations the prologue and
     epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in the rotated
     form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's, and the GPU ran the
-    solver's FA3-order schedules 10-25% slower when their warpgroups entered the loop elsewhere (results/first_choice).
+    solver's FA3-order schedules up to 24% slower when their warpgroups entered the loop elsewhere
+    (results/first_choice).
     Only where the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
     from ptsolve.policies.orders import rotate
     out = dict(loop)
