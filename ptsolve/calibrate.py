@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PtsolveError
-from .hw import HERE, Hardware
+from .hw import HERE, Hardware, overlay_path
 from .program import SProgram
 
 # the entries the tables mark as estimates (besides the datasheet numbers), each with its search range
@@ -206,7 +205,7 @@ def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None
     with every fitted entry of ``keys`` that differs from ``base``, each with ``provenance`` as its source;
     ptsolve.hw.load overlays it on the table.
     Entries of the file outside ``keys`` (another fit's) are kept."""
-    p = Path(path) if path else Path(os.environ.get("PTSOLVE_CALIBRATION_DIR", HERE)) / f"{hw.name}.calibrated.json"
+    p = Path(path) if path else overlay_path(HERE / f"{hw.name}.json")
     out = {k: v for k, v in (json.loads(p.read_text()) if p.exists() else {}).items() if k not in keys}
     out |= {k: {"value": getattr(hw, k), "source": f"ptsolve.calibrate: {provenance} (table value "
                                                    f"{getattr(base, k)})"}

@@ -84,25 +84,29 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
     it rejected."""
     say = kw.get("progress") or (lambda s: None)
     rejected: list[tuple[dict[str, int], str]] = []
-    kept: list[Result] = []  # compile-clean declared-order schedules of rejected tilings
+    kept: Result | None = None  # the first rejected tiling's compile-clean declared-order schedule
+    tried = False
+
+    def answer(*rs: Result | None) -> Result:
+        best = min((r for r in rs if r is not None), key=lambda r: (r.objective, sorted(r.tiling.items())))
+        return replace(best, rejected=tuple(rejected))
+
     while True:
         kc = chk(res.program, hw)
         if kc.status not in ("rejected", "unsupported") or isinstance(op, STaskGraph):
-            res = replace(res, kernel_check=kc.to_dict())
-            best = min([res, *kept], key=lambda r: (r.objective, sorted(r.tiling.items())))
-            return replace(best, rejected=tuple(rejected))
+            return answer(replace(res, kernel_check=kc.to_dict()), kept)
         rejected.append((dict(res.tiling), f"{kc.status}: {kc.reason}"))
         say(f"tiling {res.tiling}: the compiler {kc.status} its kernel ({kc.reason}); searching the others")
-        first = not any(w.startswith("rejected") for _, w in rejected[:-1])
-        if kc.status == "rejected" and first and (alt := _declared_order(op, hw, res.tiling, chk, kw)) is not None:
-            say(f"tiling {res.tiling}: its declared-order schedule compiles ({alt.objective} cycles); kept")
-            kept.append(alt)
+        if kc.status == "rejected" and not tried:
+            tried = True
+            kept = _declared_order(op, hw, res.tiling, chk, kw)
+            if kept is not None:
+                say(f"tiling {res.tiling}: its declared-order schedule compiles ({kept.objective} cycles); kept")
         try:
             res = search(op, hw, exclude=tuple(t for t, _ in rejected), **kw)
         except InfeasibleError as e:
-            if kept:
-                best = min(kept, key=lambda r: (r.objective, sorted(r.tiling.items())))
-                return replace(best, rejected=tuple(rejected))
+            if kept is not None:
+                return answer(kept)
             raise InfeasibleError(f"every tiling of {op.describe()} that fits {hw.name} was rejected by the compiler: "
                                   + "; ".join(f"{t}: {w}" for t, w in rejected[:4]) + f" ({e})") from e
 

@@ -140,9 +140,14 @@ def load(name_or_path: str | os.PathLike[str] | Hardware, calibrated: bool = Tru
     return _from_raw(raw | overlay, str(p))
 
 
+def overlay_path(table: Path) -> Path:
+    """Where the calibration overlay of the table file ``table`` lives: ``<stem>.calibrated.json`` in
+    $PTSOLVE_CALIBRATION_DIR, else beside the table (what load reads and ptsolve.calibrate.write writes)."""
+    return Path(os.environ.get("PTSOLVE_CALIBRATION_DIR", table.parent)) / f"{table.stem}.calibrated.json"
+
+
 def _calibration(p: Path) -> dict[str, Any]:
-    d = Path(os.environ.get("PTSOLVE_CALIBRATION_DIR", p.parent))
-    c = d / f"{p.stem}.calibrated.json"
+    c = overlay_path(p)
     return json.loads(c.read_text()) if c.exists() else {}
 
 
