@@ -27,9 +27,9 @@ from .program import SProgram
 FIT: dict[str, tuple[float, float]] = {
     "mem_latency": (100, 2000), "l2_bytes_per_clk": (8, 128), "tc_fixed": (0, 512), "tc_latency": (0, 512),
     "barrier_cycles": (8, 512), "issue_cycles": (4, 256), "vector_efficiency": (0.1, 1.0), "launch_us": (0, 20),
-    "tc_handoff": (0, 512), "coresident": (0, 1.0),  # the costs the datasheet has no entry for
+    "tc_handoff": (0, 512), "coresident": (0, 1.0), "ring_handoff": (0, 2000),  # costs the datasheet has no entry for
 }
-INTS = {"mem_latency", "tc_fixed", "tc_latency", "barrier_cycles", "issue_cycles", "tc_handoff"}
+INTS = {"mem_latency", "tc_fixed", "tc_latency", "barrier_cycles", "issue_cycles", "tc_handoff", "ring_handoff"}
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,17 @@ def replayed_starts(s: Sample, hw: Hardware) -> dict[tuple[str, int], float]:
 TIMELINE_OFFSET = 2000.0  # cycles added to both sides of a start-time ratio, so the first tasks do not dominate
 
 
-def loss(samples: Sequence[Sample], hw: Hardware) -> float:
+def loss(samples: Sequence[Sample], hw: Hardware, relative: float = 0.0) -> float:
     """Mean squared log ratio of predicted to measured kernel times, plus that of the IIs where measured, plus the
-    mean squared log ratio of replayed to measured task start times where a timeline was measured."""
+    mean squared log ratio of replayed to measured task start times where a timeline was measured; plus, weighted by
+    ``relative``, the variance of the kernel-time log ratios within each configuration (its candidates' times
+    relative to each other: what choosing among them depends on)."""
     terms = []
+    ratios: dict[str, list[float]] = {}
     for s in samples:
         us, ii = predicted(s, hw)
         terms.append(math.log(us / s.kernel_us) ** 2)
+        ratios.setdefault(s.config, []).append(math.log(us / s.kernel_us))
         if s.ii and s.ii > 0 and ii == ii and ii > 0:
             terms.append(math.log(ii / s.ii) ** 2)
         if s.starts and s.trip:
@@ -103,7 +107,8 @@ def loss(samples: Sequence[Sample], hw: Hardware) -> float:
             if common:
                 terms.append(sum(math.log((rep[k] + TIMELINE_OFFSET) / (s.starts[k] + TIMELINE_OFFSET)) ** 2
                                  for k in common) / len(common))
-    return sum(terms) / len(terms)
+    spread = [(x - statistics.mean(xs)) ** 2 for xs in ratios.values() for x in xs]
+    return sum(terms) / len(terms) + (relative * sum(spread) / len(spread) if relative else 0.0)
 
 
 def _set(hw: Hardware, k: str, v: float) -> Hardware:
@@ -113,7 +118,7 @@ def _set(hw: Hardware, k: str, v: float) -> Hardware:
 
 
 def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(FIT), rounds: int = 6,
-        progress: Callable[[str], None] | None = None) -> tuple[Hardware, list[float]]:
+        progress: Callable[[str], None] | None = None, relative: float = 0.0) -> tuple[Hardware, list[float]]:
     """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by pattern search in log
     space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range; from 0, 1/64,
     1/16 and 1/4 of its range's top), keeping
@@ -124,7 +129,7 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
     bad = sorted(set(params) - set(FIT))
     if bad:
         raise PtsolveError(f"calibrate: cannot fit {bad}; fittable entries are {sorted(FIT)}")
-    best, cur = hw, loss(samples, hw)
+    best, cur = hw, loss(samples, hw, relative)
     hist = [cur]
     step = 0.5
     for _round in range(rounds):
@@ -139,7 +144,7 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
                     trial = _set(best, k, v)
                     if getattr(trial, k) == getattr(best, k):
                         continue
-                    lv = loss(samples, trial)
+                    lv = loss(samples, trial, relative)
                     if lv < cur - 1e-12:
                         best, cur = trial, lv
             hist.append(cur)
@@ -210,6 +215,26 @@ def write(hw: Hardware, base: Hardware, provenance: str, path: str | Path | None
     out |= {k: {"value": getattr(hw, k), "source": f"ptsolve.calibrate: {provenance} (table value "
                                                    f"{getattr(base, k)})"}
             for k in keys if getattr(hw, k) != getattr(base, k)}
+    p.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    return p
+
+
+def write_op(fitted: Hardware, base: Hardware, op: str, provenance: str, keys: Sequence[str],
+             path: str | Path | None = None) -> Path:
+    """Store the entries ``keys`` of ``fitted`` that differ from ``base`` as ``op``'s own constants (Hardware.
+    op_constants: they price ``op``'s graphs only) in the overlay ``write`` writes; other entries and other
+    operators' constants are kept, ``op``'s are replaced."""
+    p = Path(path) if path else overlay_path(HERE / f"{fitted.name}.json")
+    out = json.loads(p.read_text()) if p.exists() else {}
+    cur = out.get("op_constants", {"value": {}, "source": ""})
+    own = {k: getattr(fitted, k) for k in sorted(keys) if getattr(fitted, k) != getattr(base, k)}
+    value = {o: v for o, v in cur["value"].items() if o != op} | ({op: own} if own else {})
+    notes = [x for x in cur["source"].split(" | ") if x and not x.startswith(f"{op}: ")]
+    notes += [f"{op}: ptsolve.calibrate: {provenance} (table values "
+              + ", ".join(f"{k} {getattr(base, k)}" for k in own) + ")"] if own else []
+    out["op_constants"] = {"value": dict(sorted(value.items())), "source": " | ".join(sorted(notes))}
+    if not value:
+        del out["op_constants"]
     p.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
     return p
 

@@ -75,8 +75,9 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
 def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
     """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN; ``turns``:
     the graph's consumer warpgroups take turns on the tensor cores; ``ctas``: CTAs resident on one SM; ``op``: the
-    graph's operator and ``groups`` its consumer warpgroups (the key of hw.task_extra)."""
-    r = _raw_timing(t, hw, turns, ctas, op, groups)
+    graph's operator (its own fitted constants, Hardware.for_op, and the key of hw.task_extra) and ``groups`` its
+    consumer warpgroups."""
+    r = _raw_timing(t, hw.for_op(op), turns, ctas, op, groups)
     return Timing(r.stream, tuple((x, grain(o) if o else 0, grain(n)) for x, o, n in r.uses), grain(r.latency))
 
 
@@ -148,7 +149,17 @@ def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
 
 def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:
     """Cycles from ``src``'s start until ``dst`` may start: ``src``'s latency, plus hw.barrier_cycles when
-    the two are issued by different streams (an mbarrier arrive/wait pair carries the dependence)."""
+    the two are issued by different streams (an mbarrier arrive/wait pair carries the dependence).
+
+    A tensor-core task's edge to itself is an accumulation chain (the next iteration's MMA accumulates into the same
+    registers): the tensor cores take dependent accumulating MMAs back to back, so the next one may start once the
+    tensor cores are done with this one (its ``tc`` occupancy), without the pipeline drain (hw.tc_latency) that a
+    reader of the result waits for. The kernels issue it so: a warpgroup keeps its previous wgmma group in flight
+    (wait<1>) while it issues the next."""
+    if src == dst:
+        tc = [o + n for r, o, n in tm[src].uses if r == "tc"]
+        if tc:
+            return max(tc)
     return tm[src].latency + (0 if tm[src].stream == tm[dst].stream else grain(hw.barrier_cycles))
 
 

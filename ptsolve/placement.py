@@ -62,14 +62,18 @@ def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
     return max(-(-total // sms), max(row_cycles))
 
 
-def shared_floor(pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]]) -> int:
+def shared_floor(pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]], running: int,
+                 sms: int) -> int:
     """Lower bound on an SM's time from its shared units when ``ctas`` CTA slots share it: a slot with
     pair (Σ(trip-1), n CTAs) keeps each shared unit busy (Σ(trip-1) + n)·loop + n·(pre + post); the SM's
-    ``ctas`` slots (about equally loaded) share the unit. With one slot it never exceeds the slot's own
-    latency (the schedule already serialises the unit), so it only binds for ``ctas`` > 1."""
-    if ctas == 1 or not busy:
+    busy slots (about equally loaded) share the unit. ``running``: slots that run any work on all ``sms`` SMs; the
+    GPU spreads work over the SMs first, so an SM has min(ctas, ⌈running / sms⌉) busy slots (a kernel of no more
+    work units than SMs shares nothing). With one busy slot the floor never exceeds the slot's own latency (the
+    schedule already serialises the unit), so it only binds for two or more."""
+    sharing = min(ctas, -(-running // sms))
+    if sharing <= 1 or not busy:
         return 0
-    return max(ctas * max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in pairs)
+    return max(sharing * max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in pairs)
 
 
 def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",

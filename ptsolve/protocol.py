@@ -146,21 +146,25 @@ def precedences(g: STaskGraph, tm: dict[str, Timing], hw: Hardware, rings: dict[
     kind ``edge``: a graph edge (latency, + a barrier across streams). kind ``ring``: the slot a freeing task
     reads in iteration i is refilled D iterations later (ring depth or copies D), so the allocating task of
     i+D waits until the slot is released (``releases``): the freer is done and, for a ``wait`` / ``commit``
-    release, the releasing task of i+dist has reached its wait (+ a barrier to the producer)."""
+    release, the releasing task of i+dist has reached its wait (+ a barrier to the producer), + hw.ring_handoff
+    (the refill's start after the release, which the fill never waits for). The costs are the graph's operator's
+    (Hardware.for_op), as its tasks' timings are."""
+    hw = hw.for_op(g.op)
     out = [(e.src, e.dst, e.dist, edge_delay(tm, e.src, e.dst, hw), "edge") for e in g.edges]
     rel = releases(g)
     bar = grain(hw.barrier_cycles)
+    hand = grain(hw.ring_handoff) if hw.ring_handoff else 0
     for b, (a, frees) in ring_users(g).items():
         if b in rel:
             depth = rings.get(b)
             if depth is None:
                 continue
             for r in rel[b]:
-                out.append((r.freer, a, depth, edge_delay(tm, r.freer, a, hw), "ring"))
+                out.append((r.freer, a, depth, edge_delay(tm, r.freer, a, hw) + hand, "ring"))
                 if r.mode == "end":
                     continue
                 d = depth - r.dist  # < 1 on a ring too shallow for its release (min_slots): check_valid says so
-                delay = (issue_cycles(tm, r.task) if r.mode == "commit" else 0) + \
+                delay = (issue_cycles(tm, r.task) if r.mode == "commit" else 0) + hand + \
                     (0 if tm[r.task].stream == tm[a].stream else bar)
                 out.append((r.task, a, d, delay, "ring"))
         else:

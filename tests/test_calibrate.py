@@ -27,7 +27,8 @@ def samples():
     out = []
     for k, op in ops.items():
         for pol in ("greedy", "cpsat"):
-            r = ptsolve.optimize(op, hw=hw, solver=pol, cache=False)
+            # GEMM with two consumer warpgroups: the samples must exercise the tensor-core turns (tc_handoff)
+            r = ptsolve.optimize(op, hw=hw, solver=pol, cache=False, fix={"groups": 2} if k == "gemm" else None)
             s = Sample(f"{k}_{pol}", k, pol, r.program, 0.0, trip=r.program.graph.trip_count)
             us, ii = predicted(s, true)
             out.append(replace(s, kernel_us=us, ii=ii, starts=replayed_starts(s, true)))

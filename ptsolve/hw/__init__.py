@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +56,27 @@ class Hardware:
     # costs a table may leave out (0: not charged); ptsolve calibrate fits them from profiles
     tc_handoff: int = 0           # extra tensor-core cycles per mma task when two or more warpgroups take turns on it
     coresident: float = 0.0       # vector-work slowdown per extra co-resident CTA (issue slots, register-file ports)
+    ring_handoff: int = 0         # cycles from a ring slot's release to its refill beyond the barrier's (the producer
+    # waking on the empty barrier, its refill queued behind other SMs' traffic): the ring recurrences only, not the fill
     # cycles a vector task holds its stream beyond the throughput estimate (dependent chains, shuffles, the shared
     # SFU's contention), keyed "op/task/groups" (the task's name without its @warpgroup, the graph's consumer
     # warpgroups); ptsolve.calibrate.task_extra fits them from the profiler's timelines
     task_extra: dict[str, int] = field(default_factory=dict)
+    # entries of this table fitted on one operator's kernels, op -> {entry: value} (results/gemm_model/fit.py): they
+    # replace the table's entries for that operator's graphs (for_op); one set of constants did not describe both
+    # GEMM's main loops and attention's
+    op_constants: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def hbm_bytes_per_clk(self) -> float:
         """Device memory bandwidth share of one SM, B/clk/SM."""
         return self.hbm_bytes_per_s / (self.clock_ghz * 1e9) / self.sms
+
+    def for_op(self, op: str) -> Hardware:
+        """This table with ``op``'s own fitted entries (op_constants) in place of the shared ones: what the cost
+        model prices ``op``'s graphs with."""
+        own = self.op_constants.get(op)
+        return replace(self, **own) if own else self
 
     def cycles_to_us(self, cycles: float) -> float:
         return cycles / (self.clock_ghz * 1e3)
@@ -175,6 +187,15 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
         if not (key_ok and isinstance(v, int) and not isinstance(v, bool) and v >= 0):
             raise HardwareError(f"hardware table {where}: task_extra entry {k!r}: {v!r} must map 'op/task/groups' "
                                 "(e.g. 'flash_attention/exp2/2') to cycles (an integer >= 0)")
+    numeric = {f.name: f.type for f in fields(Hardware) if f.type in ("int", "float")}
+    for op, own in vals.get("op_constants", {}).items():
+        for k, v in (own.items() if isinstance(own, dict) else [(own, None)]):
+            ok = k in numeric and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and \
+                (numeric[k] == "float" or isinstance(v, int))
+            if not ok:
+                raise HardwareError(f"hardware table {where}: op_constants[{op!r}] entry {k!r}: {v!r} must name a "
+                                    f"numeric field of the table ({', '.join(sorted(numeric))}) with a value >= 0 "
+                                    "of its type")
     for k in ("sms", "clock_ghz", "tc_flops_per_clk", "hbm_bytes_per_s", "smem_per_block", "regs_per_sm"):
         if not vals[k] > 0:
             raise HardwareError(f"hardware table {where}: field {k!r} must be > 0, got {vals[k]}")

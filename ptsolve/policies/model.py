@@ -132,11 +132,13 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
 
 
 def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
-                    ratio: float = 0.25) -> tuple[tuple[tuple[int, int], ...], ...]:
+                    ratio: float = 0.25) -> tuple[tuple[tuple[tuple[int, int], ...], ...], int]:
     """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
-    busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
-    is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
-    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio))
+    busiest), and how many slots run any work. The even split does not depend on the schedule, so its slots are
+    exact. LPT's assignment does: it is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated
+    with the true values."""
+    every = per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio)
+    return busiest(every), len(every)
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
@@ -159,9 +161,9 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     ii_lb = max(lower_bound_ii(tm, loop), _recurrence_bound(prec, phase))
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
-    slots = objective_slots(g, hw, placement)
+    slots, running = objective_slots(g, hw, placement)
     pairs = [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in slots]
-    floor = shared_floor(pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb))
+    floor = shared_floor(pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb), running, hw.sms)
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
                    slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q)
 
