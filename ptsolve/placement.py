@@ -62,18 +62,18 @@ def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
     return max(-(-total // sms), max(row_cycles))
 
 
-def shared_floor(pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]], running: int,
+def shared_floor(sm_pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]], running: int,
                  sms: int) -> int:
-    """Lower bound on an SM's time from its shared units when ``ctas`` CTA slots share it: a slot with
-    pair (Σ(trip-1), n CTAs) keeps each shared unit busy (Σ(trip-1) + n)·loop + n·(pre + post); the SM's
-    busy slots (about equally loaded) share the unit. ``running``: slots that run any work on all ``sms`` SMs; the
-    GPU spreads work over the SMs first, so an SM has min(ctas, ⌈running / sms⌉) busy slots (a kernel of no more
-    work units than SMs shares nothing). With one busy slot the floor never exceeds the slot's own latency (the
-    schedule already serialises the unit), so it only binds for two or more."""
-    sharing = min(ctas, -(-running // sms))
-    if sharing <= 1 or not busy:
+    """Lower bound on an SM's time from its shared units when ``ctas`` slots (co-resident CTAs, ping-pong warpgroups)
+    share it: an SM whose units have pair (Σ(trip-1), n units) (``sm_pairs``: per_sm_pairs over the SMs, each SM's
+    units together, however its slots split them) keeps each shared unit busy (Σ(trip-1) + n)·loop + n·(pre + post).
+    ``running``: slots that run any work on all ``sms`` SMs; the GPU spreads work over the SMs first, so an SM has
+    min(ctas, ⌈running / sms⌉) busy slots. With one the floor never exceeds the slot's own latency (the schedule
+    already serialises the units), so it only binds for two or more (a kernel of no more units than SMs shares
+    nothing)."""
+    if min(ctas, -(-running // sms)) <= 1 or not busy:
         return 0
-    return max(sharing * max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in pairs)
+    return max(max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in sm_pairs)
 
 
 def per_sm_trips(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: str = "even",

@@ -24,7 +24,7 @@ from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
-from ..placement import busiest, per_sm_trips, shared_floor
+from ..placement import busiest, per_sm_pairs, per_sm_trips, shared_floor
 from ..program import SProgram, cta_time, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
 from ..validate import regs_per_thread, smem_peak
@@ -162,8 +162,8 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
     slots, running = objective_slots(g, hw, placement)
-    pairs = [(sum(c * (n - 1) for n, c in h), sum(c for _, c in h)) for h in slots]
-    floor = shared_floor(pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb), running, hw.sms)
+    sm_pairs = per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)) if slots_of(g.tiling) > 1 else []
+    floor = shared_floor(sm_pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb), running, hw.sms)
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
                    slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q)
 
