@@ -9,7 +9,7 @@ move: ptsolve.calibrate). Shapes are split by name order: even positions train, 
                                                        # of the within-shape term, ptsolve.calibrate.loss; 4)
   python3 results/gemm_model/fit.py report            # regret / error on both halves, for the table and the fit
   python3 results/gemm_model/fit.py write             # store the fit as h200's GEMM constants (Hardware.op_constants)
-  python3 results/gemm_model/fit.py table RUN.json     # the device call's first choices before / after, vs cuBLAS
+  python3 results/gemm_model/fit.py table RUN.json [CANDS.json]  # a device call's first choices before / after
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
         print("wrote", p)
         return 0
     if argv[0] == "table":
-        print(table(Path(argv[1])))
+        print(table(Path(argv[1]), Path(argv[2]) if len(argv) > 2 else HERE / "cands_fit.json"))
         return 0
     raise SystemExit(__doc__)
 
@@ -150,12 +150,12 @@ def _geo(xs: list[float]) -> float:
     return math.exp(statistics.mean(map(math.log, xs))) if xs else float("nan")
 
 
-def table(run_path: Path) -> str:
+def table(run_path: Path, cands_path: Path) -> str:
     """Markdown: per shape cuBLAS, the model's first choice before (label pp2 of cands_pp2.json: shared constants)
     and after (label fit of cands_fit.json: GEMM's own), as µs (cuBLAS time / ours), and the geomeans per set."""
     run = json.loads(run_path.read_text())["shapes"]
     cands = {**json.loads((RUNS / "cands_pp2.json").read_text())["shapes"]}
-    new = json.loads((HERE / "cands_fit.json").read_text())["shapes"]
+    new = json.loads(cands_path.read_text())["shapes"]
 
     def tiling(c: dict) -> str:
         t = c["tiling"]
