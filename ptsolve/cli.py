@@ -119,20 +119,26 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     """Fit on the study's training configurations, evaluate before and after on its held-out ones."""
     from datetime import datetime, timezone
 
-    from .calibrate import evaluate, fit, samples_from_study, write
+    from .calibrate import evaluate, fit, samples_from_study, write, write_op
     from .hw import load
 
     hw = load(a.hw, calibrated=False)  # fit from the datasheet table, not from an overlay already on disk
     cands = json.loads(Path(a.candidates).read_text())
     study = json.loads(Path(a.study).read_text())
     samples = samples_from_study(cands, study)
+    if a.op:
+        ops = sorted({x.program.graph.op for x in samples})
+        samples = [x for x in samples if x.program.graph.op == a.op]
+        if not samples:
+            raise PtsolveError(f"{a.study}: no measured schedules of operator {a.op!r}; the study has {ops}")
     train = [x for x in samples if not x.meta["held_out"]]
     held = [x for x in samples if x.meta["held_out"]]
     if not train:
         raise PtsolveError(f"{a.study}: no measured training schedules (were the checks all failing?)")
     params = tuple(x for x in a.params.split(",") if x)
-    fitted, hist = fit(train, hw, params, a.rounds, progress=lambda m: print(m, file=sys.stderr))
-    rep = {"hw": a.hw, "params": params, "loss": hist, "fitted": {k: getattr(fitted, k) for k in params},
+    fitted, hist = fit(train, hw, params, a.rounds, progress=lambda m: print(m, file=sys.stderr), relative=a.relative)
+    rep = {"hw": a.hw, "op": a.op, "relative": a.relative, "params": params, "loss": hist,
+           "fitted": {k: getattr(fitted, k) for k in params},
            "table": {k: getattr(hw, k) for k in params}, "train": len(train), "held_out": len(held),
            "before": {"train": evaluate(train, hw), "held_out": evaluate(held, hw) if held else None},
            "after": {"train": evaluate(train, fitted), "held_out": evaluate(held, fitted) if held else None},
@@ -153,8 +159,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         stamp_ = provenance()
         src = (f"fitted on {len(train)} measured schedules of {len({x.config for x in train})} configurations "
                f"({study.get('device')}, {datetime.now(timezone.utc):%Y-%m-%d}, commit {stamp_.get('commit')}); "
-               f"`ptsolve calibrate --candidates {a.candidates} --study {a.study} --write`")
-        print(f"wrote {write(fitted, hw, src)}")
+               f"`ptsolve calibrate --candidates {a.candidates} --study {a.study}"
+               + (f" --op {a.op}" if a.op else "") + (f" --relative {a.relative:g}" if a.relative else "")
+               + " --write`")
+        print(f"wrote {write_op(fitted, hw, a.op, src, params) if a.op else write(fitted, hw, src, keys=params)}")
     return 0
 
 
@@ -509,6 +517,16 @@ def _positive_int(v: str) -> int:
     return n
 
 
+def _weight(v: str) -> float:
+    try:
+        w = float(v)
+    except ValueError:
+        w = -1.0
+    if not w >= 0 or w == float("inf"):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a finite number >= 0")
+    return w
+
+
 def _seconds(v: str) -> float:
     try:
         x = float(v)
@@ -580,6 +598,11 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--study", required=True, help="study.json of `python3 -m codegen.study run` (the GPU)")
     cal.add_argument("--params", default=",".join(CAL_FIT), help="comma-separated entries to fit")
     cal.add_argument("--rounds", type=_positive_int, default=6, help="rounds of the coordinate search")
+    cal.add_argument("--op", default="", metavar="OP", help="fit on this operator's schedules only and write the "
+                     "entries as its own (hw op_constants: they price its graphs, the shared ones the rest)")
+    cal.add_argument("--relative", type=_weight, default=0.0, metavar="W",
+                     help="weight of the spread of log ratios within each configuration in the loss (what choosing "
+                          "among its candidates depends on; results/gemm_model used 4)")
     cal.add_argument("--write", action="store_true", help="write <hw>.calibrated.json beside the built-in table")
     cal.add_argument("--out", default=None, metavar="DIR", help="report folder (default: $PTSOLVE_OUT_DIR or "
                      "~/ptsolve-out)")
