@@ -1,8 +1,8 @@
 """Calibrate the cost model's memory and issue constants on measured GEMM kernels; report the selection regret.
 
-Samples: every (shape, tiling) timed in results/gemm_space_h200 (three device calls, 45 shapes, 361 distinct kernels), its
-schedule re-solved by CP-SAT under the table the fit starts from (the schedule's orders stay fixed while the constants
-move: ptsolve.calibrate). Shapes are split by name order: even positions train, odd positions are held out.
+Samples: every (shape, tiling) timed in results/gemm_space_h200 (three device calls, 45 shapes, 361 distinct
+kernels), its schedule re-solved by CP-SAT under the table the fit starts from (the schedule's orders stay fixed while
+the constants move: ptsolve.calibrate). Shapes are split by name order: even positions train, odd ones are held out.
 
   python3 results/gemm_model/fit.py samples            # solve every sample's schedule -> samples.json
   python3 results/gemm_model/fit.py fit [RELATIVE]     # fit on the training shapes -> fit.json (RELATIVE: the weight
