@@ -144,6 +144,7 @@ def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
     how many CTAs share an SM)."""
     turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
     ctas = int(g.tiling.get("ctas", 1))
+    hw = hw.for_op(g.op)  # once, not per task
     return {t.name: task_timing(t, hw, turns, ctas, g.op, g.groups) for t in g.tasks}
 
 

@@ -74,9 +74,9 @@ class Hardware:
 
     def for_op(self, op: str) -> Hardware:
         """This table with ``op``'s own fitted entries (op_constants) in place of the shared ones: what the cost
-        model prices ``op``'s graphs with."""
+        model prices ``op``'s graphs with. The result holds no op_constants, so applying it again costs nothing."""
         own = self.op_constants.get(op)
-        return replace(self, **own) if own else self
+        return replace(self, **own, op_constants={}) if own else self
 
     def cycles_to_us(self, cycles: float) -> float:
         return cycles / (self.clock_ghz * 1e3)

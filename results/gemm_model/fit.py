@@ -57,6 +57,13 @@ def measured() -> dict[str, dict]:
     return out
 
 
+def commit() -> str:
+    """The repository's HEAD (short), '+dirty' with uncommitted changes: the provenance of what a command writes."""
+    import subprocess
+    run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=HERE).stdout.strip()  # noqa: E731
+    return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain", "--", "ptsolve") else "")
+
+
 def split(names: list[str]) -> tuple[list[str], list[str]]:
     s = sorted(names)
     return s[0::2], s[1::2]
@@ -104,21 +111,23 @@ def main(argv: list[str]) -> int:
             for k, us in meas[s]["k"].items():
                 r = solve(base, meas[s]["dims"], json.loads(k))
                 out.append({"shape": s, "tiling": k, "us": us, "program": r.program.to_json()})
-        (HERE / "samples.json").write_text(json.dumps(out))
+        (HERE / "samples.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+                                                       "commit": commit(), "samples": out}))
         print(len(out), "samples")
         return 0
     if argv[0] == "fit":
         from ptsolve.calibrate import Sample, fit, loss
         from ptsolve.program import SProgram
         smp = [Sample(x["shape"] + " " + x["tiling"], x["shape"], "cpsat", SProgram.from_json(x["program"]), x["us"])
-               for x in json.loads((HERE / "samples.json").read_text())]
+               for x in json.loads((HERE / "samples.json").read_text())["samples"]]
         t0 = time.time()
         print("loss at the table", round(loss(smp, base), 5), f"({time.time() - t0:.1f} s)", flush=True)
         start = base  # the shared constants
         rel = float(argv[1]) if len(argv) > 1 else RELATIVE
         print("loss at the start", round(loss(smp, start, rel), 5), flush=True)
         hw, hist = fit(smp, start, PARAMS, progress=lambda m: print(m, flush=True), relative=rel)
-        doc = {"date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "samples": len(smp), "loss": hist,
+        doc = {"date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()), "commit": commit(), "samples": len(smp),
+               "loss": hist,
                "relative": rel,
                "fitted": {k: getattr(hw, k) for k in PARAMS}, "start": {k: getattr(base, k) for k in PARAMS}}
         (HERE / os.environ.get("FIT_JSON", "fit.json")).write_text(json.dumps(doc, indent=1))
