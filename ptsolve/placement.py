@@ -62,16 +62,14 @@ def lower_bound(row_cycles: list[int], rows: int, sms: int) -> int:
     return max(-(-total // sms), max(row_cycles))
 
 
-def shared_floor(sm_pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]], running: int,
-                 sms: int) -> int:
+def shared_floor(sm_pairs: list[tuple[int, int]], ctas: int, busy: dict[str, tuple[int, int]]) -> int:
     """Lower bound on an SM's time from its shared units when ``ctas`` slots (co-resident CTAs, ping-pong warpgroups)
     share it: an SM whose units have pair (Σ(trip-1), n units) (``sm_pairs``: per_sm_pairs over the SMs, each SM's
     units together, however its slots split them) keeps each shared unit busy (Σ(trip-1) + n)·loop + n·(pre + post).
-    ``running``: slots that run any work on all ``sms`` SMs; the GPU spreads work over the SMs first, so an SM has
-    min(ctas, ⌈running / sms⌉) busy slots. With one the floor never exceeds the slot's own latency (the schedule
-    already serialises the units), so it only binds for two or more (a kernel of no more units than SMs shares
-    nothing)."""
-    if min(ctas, -(-running // sms)) <= 1 or not busy:
+    An SM that runs one unit shares nothing and a single slot never exceeds its own latency (the schedule already
+    serialises the units), so the floor binds only for ``ctas`` > 1 and SMs of two units or more (the GPU spreads
+    work over the SMs first: a kernel of no more units than SMs shares nothing)."""
+    if ctas == 1 or not busy or max((n for _, n in sm_pairs), default=0) <= 1:
         return 0
     return max(max((a + b) * lp + b * pp for lp, pp in busy.values()) for a, b in sm_pairs)
 

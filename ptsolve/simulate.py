@@ -154,9 +154,8 @@ def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing
     tm = tm or timings(g, hw)
     phase = {t.name: t.phase for t in g.tasks}
     ii_lb = ii_lower_bound(g, hw) if pingpong_of(g.tiling) else 0  # the ping-pong turns (policies.model.units)
-    running = len(per_sm_pairs(g.row, g.rows, hw.sms * k, placement_of(g, placement)))
     return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)), k,
-                        units(g, tm, phase, ii_lb), running, hw.sms)
+                        units(g, tm, phase, ii_lb))
 
 
 def predicted_us(p: SProgram, hw: Hardware, placement: str | None = None) -> float:

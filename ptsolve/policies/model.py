@@ -132,13 +132,11 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
 
 
 def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
-                    ratio: float = 0.25) -> tuple[tuple[tuple[tuple[int, int], ...], ...], int]:
+                    ratio: float = 0.25) -> tuple[tuple[tuple[int, int], ...], ...]:
     """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
-    busiest), and how many slots run any work. The even split does not depend on the schedule, so its slots are
-    exact. LPT's assignment does: it is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated
-    with the true values."""
-    every = per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio)
-    return busiest(every), len(every)
+    busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
+    is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
+    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio))
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
@@ -161,9 +159,9 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     ii_lb = max(lower_bound_ii(tm, loop), _recurrence_bound(prec, phase))
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
-    slots, running = objective_slots(g, hw, placement)
+    slots = objective_slots(g, hw, placement)
     sm_pairs = per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)) if slots_of(g.tiling) > 1 else []
-    floor = shared_floor(sm_pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb), running, hw.sms)
+    floor = shared_floor(sm_pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb))
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
                    slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q)
 
