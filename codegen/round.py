@@ -4,8 +4,10 @@ CPU side (needs ortools; writes Result JSON that travels with the repo)::
 
     python3 -m codegen.round prepare --hw h200 --out results/schedules_h200
 
-GPU side (one device call; no solver needed)::
+GPU side (one device call; no solver needed; ``compile`` first on the CPU, carrying PTSOLVE_CACHE_DIR, leaves it
+only checks and timing)::
 
+    PTSOLVE_CACHE_DIR=$PWD/.cubin_round python3 -m codegen.round compile --schedules results/schedules_h200
     python3 -m codegen.round run --schedules results/schedules_h200 --out $OUT
 
 For each configuration the greedy and the CP-SAT program become kernels (codegen.plan.plan_from_program),
@@ -110,15 +112,13 @@ def check(op: str, label: str, plan: Any) -> dict[str, Any]:
     return {"rel_err": err, "ok": bool(err <= TOL)}
 
 
-def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, ...] = ()) -> int:
-    import torch
-
-    from codegen.bench import precompile
+def plans_of(schedules: Path, persistent: bool = False, only: tuple[str, ...] = ()
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The Results of ``schedules`` (config -> policy -> Result) and the plans a round runs for them (config -> label
+    -> KernelPlan: each policy's, the hand plan, and with ``persistent`` the attention ones on persistent CTAs)."""
     from codegen.plan import plan_from_program
     from ptsolve.result import Result
 
-    dev = torch.cuda.get_device_name()
-    rows, checks = [], []
     order = CONFIGS + MAMBA
     names = sorted({p.name.split("_", 1)[0] for p in schedules.glob("*.json")} & set(only or order),
                    key=lambda n: order.index(n) if n in order else 99)
@@ -134,9 +134,27 @@ def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, .
                 pl |= {f"{k}+persistent": dataclasses.replace(v, tiling=v.tiling | {"persistent": 1})
                        for k, v in list(pl.items()) if k != "hand"}
         plans[n] = pl
+    return res, plans
+
+
+def compile_all(plans: dict[str, dict[str, Any]]) -> int:
+    """nvcc (cached, in parallel) every kernel a round launches: each plan at its full shape and at the reduced
+    shape ``check`` runs it at; the number of plans."""
+    from codegen.bench import precompile
+    every = [pl for d in plans.values() for pl in d.values()]
+    precompile(every + [reduced(pl) for pl in every])
+    return len(every)
+
+
+def run(schedules: Path, out: Path, persistent: bool = False, only: tuple[str, ...] = ()) -> int:
+    import torch
+
+    dev = torch.cuda.get_device_name()
+    rows, checks = [], []
+    res, plans = plans_of(schedules, persistent, only)
     t0 = time.time()
-    precompile([pl for d in plans.values() for pl in d.values()])
-    print(f"compiled {sum(len(d) for d in plans.values())} kernels in {time.time() - t0:.0f} s", flush=True)
+    n_plans = compile_all(plans)
+    print(f"compiled {n_plans} kernels (and their reduced-shape checks) in {time.time() - t0:.0f} s", flush=True)
     for n, pl in plans.items():
         g = res[n]["cpsat"].program.graph
         for label, plan in pl.items():
@@ -243,11 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     ru.add_argument("--out", default=".")
     ru.add_argument("--persistent", action="store_true", help="also time every attention plan on persistent CTAs")
     ru.add_argument("--only", default="", help="comma-separated config names (default: all in --schedules)")
+    co = sub.add_parser("compile", help="CPU: nvcc every kernel `run` launches into PTSOLVE_CACHE_DIR, to carry")
+    co.add_argument("--schedules", default="results/schedules_h200")
+    co.add_argument("--persistent", action="store_true")
+    co.add_argument("--only", default="")
     a = ap.parse_args(argv)
+    only = tuple(a.only.split(",")) if a.only else ()
     if a.cmd == "prepare":
-        prepare(a.hw, Path(a.out), tuple(a.only.split(",")) if a.only else CONFIGS + MAMBA, fixed=a.fixed)
+        prepare(a.hw, Path(a.out), only or CONFIGS + MAMBA, fixed=a.fixed)
         return 0
-    return run(Path(a.schedules), Path(a.out), a.persistent, tuple(a.only.split(",")) if a.only else ())
+    if a.cmd == "compile":
+        t0 = time.time()
+        print(f"compiled {compile_all(plans_of(Path(a.schedules), a.persistent, only)[1])} plans' kernels "
+              f"in {time.time() - t0:.0f} s", flush=True)
+        return 0
+    return run(Path(a.schedules), Path(a.out), a.persistent, only)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from .kernelcheck import KernelCheck, checker
 from .ops.base import Operator
 from .result import Result
 from .search import check_args, search
+from .validate import register_excess
 
 
 def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
@@ -51,15 +52,16 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
         hit = cache_mod.get(k, time_limit)
         if hit is not None:
             return replace(hit, cached=True)
+    admit = None if chk is None else (lambda p: _refusal(chk(p, hwt)))
     res = search(op, hwt, solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
-                 decoupled=decoupled, fix=fix, progress=progress)
+                 decoupled=decoupled, fix=fix, progress=progress, admit=admit)
     if compile_check and chk is None:
         res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
                                                     f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
     if chk is not None:
         res = _compiler_in_the_loop(op, hwt, res, chk, dict(solver=solver, time_limit=time_limit, placement=placement,
                                                             executor=executor, jobs=jobs, decoupled=decoupled,
-                                                            fix=fix, progress=progress))
+                                                            fix=fix, progress=progress, admit=admit))
     if cache:
         cache_mod.put(k, time_limit, res)
     return res
@@ -94,6 +96,9 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
     while True:
         kc = chk(res.program, hw)
         if kc.status not in ("rejected", "unsupported") or isinstance(op, STaskGraph):
+            p = res.program
+            if kc.status == "ok" and register_excess(p.graph, p.copies, hw):  # ptxas, not the estimate, says it fits
+                res = replace(res, program=replace(p, registers=kc.registers or 0))
             return answer(replace(res, kernel_check=kc.to_dict()), kept)
         rejected.append((dict(res.tiling), f"{kc.status}: {kc.reason}"))
         say(f"tiling {res.tiling}: the compiler {kc.status} its kernel ({kc.reason}); searching the others")
@@ -109,6 +114,11 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
                 return answer(kept)
             raise InfeasibleError(f"every tiling of {op.describe()} that fits {hw.name} was rejected by the compiler: "
                                   + "; ".join(f"{t}: {w}" for t, w in rejected[:4]) + f" ({e})") from e
+
+
+def _refusal(kc: KernelCheck) -> str | None:
+    """None when the compiler built the kernel as scheduled, else what it said (or that it was not asked)."""
+    return None if kc.ok else f"{kc.status}" + (f": {kc.reason}" if kc.reason else "")
 
 
 def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any, kw: dict[str, Any]

@@ -80,6 +80,8 @@ class SProgram:
     copies: register buffer allocated in the loop -> copies held at once (2 = FA3's extra S tile).
     barriers: every cross-stream dependence and ring back-pressure, as mbarriers.
     placement: how CTAs go to SMs: ``even`` (the paper's even split), ``lpt`` (longest first), ``exact``.
+    registers: per consumer thread, what ptxas gave the kernel where the compiler and not the model's estimate
+    decided that the tiling fits (optimize's compiler in the loop); 0: the estimate (validate.regs_per_thread) stands.
     """
 
     graph: STaskGraph
@@ -92,6 +94,7 @@ class SProgram:
     placement: str = "even"
     policy: str = ""
     schema: int = field(default=SCHEMA_VERSION)
+    registers: int = 0
 
     # -- derived views --------------------------------------------------------------------------
     def stage(self, task: str) -> int:
@@ -140,6 +143,8 @@ class SProgram:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["graph"] = self.graph.to_dict()
+        if not self.registers:  # the model's estimate: files written before the field stay byte-identical
+            del d["registers"]
         return d
 
     def to_json(self) -> str:
@@ -154,7 +159,7 @@ class SProgram:
                        rings={k: int(v) for k, v in d["rings"].items()},
                        copies={k: int(v) for k, v in d["copies"].items()},
                        barriers=tuple(Barrier(**b) for b in d["barriers"]), placement=str(d["placement"]),
-                       policy=str(d["policy"]))
+                       policy=str(d["policy"]), registers=int(d.get("registers", 0)))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, SchemaError):
                 raise

@@ -116,6 +116,8 @@ class Result:
         what = k.get("status", "not compile-checked")
         if what == "ok":
             what = f"compile-checked ({k.get('registers')} registers, no spills, wgmma pipelined)"
+            if self.program.registers:
+                what += "; ptxas, not the model's register estimate, fit this tiling"
         elif k.get("reason"):
             what = f"{what} ({k['reason']})"
         # optimize rejects only tilings predicted better than its answer; tune's walk (measured) rejects any it met

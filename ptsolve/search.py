@@ -89,8 +89,8 @@ def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None,
 
 
 def _worker(graph_json: str, hw: Hardware, solver: str, time_limit: float, placement: str,
-            hint_json: str | None, ii_max: int | None) -> tuple[str | None, dict[str, Any]]:
-    P = build(STaskGraph.from_json(graph_json), hw, placement)
+            hint_json: str | None, ii_max: int | None, registers: bool = True) -> tuple[str | None, dict[str, Any]]:
+    P = build(STaskGraph.from_json(graph_json), hw, placement, registers=registers)
     hint = SProgram.from_json(hint_json) if hint_json else None
     prog, st = solve_one(P, solver, time_limit, hint, ii_max)
     return (prog.to_json() if prog else None), st
@@ -132,10 +132,14 @@ def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: 
 def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
-           exclude: tuple[dict[str, int], ...] = ()) -> Result:
+           exclude: tuple[dict[str, int], ...] = (),
+           admit: Callable[[SProgram], str | None] | None = None) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
     bounds the whole search; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings (those
     whose kernels the compiler rejected, ptsolve.optimize). A graph instead of an operator is scheduled as it is.
+    ``admit`` (the compiler in the loop): a tiling that fits except for the model's register estimate is searched
+    too when it could beat the tilings that fit (its bound is not above their best greedy schedule) and ``admit``
+    of its greedy schedule says None (ptxas builds the kernel without spilling; else why not).
 
     Status: OPTIMAL when the best program's kernel time meets the least bound over all tilings; TIME_LIMIT
     when the time limit stopped a solve or left tilings unsolved; FEASIBLE otherwise (greedy, which proves
@@ -147,14 +151,33 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
     graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t, hw) for t in _fixed(op, fix) if t not in exclude]
+    over: list[tuple[Problem, str]] = []  # fit but for the register estimate: for ``admit`` to decide
     for g in graphs:
         t = g.tiling
         why = fits(g, hw)
+        if why and admit is not None and fits(g, hw, registers=False) is None:
+            over.append((build(g, hw, placement, registers=False), why))
+            continue
         if why:
             reasons.append(f"{t}: {why}")
             continue
         P = build(g, hw, placement)
         gp, _ = greedy_mod.solve(P)
+        cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
+    compiled: set[tuple] = set()  # tilings ptxas admitted: their workers skip the estimate too
+    best_greedy = min((c[4] for c in cands), default=math.inf)
+    for P, why in sorted(over, key=lambda x: (lower_bound(x[0]), _key(x[0].graph.tiling))):
+        t = P.graph.tiling
+        if lower_bound(P) > best_greedy:  # cannot win: no compile
+            reasons.append(f"{t}: {why}")
+            continue
+        gp, _ = greedy_mod.solve(P)
+        no = admit(gp)
+        say(f"tiling {t}: {why} by the model's estimate; the compiler " + (f"refuses it ({no})" if no else "fits it"))
+        if no:
+            reasons.append(f"{t}: {why}; the compiler: {no}")
+            continue
+        compiled.add(_key(t))
         cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
     what = op.name if isinstance(op, STaskGraph) else op.describe()
     if not cands:
@@ -202,7 +225,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                         continue
                     left = max(0.2, deadline - time.perf_counter())
                     # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
-                    args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None)
+                    args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None,
+                            k not in compiled)
                     running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
                 if not running:
                     break

@@ -52,6 +52,19 @@ def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int, hw: Hardw
     return total, names
 
 
+def register_excess(g: STaskGraph, copies: dict[str, int], hw: Hardware) -> tuple[int, int, int, list[str]] | None:
+    """The first consumer warpgroup whose estimated registers per thread (``regs_per_thread``) exceed what its
+    kernel gives it (ops.base.consumer_reg_budget), as (group, need, budget, buffers); None when all fit. An
+    estimate: ptxas often fits a kernel under the launch bound with fewer (optimize asks it: SProgram.registers)."""
+    k = ctas_of(g.tiling)
+    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
+    for grp in range(g.groups):
+        need, names = regs_per_thread(g, copies, grp, hw)
+        if need > budget:
+            return grp, need, budget, names
+    return None
+
+
 def _overlap(a0: int, a1: int, b0: int, b1: int, ii: int | None) -> bool:
     """Do [a0, a1) and [b0, b1) intersect (modulo ii: two loop tasks of any stages)?"""
     if ii is None:
@@ -187,12 +200,14 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
     kg = kernel_groups(g.groups, g.tiling)
     budget = consumer_reg_budget(kg, hw, k)
-    for grp in range(g.groups):
-        need, names = regs_per_thread(g, p.copies, grp, hw)
-        if need > budget:
-            v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
-                     f"{kg} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
-                     "fewer live copies")
+    if p.registers > budget:
+        v.append(f"the compiled kernel holds {p.registers} registers per thread but {kg} consumer warpgroups get "
+                 f"{budget} each on {hw.name}")
+    elif not p.registers and (x := register_excess(g, p.copies, hw)):
+        grp, need, budget, names = x
+        v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
+                 f"{kg} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
+                 "fewer live copies")
     if not v:
         v += _deadlock(p, tm, hw)
     return Validity(tuple(v))

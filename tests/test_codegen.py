@@ -745,3 +745,23 @@ def test_gemm_space_pingpong_report(tmp_path):
     assert rows["GEMM0"][13] == "9.0 (1.000)"  # tune: the best of the cooperative and ping-pong top 3s
     assert rows["GEMM1"][7] == "1.25 / 0.83" and rows["GEMM1"][12] == "**ping-pong**"
     assert "| paper (GEMM0-3) | 2 | 0.900 | " in md and "chose ping-pong for 1 shape(s): GEMM1" in md
+
+
+def test_round_compile_covers_what_run_launches(tmp_path, monkeypatch):
+    """`python3 -m codegen.round compile` hands precompile every plan `run` times (each policy's, the hand plan) and
+    each one's reduced-shape twin that `check` runs, so a device call with the carried cache runs no nvcc."""
+    import shutil
+
+    from codegen import bench
+    from codegen import round as rnd
+    src = Path(__file__).parents[1] / "results" / "sched_new"
+    for f in ("GEMM1_cpsat.json", "GEMM1_greedy.json", "FA3_cpsat.json", "FA3_greedy.json"):
+        shutil.copy(src / f, tmp_path / f)
+    got: list = []
+    monkeypatch.setattr(bench, "precompile", lambda plans: got.extend(plans))
+    assert rnd.main(["compile", "--schedules", str(tmp_path), "--persistent"]) == 0
+    _, plans = rnd.plans_of(tmp_path, persistent=True)
+    assert sorted(plans) == ["FA3", "GEMM1"] and set(plans["GEMM1"]) == {"cpsat", "greedy", "hand"}
+    assert set(plans["FA3"]) == {"cpsat", "greedy", "hand", "cpsat+persistent", "greedy+persistent"}
+    every = [p for d in plans.values() for p in d.values()]
+    assert got == every + [rnd.reduced(p) for p in every]

@@ -187,6 +187,34 @@ def test_a_rejected_order_keeps_its_tiling_with_the_declared_order(monkeypatch):
         ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix=fix)
 
 
+def test_the_compiler_decides_registers_the_estimate_refuses(monkeypatch):
+    """ChunkScan on three CTAs per SM: the model's register estimate (104 per thread) exceeds the launch bound's 80,
+    ptxas builds the kernel in 80 without spilling (results/round_ab: 10% faster than the two-CTA choice). With no
+    compiler the estimate refuses the tiling; with one, ptxas decides and the program records its count, which
+    check_valid takes over the estimate; a compiler that spills it refuses it again."""
+    from dataclasses import replace
+
+    from ptsolve.program import SProgram
+    opt = sys.modules["ptsolve.optimize"]
+    op = ptsolve.ops.mamba2_chunk_scan(batch=1, seq=2048, heads=16, head_dim=64, d_state=128, chunk=256)
+    fix = {"ctas": 3, "BM": 64, "BK": 64, "depth": 2}
+    with pytest.raises(InfeasibleError, match=r"registers 104/thread > 80"):
+        _solve(op, fix=fix)
+    monkeypatch.setattr(opt, "checker", lambda hw: lambda p, h: KernelCheck("ok", kernel="k", registers=80,
+                                                                            spill_bytes=0))
+    r = ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix=fix)
+    assert r.tiling["ctas"] == 3 and r.program.registers == 80 and ptsolve.check_valid(r.program)
+    assert "not the model's register estimate" in str(r)
+    assert "needs 104 registers" in str(ptsolve.check_valid(replace(r.program, registers=0)))
+    assert "holds 88 registers" in str(ptsolve.check_valid(replace(r.program, registers=88)))
+    assert SProgram.from_json(r.program.to_json()) == r.program
+    within = ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix={"ctas": 1})
+    assert within.program.registers == 0 and '"registers"' not in within.program.to_json()  # the estimate stood
+    monkeypatch.setattr(opt, "checker", lambda hw: lambda p, h: KernelCheck("rejected", "96 bytes of spills"))
+    with pytest.raises(InfeasibleError, match=r"the compiler: rejected: 96 bytes of spills"):
+        ptsolve.optimize(op, hw=H200, cache=False, compile_check=True, jobs=1, fix=fix)
+
+
 def test_not_compile_checked_is_said(monkeypatch):
     monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda hw: None)
     r = ptsolve.optimize(ptsolve.ops.gemm(512, 512, 512), hw=H200, cache=False, compile_check=True, jobs=1)

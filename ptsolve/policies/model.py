@@ -27,7 +27,7 @@ from ..ops.base import consumer_reg_budget, ctas_of, kernel_groups, pingpong_of,
 from ..placement import busiest, per_sm_pairs, per_sm_trips, shared_floor
 from ..program import SProgram, cta_time, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
-from ..validate import regs_per_thread, smem_peak
+from ..validate import register_excess, regs_per_thread, smem_peak
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,9 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     return out
 
 
-def fits(g: STaskGraph, hw: Hardware) -> str | None:
-    """None if the tiling fits the EU with one copy of every register buffer, else why not."""
+def fits(g: STaskGraph, hw: Hardware, registers: bool = True) -> str | None:
+    """None if the tiling fits the EU with one copy of every register buffer, else why not. ``registers``: check the
+    model's register estimate (False: the compiler decides, see search's ``admit``)."""
     rings = ring_depths(g)
     for b, (n, who) in sorted(min_slots(g).items()):
         if rings[b] < n:
@@ -121,11 +122,8 @@ def fits(g: STaskGraph, hw: Hardware) -> str | None:
     sm, names = smem_peak(g, rings, hw)
     if sm > smem_budget(hw, k):
         return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
-    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
-    for grp in range(g.groups):
-        need, names = regs_per_thread(g, {}, grp, hw)
-        if need > budget:
-            return f"registers {need}/thread > {budget} ({', '.join(names)})"
+    if registers and (x := register_excess(g, {}, hw)):
+        return f"registers {x[1]}/thread > {x[2]} ({', '.join(x[3])})"
     if kernel_groups(g.groups, g.tiling) * 128 + 128 > hw.max_threads:
         return f"{kernel_groups(g.groups, g.tiling)} consumer warpgroups + producer exceed {hw.max_threads} threads"
     return None
@@ -139,9 +137,11 @@ def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
     return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio))
 
 
-def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None) -> Problem:
-    """The scheduling problem of ``g`` on ``hw``; raises InfeasibleError when the tiling cannot fit."""
-    why = fits(g, hw)
+def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None,
+          registers: bool = True) -> Problem:
+    """The scheduling problem of ``g`` on ``hw``; raises InfeasibleError when the tiling cannot fit (``registers``:
+    as in ``fits``)."""
+    why = fits(g, hw, registers)
     if why:
         raise InfeasibleError(f"{g.name} tiling {g.tiling} does not fit {hw.name}: {why}")
     q = check_grain()

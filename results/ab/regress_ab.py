@@ -9,6 +9,7 @@ not reused), interleaved in one process (codegen.bench.time_many, CUDA graphs ca
     PTSOLVE_CACHE_DIR=$PWD/.cubin3 python3 results/ab/regress_ab.py compile   # CPU: nvcc every cubin
     PTSOLVE_CACHE_DIR=$PWD/.cubin3 python3 results/ab/regress_ab.py check     # every cubin is a cache hit
     PTSOLVE_CACHE_DIR=... timeout 300 python3 results/ab/regress_ab.py        # GPU: smoke, compare, time
+    (AB_ONLY=A,B times only those schedules)
 
 Every kernel takes exactly the arguments its own ``args`` / ``tensor_maps`` list (old and new kernels name the
 same tensors of the same shapes; the script checks). Before timing, each kernel runs once in a child process
@@ -50,6 +51,8 @@ AB = ROOT / "results/ab/ab_sources.json"  # {schedule: {variant: KernelSource}}
 SMOKE_S = 30.0  # one kernel's first launch + synchronize (random inputs made on the GPU)
 COLS = ["old", "old_again", "old_1d", "base", "fix", "fix_no_early_p", "fix_xs2", "fix_nosync", "fix_grid3",
         "fix_wait1"]
+RATIOS = [("fix", "old"), ("fix", "base")]  # (a, b): the a / b columns of the table
+ROUNDS = 30  # timing rounds (codegen.bench.time_many)
 
 
 def ks_of(d: dict) -> KernelSource:
@@ -236,7 +239,8 @@ def main() -> None:
     from codegen.runtime import load, random_args
 
     t0 = time.time()
-    allv = {n: variants(n) for n in NAMES}
+    only = [n for n in os.environ.get("AB_ONLY", "").split(",") if n]  # a subset, e.g. one large config alone
+    allv = {n: variants(n) for n in NAMES if not only or n in only}
     keys = [f"{n}/{k}" for n, v in allv.items() for k in v]
     print(f"{len(keys)} kernels; smoke test (each run once, {SMOKE_S:.0f} s deadline)", flush=True)
     ok = smoke(keys)
@@ -280,7 +284,7 @@ def main() -> None:
             # before the capture leaves the graph empty and times nothing)
             fns = {k: (lambda i, kk=kk, pp=ptrs: kk.launch(pp[i], int(torch.cuda.current_stream().cuda_stream)))
                    for k, kk in kern.items()}
-            ms = time_many(fns, 2, graphs=True, rounds=30)
+            ms = time_many(fns, 2, graphs=True, rounds=ROUNDS)
         except Exception as e:  # noqa: BLE001
             print(f"{n}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
@@ -291,17 +295,15 @@ def main() -> None:
         us = {k: v * 1e3 for k, v in ms.items()}
         rows.append((n, us))
         print(f"{n:12s} " + "  ".join(f"{k} {v:.1f}" for k, v in us.items()) +
-              (f"  fix/old {us['fix'] / us['old']:.3f}" if "fix" in us and "old" in us else "") +
-              (f"  fix/base {us['fix'] / us['base']:.3f}" if "fix" in us and "base" in us else "") +
+              "".join(f"  {a}/{b} {us[a] / us[b]:.3f}" for a, b in RATIOS if a in us and b in us) +
               f"  [max |diff| vs {rk}: " + ", ".join(f"{k} {v:.2g}" for k, v in diffs.items()) + "]", flush=True)
-    print(f"\ndone in {time.time() - t0:.0f} s; median µs per call (CUDA graphs, interleaved, 30 rounds)\n")
-    print("| schedule | " + " | ".join(f"{c} µs" for c in COLS) + " | fix / old | fix / base |")
-    print("|---|" + "---|" * (len(COLS) + 2))
+    print(f"\ndone in {time.time() - t0:.0f} s; median µs per call (CUDA graphs, interleaved, {ROUNDS} rounds)\n")
+    print("| schedule | " + " | ".join(f"{c} µs" for c in COLS) + "".join(f" | {a} / {b}" for a, b in RATIOS) + " |")
+    print("|---|" + "---|" * (len(COLS) + len(RATIOS)))
     for n, us in rows:
         cell = [f"{us[c]:.1f}" if c in us else "—" for c in COLS]
-        r1 = f"{us['fix'] / us['old']:.3f}" if "fix" in us and "old" in us else "—"
-        r2 = f"{us['fix'] / us['base']:.3f}" if "fix" in us and "base" in us else "—"
-        print(f"| {n} | " + " | ".join(cell) + f" | {r1} | {r2} |")
+        cell += [f"{us[a] / us[b]:.3f}" if a in us and b in us else "—" for a, b in RATIOS]
+        print(f"| {n} | " + " | ".join(cell) + " |")
     sys.stdout.flush()
 
 
