@@ -13,6 +13,7 @@ from .hw import Hardware, load
 from .ir import STaskGraph
 from .kernelcheck import KernelCheck, checker
 from .ops.base import Operator
+from .policies.model import tiling_tie
 from .result import Result
 from .search import check_args, search
 from .validate import register_excess
@@ -90,7 +91,7 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
     tried = False
 
     def answer(*rs: Result | None) -> Result:
-        best = min((r for r in rs if r is not None), key=lambda r: (r.objective, sorted(r.tiling.items())))
+        best = min((r for r in rs if r is not None), key=lambda r: (r.objective, tiling_tie(r.program.graph, hw)))
         return replace(best, rejected=tuple(rejected))
 
     while True:

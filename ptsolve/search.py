@@ -166,7 +166,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
     compiled: set[tuple] = set()  # tilings ptxas admitted: their workers skip the estimate too
     best_greedy = min((c[4] for c in cands), default=math.inf)
-    for P, why in sorted(over, key=lambda x: (lower_bound(x[0]), _key(x[0].graph.tiling))):
+    for P, why in sorted(over, key=lambda x: (lower_bound(x[0]), x[0].tie)):
         t = P.graph.tiling
         if lower_bound(P) > best_greedy:  # cannot win: no compile
             reasons.append(f"{t}: {why}")
@@ -177,7 +177,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         if no:
             reasons.append(f"{t}: {why}; the compiler: {no}")
             continue
-        compiled.add(_key(t))
+        compiled.add(P.tie)
         cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
     what = op.name if isinstance(op, STaskGraph) else op.describe()
     if not cands:
@@ -185,14 +185,14 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                               + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
     if solver == "exhaustive":
         _exhaustive_fits(cands, what)
-    cands.sort(key=lambda c: (c[0], _key(c[1])))
+    cands.sort(key=lambda c: (c[0], c[2].tie))
     if decoupled:
         cands = cands[:1]
     say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
     # ties in kernel time (a shared-unit floor) go to the smaller slot latency, then to the smaller tiling key
-    best = min(cands, key=lambda c: (c[4], c[5], _key(c[1])))
+    best = min(cands, key=lambda c: (c[4], c[5], c[2].tie))
     inc_prog, inc_obj, inc_lat = best[3], best[4], best[5]
-    inc_key = _key(best[1])
+    inc_key = best[2].tie
     if solver == "cpsat-orders":  # greedy's program is not of the pinned orders: no incumbent from it
         inc_obj = inc_lat = math.inf
     bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
@@ -204,9 +204,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         jobs = max(1, jobs or os.cpu_count() or 1)
         # a deeper ring only removes constraints, so a tiling's optimum bounds every shallower twin from below;
         # solve the deepest first and let its optimum prune the rest
-        lbs = {_key(c[1]): c[0] for c in cands}
-        lat_lbs = {_key(c[1]): c[6] for c in cands}
-        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), _key(c[1])))
+        lbs = {c[2].tie: c[0] for c in cands}
+        lat_lbs = {c[2].tie: c[6] for c in cands}
+        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), c[2].tie))
         pool: Any = None
         if executor == "ray":
             pool = _RayPool()
@@ -219,7 +219,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     c = todo.pop(0)
                     # prune only what cannot win even the tie-break (time, slot latency, tiling key): a serial
                     # search, which prunes more, and a parallel one then return the same program
-                    k = _key(c[1])
+                    k = c[2].tie
                     if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, inc_key):
                         bounds.append(lbs[k])
                         continue
@@ -246,8 +246,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                         status = "FEASIBLE"
                     # equal objectives go to the smaller slot latency, then the smaller tiling key, so parallel
                     # solves finishing in any order give the same answer
-                    if obj is not None and (obj, lat, _key(c[1])) < (inc_obj, inc_lat, inc_key):
-                        inc_prog, inc_obj, inc_lat, inc_key = prog, obj, lat, _key(c[1])
+                    if obj is not None and (obj, lat, c[2].tie) < (inc_obj, inc_lat, inc_key):
+                        inc_prog, inc_obj, inc_lat, inc_key = prog, obj, lat, c[2].tie
                     # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
                     b = (obj if status == "OPTIMAL" and obj is not None else
                          inc_obj if status == "INFEASIBLE" else
@@ -255,9 +255,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     bounds.append(b)
                     for o in todo:
                         if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
-                            lbs[_key(o[1])] = max(lbs[_key(o[1])], b)
+                            lbs[o[2].tie] = max(lbs[o[2].tie], b)
                             if status == "OPTIMAL" and lat is not None:
-                                lat_lbs[_key(o[1])] = max(lat_lbs[_key(o[1])], lat)
+                                lat_lbs[o[2].tie] = max(lat_lbs[o[2].tie], lat)
                     say(f"tiling {c[1]}: {status} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
         except BaseException:
             _stop(pool)  # SIGINT (KeyboardInterrupt) or an error: no worker may outlive the search
@@ -266,7 +266,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
             if pool is not None:
                 pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
         timed_out |= bool(todo)  # tilings the deadline left unsolved
-        bounds += [lbs[_key(c[1])] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
+        bounds += [lbs[c[2].tie] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
     if inc_obj == math.inf:
         raise InfeasibleError(f"{solver} found no schedule of {what} within {time_limit:.0f} s")
     bound = min([*bounds, inc_obj])
@@ -302,12 +302,6 @@ def _stop(pool: Any) -> None:
             pr.terminate()
         for pr in procs:
             pr.join(5)
-
-
-def _key(t: dict[str, int]) -> tuple:
-    """A tiling as a sortable tuple: the last tie-break between schedules of equal time, so that serial, process
-    pool and Ray searches return the same program whatever order the solves finish in."""
-    return tuple(sorted(t.items()))
 
 
 def _twin(a: dict[str, int], b: dict[str, int]) -> bool:

@@ -23,7 +23,7 @@ from .hw import Hardware, load
 from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
 from .ops.base import Operator
-from .policies.model import build, fits
+from .policies.model import build, fits, tiling_tie
 from .result import Result
 
 Runner = Callable[[Sequence[Any], Hardware], Sequence[float]]
@@ -79,7 +79,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             rej += rs
         if not got:
             raise InfeasibleError(f"no tiling of {op.describe()} fits {load(hw).name}")
-        got.sort(key=lambda c: (c.result.objective, sorted(c.tiling.items())))
+        got.sort(key=lambda c: (c.result.objective, tiling_tie(c.result.program.graph, load(hw))))
         return [replace(c, rank=n) for n, c in enumerate(got)], rej
 
     solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
@@ -94,7 +94,8 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     for t in _fixed(op, fix):
         g = op.graph(t, hw)
         if fits(g, hw) is None:
-            bounded.append((lower_bound(build(g, hw)), sorted(t.items()), g))
+            P = build(g, hw)
+            bounded.append((lower_bound(P), P.tie, g))
     if not bounded:
         raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}")
     bounded.sort(key=lambda x: (x[0], x[1]))
@@ -119,7 +120,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             found.append(r)
             checks.append(c)
             say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
-    order = sorted(range(len(found)), key=lambda i: (found[i].objective, sorted(found[i].tiling.items()),
+    order = sorted(range(len(found)), key=lambda i: (found[i].objective, tiling_tie(found[i].program.graph, hw),
                                                      solvers.index(found[i].program.policy)
                                                      if found[i].program.policy in solvers else 0))[:k]
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected

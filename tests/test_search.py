@@ -175,3 +175,28 @@ def test_fix_pins_tiling_keys() -> None:
         optimize(op, hw="h200", solver="greedy", cache=False, fix={"BN": 64})
     with pytest.raises(ptsolve.errors.PtsolveError, match="no tiling"):
         optimize(op, hw="h200", solver="greedy", cache=False, fix={"ctas": 5})
+
+
+def test_ring_depth_ties_go_deep_only_where_the_loop_streams_memory() -> None:
+    """The model predicts the same time for a tiling and its deeper-ring twin; the tie-break takes the deeper ring
+    where the copy engine binds (skinny GEMM: measured faster) and the shallower where the tensor cores do."""
+    from ptsolve.policies.model import build, streams_memory, tiling_tie
+
+    hw = load("h200")
+    skinny, square = ops.gemm(1, 28672, 8192), ops.gemm(4096, 4096, 4096)
+    rs = {n: optimize(o, hw="h200", solver="cpsat", cache=False, compile_check=False)
+          for n, o in (("skinny", skinny), ("square", square))}
+    for n, o in (("skinny", skinny), ("square", square)):
+        t = rs[n].tiling
+        twins = {d: o.graph(t | {"depth": d}, hw) for d in (t["depth"] - 1, t["depth"] + 1)}
+        for d, g in sorted(twins.items()):
+            if ptsolve.policies.model.fits(g, hw) is None:  # a fitting twin's optimum is no better (a tie or worse)
+                assert optimize(g, hw="h200", solver="cpsat", cache=False, compile_check=False).objective \
+                    >= rs[n].objective
+        P = build(o.graph(t, hw), hw)
+        assert streams_memory(P.tm, P.phase) == (n == "skinny")
+        assert P.tie == tiling_tie(o.graph(t, hw), hw)
+    assert rs["skinny"].tiling["depth"] == 5 and rs["square"].tiling["depth"] == 4
+    # the shallower twin of the skinny choice ties it in the model: the tie-break, not the model, took the deeper ring
+    g = skinny.graph(rs["skinny"].tiling | {"depth": 4}, hw)
+    assert optimize(g, hw="h200", solver="cpsat", cache=False, compile_check=False).objective == rs["skinny"].objective

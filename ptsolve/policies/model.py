@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cost import GRAIN, Timing, check_grain, lower_bound_ii, shared_busy, timings
+from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
@@ -88,6 +88,37 @@ class Problem:
     def end(self, t: str) -> int:
         """Cycles from the start of ``t`` until it is done (result usable, resources released)."""
         return max(self.tm[t].latency, max(o + n for _, o, n in self.tm[t].uses))
+
+    @property
+    def tie(self) -> tuple:
+        """This tiling's place in the last tie-break between schedules of equal time (``tie_key``)."""
+        return tie_key(self.graph.tiling, streams_memory(self.tm, self.phase, ctas_of(self.graph.tiling)))
+
+
+def streams_memory(tm: dict[str, Timing], phase: dict[str, str], ctas: int = 1) -> bool:
+    """True when the copy engine is the loop's busiest resource: its demand per iteration, for the ``ctas`` CTAs that
+    share an SM's units, is at least that of every other unit and of every warp stream (in the unit of ``tm``)."""
+    busy: dict[str, int] = {}
+    for n, t in tm.items():
+        if phase[n] == "loop":
+            for r, _, d in t.uses:
+                busy[r] = busy.get(r, 0) + d * (ctas if r in SHARED else 1)
+    return busy.get("tma", 0) > 0 and busy["tma"] >= max(busy.values())
+
+
+def tie_key(tiling: dict[str, int], memory: bool) -> tuple:
+    """A tiling as a sortable tuple, the last tie-break between schedules of equal predicted time, so that serial,
+    process-pool and Ray searches return the same program whatever order the solves finish in: the smaller key wins,
+    but a loop that streams memory (``streams_memory``) takes the deeper of two rings the model cannot tell apart.
+    The deterministic model hides a load once the ring covers its mean latency; a memory-bound loop's throughput
+    follows the bytes it keeps in flight (Little's law at the loaded latency), while a compute-bound loop's extra
+    slots only take shared memory and L2 (measured: results/gemm_model/depth.md)."""
+    return tuple(sorted((k, -v if k == "depth" and memory else v) for k, v in tiling.items()))
+
+
+def tiling_tie(g: STaskGraph, hw: Hardware) -> tuple:
+    """``tie_key`` of graph ``g`` on ``hw`` (Problem.tie without building the problem)."""
+    return tie_key(g.tiling, streams_memory(timings(g, hw), {t.name: t.phase for t in g.tasks}, ctas_of(g.tiling)))
 
 
 def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
