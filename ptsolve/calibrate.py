@@ -223,13 +223,15 @@ def write_op(fitted: Hardware, base: Hardware, op: str, provenance: str, keys: S
              path: str | Path | None = None) -> Path:
     """Store the entries ``keys`` of ``fitted`` that differ from ``base`` as ``op``'s own constants (Hardware.
     op_constants: they price ``op``'s graphs only) in the overlay ``write`` writes; other entries and other
-    operators' constants are kept, ``op``'s are replaced."""
+    operators' constants are kept, and so are ``op``'s entries not named in ``keys``."""
     p = Path(path) if path else overlay_path(HERE / f"{fitted.name}.json")
     out = json.loads(p.read_text()) if p.exists() else {}
     cur = out.get("op_constants", {"value": {}, "source": ""})
     own = {k: getattr(fitted, k) for k in sorted(keys) if getattr(fitted, k) != getattr(base, k)}
-    value = {o: v for o, v in cur["value"].items() if o != op} | ({op: own} if own else {})
-    notes = [x for x in cur["source"].split(" | ") if x and not x.startswith(f"{op}: ")]
+    kept = {k: v for k, v in cur["value"].get(op, {}).items() if k not in keys}
+    value = {o: v for o, v in cur["value"].items() if o != op} | ({op: kept | own} if kept | own else {})
+    notes = [x for x in cur["source"].split(" | ") if x and not (x.startswith(f"{op}: ") and
+                                                                 any(f" {k} " in x for k in keys))]
     notes += [f"{op}: ptsolve.calibrate: {provenance} (table values "
               + ", ".join(f"{k} {getattr(base, k)}" for k in own) + ")"] if own else []
     out["op_constants"] = {"value": dict(sorted(value.items())), "source": " | ".join(sorted(notes))}

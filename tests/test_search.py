@@ -179,24 +179,45 @@ def test_fix_pins_tiling_keys() -> None:
 
 def test_ring_depth_ties_go_deep_only_where_the_loop_streams_memory() -> None:
     """The model predicts the same time for a tiling and its deeper-ring twin; the tie-break takes the deeper ring
-    where the copy engine binds (skinny GEMM: measured faster) and the shallower where the tensor cores do."""
+    where the copy engine binds and the operator's table says deeper rings measured faster there (GEMM on the H200:
+    skinny shapes), the shallower where the tensor cores bind, or where the operator measured the other way
+    (split-KV decode) or was never measured (the H100 table)."""
     from ptsolve.policies.model import build, streams_memory, tiling_tie
 
     hw = load("h200")
     skinny, square = ops.gemm(1, 28672, 8192), ops.gemm(4096, 4096, 4096)
     rs = {n: optimize(o, hw="h200", solver="cpsat", cache=False, compile_check=False)
           for n, o in (("skinny", skinny), ("square", square))}
-    for n, o in (("skinny", skinny), ("square", square)):
-        t = rs[n].tiling
-        twins = {d: o.graph(t | {"depth": d}, hw) for d in (t["depth"] - 1, t["depth"] + 1)}
-        for d, g in sorted(twins.items()):
-            if ptsolve.policies.model.fits(g, hw) is None:  # a fitting twin's optimum is no better (a tie or worse)
-                assert optimize(g, hw="h200", solver="cpsat", cache=False, compile_check=False).objective \
-                    >= rs[n].objective
-        P = build(o.graph(t, hw), hw)
-        assert streams_memory(P.tm, P.phase) == (n == "skinny")
-        assert P.tie == tiling_tie(o.graph(t, hw), hw)
     assert rs["skinny"].tiling["depth"] == 5 and rs["square"].tiling["depth"] == 4
+    for n, o in (("skinny", skinny), ("square", square)):
+        P = build(o.graph(rs[n].tiling, hw), hw)
+        assert streams_memory(P.tm, P.phase) == (n == "skinny")
+        assert P.tie == tiling_tie(o.graph(rs[n].tiling, hw), hw)
     # the shallower twin of the skinny choice ties it in the model: the tie-break, not the model, took the deeper ring
-    g = skinny.graph(rs["skinny"].tiling | {"depth": 4}, hw)
-    assert optimize(g, hw="h200", solver="cpsat", cache=False, compile_check=False).objective == rs["skinny"].objective
+    g4 = skinny.graph(rs["skinny"].tiling | {"depth": 4}, hw)
+    assert optimize(g4, hw="h200", solver="cpsat", cache=False, compile_check=False).objective == rs["skinny"].objective
+    assert build(g4, hw).tie > build(skinny.graph(rs["skinny"].tiling, hw), hw).tie
+    h100 = load("h100")  # no measured preference there: the smaller key (shallower ring) first
+    assert build(skinny.graph(rs["skinny"].tiling | {"depth": 4}, h100), h100).tie < \
+        build(skinny.graph(rs["skinny"].tiling, h100), h100).tie
+    dec = ops.make("flash_decode", batch=16, heads=32, kv_heads=8, seq_q=1, seq_kv=4097, head_dim=128, causal=False)
+    t = {"BM": 64, "BN": 64, "depth": 2, "groups": 1, "splits": 1}
+    P2, P3 = (build(dec.graph(t | {"depth": d}, hw), hw) for d in (2, 3))
+    assert streams_memory(P2.tm, P2.phase) and P2.tie < P3.tie  # memory-bound, yet decode keeps the shallower ring
+
+
+def test_write_op_keeps_the_operators_other_entries(tmp_path) -> None:
+    from ptsolve.calibrate import write_op
+
+    base = replace(load("h200", calibrated=False), op_constants={})
+    p = tmp_path / "t.calibrated.json"
+    write_op(replace(base, mem_latency=base.mem_latency + 7), base, "gemm", "fit A", ["mem_latency"], p)
+    write_op(replace(base, deep_ring_ties=1), base, "gemm", "A/B B", ["deep_ring_ties"], p)
+    import json
+    v = json.loads(p.read_text())["op_constants"]
+    assert v["value"]["gemm"] == {"deep_ring_ties": 1, "mem_latency": base.mem_latency + 7}
+    assert "fit A" in v["source"] and "A/B B" in v["source"]
+    write_op(replace(base, mem_latency=base.mem_latency + 9), base, "gemm", "fit C", ["mem_latency"], p)
+    v = json.loads(p.read_text())["op_constants"]
+    assert v["value"]["gemm"] == {"deep_ring_ties": 1, "mem_latency": base.mem_latency + 9}
+    assert "fit A" not in v["source"] and "fit C" in v["source"] and "A/B B" in v["source"]

@@ -66,6 +66,10 @@ class Hardware:
     # replace the table's entries for that operator's graphs (for_op); one set of constants did not describe both
     # GEMM's main loops and attention's
     op_constants: dict[str, dict[str, float]] = field(default_factory=dict)
+    # 1: where the model ties ring depths, a loop that streams memory takes the deeper ring (policies.model.tie_key);
+    # an operator's measured preference (results/depth_tie), set in op_constants: deeper rings measured faster for
+    # GEMM and ChunkState on the H200 and slower for split-KV decode at large batch, which the model does not separate
+    deep_ring_ties: int = 0
 
     @property
     def hbm_bytes_per_clk(self) -> float:

@@ -92,7 +92,8 @@ class Problem:
     @property
     def tie(self) -> tuple:
         """This tiling's place in the last tie-break between schedules of equal time (``tie_key``)."""
-        return tie_key(self.graph.tiling, streams_memory(self.tm, self.phase, ctas_of(self.graph.tiling)))
+        deep = bool(self.hw.for_op(self.graph.op).deep_ring_ties)
+        return tie_key(self.graph.tiling, deep and streams_memory(self.tm, self.phase, ctas_of(self.graph.tiling)))
 
 
 def streams_memory(tm: dict[str, Timing], phase: dict[str, str], ctas: int = 1) -> bool:
@@ -106,19 +107,20 @@ def streams_memory(tm: dict[str, Timing], phase: dict[str, str], ctas: int = 1) 
     return busy.get("tma", 0) > 0 and busy["tma"] >= max(busy.values())
 
 
-def tie_key(tiling: dict[str, int], memory: bool) -> tuple:
+def tie_key(tiling: dict[str, int], deep: bool) -> tuple:
     """A tiling as a sortable tuple, the last tie-break between schedules of equal predicted time, so that serial,
     process-pool and Ray searches return the same program whatever order the solves finish in: the smaller key wins,
-    but a loop that streams memory (``streams_memory``) takes the deeper of two rings the model cannot tell apart.
-    The deterministic model hides a load once the ring covers its mean latency; a memory-bound loop's throughput
-    follows the bytes it keeps in flight (Little's law at the loaded latency), while a compute-bound loop's extra
-    slots only take shared memory and L2 (measured: results/gemm_model/depth.md)."""
-    return tuple(sorted((k, -v if k == "depth" and memory else v) for k, v in tiling.items()))
+    but with ``deep`` (an operator whose loop streams memory, ``streams_memory``, and whose table says
+    ``deep_ring_ties``) the deeper of two rings the model cannot tell apart. The deterministic model hides a load
+    once the ring covers its mean latency; whether more bytes in flight pay beyond that is measured per operator
+    (results/depth_tie: GEMM and ChunkState yes, compute-bound loops and split-KV decode at large batch no)."""
+    return tuple(sorted((k, -v if k == "depth" and deep else v) for k, v in tiling.items()))
 
 
 def tiling_tie(g: STaskGraph, hw: Hardware) -> tuple:
-    """``tie_key`` of graph ``g`` on ``hw`` (Problem.tie without building the problem)."""
-    return tie_key(g.tiling, streams_memory(timings(g, hw), {t.name: t.phase for t in g.tasks}, ctas_of(g.tiling)))
+    """``tie_key`` of a scheduled graph ``g`` on ``hw``: its Problem's ``tie`` (the register estimate aside: a
+    solved tiling fits, by the estimate or by the compiler)."""
+    return build(g, hw, registers=False).tie
 
 
 def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
