@@ -47,13 +47,14 @@ def shapes(only: tuple[str, ...] = ()) -> list[tuple[str, int, int, int, str]]:
 
 def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True,
             executor: str = "serial", top_k: int = 0, pingpong: bool = False,
-            probes: tuple[dict[str, int], ...] = ()) -> dict[str, Any]:
+            probes: tuple[dict[str, int], ...] = (), per: tuple[str, ...] = ()) -> dict[str, Any]:
     """Solve every shape (the full space and, when ``base``, the space without split-K; with ``top_k``, instead the
     model's ``top_k`` best compile-clean tilings, labelled ``<tag>_c<rank>``, for a measured selection); write the
     JSON. ``pingpong``: the full space (``<tag>``), its cooperative part (``<tag>_coop``) and its ping-pong part
     (``<tag>_ping``), and with ``top_k`` the ping-pong part's ``top_k`` best (``<tag>_ping_c<rank>``) too.
     ``probes``: only these tilings (each fixed whole, where the shape's space has it; ``<tag>_probe<k>``), as
-    measurement probes beside the model's choices, not instead of them."""
+    measurement probes beside the model's choices, not instead of them. ``per`` (with ``top_k``): the candidates
+    ``ptsolve tune --per`` times, the ``top_k`` best of each value combination of these tiling keys."""
     import ptsolve
     from ptsolve.errors import PtsolveError
 
@@ -74,7 +75,7 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
             from ptsolve.tune import candidates
             pre, fx = (f"{tag}_ping", {"pingpong": 1}) if pingpong else (tag, None)
             try:
-                cands, _ = candidates(ptsolve.ops.gemm(M=M, N=N, K=K), hw, top_k, fix=fx)
+                cands, _ = candidates(ptsolve.ops.gemm(M=M, N=N, K=K), hw, top_k, fix=fx, per=per)
                 for c in cands:
                     e["cands"][f"{pre}_c{c.rank}"] = {
                         "tiling": dict(c.result.program.graph.tiling), "predicted_us": c.result.predicted_us,
@@ -336,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=0, help="the model's K best tilings instead (measured selection)")
     p.add_argument("--probe", action="append", default=[], help="a whole tiling to time as a probe, e.g. "
                    "BM=128,BN=128,BK=64,depth=4,groups=1,splits=1,pingpong=1 (repeatable)")
+    p.add_argument("--per", default="", help="with --top-k: the K best of each value of these tiling keys "
+                   "(comma-separated, e.g. pingpong: ptsolve tune --per's candidates)")
     p.add_argument("--pingpong", action="store_true", help="the whole space, its cooperative and its ping-pong "
                    "parts (with --top-k: the ping-pong part's K best too)")
     c = sub.add_parser("precompile")
@@ -357,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "prepare":
         prepare(a.out, a.tag, a.hw, only, base=not a.no_base, executor=a.executor, top_k=a.top_k,
                 pingpong=a.pingpong, probes=tuple({k: int(v) for k, v in (x.split("=") for x in pr.split(","))}
-                                                  for pr in a.probe))
+                                                  for pr in a.probe),
+                per=tuple(x for x in a.per.split(",") if x))
         return 0
     if a.cmd == "precompile":
         print(precompile([json.loads(x.read_text()) for x in a.cands]), "plans compiled")

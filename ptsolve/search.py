@@ -30,6 +30,7 @@ from .provenance import stamp
 from .report import features
 from .result import Result
 from .simulate import claimed, replay
+from .validate import check_valid
 
 EXECUTORS = checks.EXECUTORS
 
@@ -272,6 +273,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     bound = min([*bounds, inc_obj])
     status = ("FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else
               "TIME_LIMIT" if timed_out else "FEASIBLE")
+    if solver == "cpsat" and status == "OPTIMAL":
+        inc_prog = _polish(inc_prog, [c[2] for c in cands], hw, say)
     inc_prog = _relabel(inc_prog, solver, status)
     us = hw.cycles_to_us(inc_obj) + hw.launch_us
     return Result(program=inc_prog, solver=solver, status=status, objective=inc_obj, bound=bound,
@@ -279,6 +282,22 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                   tflops=inc_prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
                   tiling=dict(inc_prog.graph.tiling), tilings=len(cands), solved=solved,
                   features=tuple(features(inc_prog, hw)), provenance=stamp())
+
+
+def _polish(prog: SProgram, problems: list[Problem], hw: Hardware, say: Callable[[str], None]) -> SProgram:
+    """CP-SAT's optimum with the most idle time before each tensor-core issue (policies.cpsat.polish): the same
+    objective and slot latency, so the answer and its proof stand; kept only if it replays to them."""
+    from .policies import cpsat
+
+    P = next(P for P in problems if P.graph.tiling == prog.graph.tiling)
+    new = cpsat.polish(P, prog)
+    if new is prog:
+        return prog
+    worse = set(check_valid(new, hw).violations) - set(check_valid(prog, hw).violations)
+    if claimed(new, hw) != claimed(prog, hw) or not replays(new, hw) or worse:
+        say(f"polish of {prog.graph.tiling} kept the solver's schedule (the polished one did not replay the same)")
+        return prog
+    return new
 
 
 def _exhaustive_fits(cands: list[tuple], what: str) -> None:

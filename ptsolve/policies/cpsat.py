@@ -35,27 +35,22 @@ def _symmetry_task(P: Problem) -> list[tuple[str, str]]:
     return list(zip(names, names[1:]))
 
 
-def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
-          hint: SProgram | None = None, ii_max: int | None = None,
-          pin: dict[str, list[tuple[str, int]]] | None = None,
-          cycle: list[str] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
-    """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
-    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s.
+class _M:
+    """A built CP-SAT model and the variables the callers read."""
 
-    ``pin``: role -> [(loop task, stage)], the issue order of that role's loop tasks within one initiation
-    interval (slots strictly increasing, as ``SProgram.streams`` reads them back) and their stages relative to
-    the first: the best schedule with a given order (a hand plan's, e.g. codegen.plan.fa3_order_plan) instead
-    of the best of all orders. A cyclic rotation of an order is the same steady state: rotate it (the tasks
-    moved to the end one stage earlier) to pin that one. ``cycle``: loop tasks whose slots follow this cyclic order
-    (any rotation; e.g. the tensor cores' turn order), stages free."""
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise SolverError("solver 'cpsat' needs OR-Tools: pip install ortools") from e
-    t0 = time.perf_counter()
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str, int]]] | None = None,
+           cycle: list[str] | None = None, guard_cap: int = 0) -> _M:
+    """The CP-SAT model of ``P`` (module doc) with ii <= ``ii_hi``; ``guard_cap`` > 0 adds, per loop tensor-core task
+    t, the variable ``guards[t]`` (0..guard_cap grains): t's issuing stream holds no other task for that long before
+    t (``polish``)."""
     m = cp_model.CpModel()
+    guard = guard_cap > 0 or None
+    guards: dict[str, Any] = {}
     H = P.horizon
-    ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
     ii = m.new_int_var(P.ii_lb, ii_hi, "ii")
     kmax = H // max(P.ii_lb, 1) + 1
     s, r, k, w = {}, {}, {}, {}
@@ -99,6 +94,14 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
                 for u, ou, nu in uses:
                     if P.phase[u] == "pre":
                         m.add(s[t] + o >= s[u] + ou + nu)
+        if guard is not None:  # the stream that issues a tensor-core task stays idle ``gap`` before it
+            for t, _o, _n in loop:
+                if P.graph.task[t].kind == "mma" and P.tm[t].stream == res:
+                    guards[t] = gt = m.new_int_var(0, guard_cap, f"guard_{t}")
+                    for x, c in ((r[t], "a"), (w[t], "b")):
+                        g0 = m.new_int_var(-2 * ii_hi - guard_cap, ii_hi, f"g{c}_{t}")
+                        m.add(g0 == x - gt)
+                        ivs.append(m.new_interval_var(g0, gt, x, f"gi{c}_{t}"))
         if ivs:
             m.add_no_overlap(ivs)
     for role, seq in sorted((pin or {}).items()):
@@ -141,6 +144,30 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     obj = m.new_int_var(0, big, "obj")
     for h in P.slots:  # a persistent kernel's slot hides P.handover of each tile after its first (P.latency)
         m.add(obj >= sum(c * x[n] for n, c in h) - (sum(c for _, c in h) - 1) * P.handover)
+    return _M(m=m, ii=ii, s=s, r=r, k=k, obj=obj, guards=guards)
+
+
+def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
+          hint: SProgram | None = None, ii_max: int | None = None,
+          pin: dict[str, list[tuple[str, int]]] | None = None,
+          cycle: list[str] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+    """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
+    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s.
+
+    ``pin``: role -> [(loop task, stage)], the issue order of that role's loop tasks within one initiation
+    interval (slots strictly increasing, as ``SProgram.streams`` reads them back) and their stages relative to
+    the first: the best schedule with a given order (a hand plan's, e.g. codegen.plan.fa3_order_plan) instead
+    of the best of all orders. A cyclic rotation of an order is the same steady state: rotate it (the tasks
+    moved to the end one stage earlier) to pin that one. ``cycle``: loop tasks whose slots follow this cyclic order
+    (any rotation; e.g. the tensor cores' turn order), stages free."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise SolverError("solver 'cpsat' needs OR-Tools: pip install ortools") from e
+    t0 = time.perf_counter()
+    ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
+    M = _model(cp_model, P, ii_hi, pin, cycle)
+    m, ii, s, r, k, obj = M.m, M.ii, M.s, M.r, M.k, M.obj
     m.minimize(obj)
     if hint is not None:
         q = P.grain
@@ -171,3 +198,63 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     obj = P.objective(iiv, *P.ends(start)) * P.grain
     status = "OPTIMAL" if name == "OPTIMAL" else "TIME_LIMIT"
     return prog, stats | {"status": status, "objective": obj, "bound": min(stats["bound"], obj)}
+
+
+POLISH_DET_S = 2.0  # CP-SAT deterministic time of one polish (its own unit, about seconds; reproducible)
+
+
+def polish(P: Problem, prog: SProgram, det_time: float = POLISH_DET_S) -> SProgram:
+    """The schedule of ``prog``'s initiation interval and objective (``P``'s optimum) whose warp streams leave the
+    longest idle time before each loop tensor-core issue: among the model's optima, the one least sensitive to a
+    late result. The model is deterministic and indifferent among its optima; on the GPU a stream that issues work
+    up to the instant its next wgmma is due (e.g. a rescale that waits for the previous wgmma right before the
+    softmax) stretches the tensor cores' turn whenever a latency runs long. Solved with the objective and ii fixed,
+    from ``prog`` as the hint, within ``det_time`` of CP-SAT's deterministic time; ``prog`` itself when nothing
+    better is found. Every other constraint of the model holds, so the result is an optimum of ``P`` too."""
+    from ortools.sat.python import cp_model
+
+    q = P.grain
+    iiv = prog.ii // q
+    start = {t: prog.start[t] // q for t in P.tasks}
+    lat = P.latency(iiv, *P.ends(start))  # the slots' latency, not max(floor, it): search's tie-break reads it too
+    cap = max((n for t in P.tasks if P.graph.task[t].kind == "mma" and P.phase[t] == "loop"
+               for res, _, n in P.tm[t].uses if res == "tc"), default=0)
+    if cap == 0:
+        return prog
+    M = _model(cp_model, P, iiv, guard_cap=cap)
+    M.m.add(M.ii == iiv)
+    M.m.add(M.obj <= lat)
+    for t in P.tasks:
+        M.m.add_hint(M.s[t], start[t])
+        if t in M.r:
+            M.m.add_hint(M.r[t], start[t] % iiv)
+            M.m.add_hint(M.k[t], start[t] // iiv)
+    g = list(M.guards.values())
+    low = M.m.new_int_var(0, cap, "guard_min")
+    for x in g:
+        M.m.add(low <= x)
+    M.m.maximize(len(g) * low + sum(g))  # the shortest guard first, then all of them
+    sv = cp_model.CpSolver()
+    sv.parameters.max_deterministic_time = float(det_time)
+    sv.parameters.num_workers = 1
+    sv.parameters.random_seed = 0
+    if sv.solve(M.m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return prog
+    new = {t: int(sv.value(M.s[t])) for t in P.tasks}
+    if P.latency(iiv, *P.ends(new)) > lat:
+        return prog
+    return P.program(iiv, new, prog.policy)
+
+
+def tc_guards(P: Problem, prog: SProgram) -> dict[str, int]:
+    """Per loop tensor-core task of ``prog``, grains its issuing stream is idle before it in the steady state (what
+    ``polish`` maximises): the distance, modulo ii, from the end of the stream's previous reservation to its start."""
+    q, ii = P.grain, prog.ii // P.grain
+    r = {t: prog.start[t] // q % ii for t in P.tasks if P.phase[t] == "loop"}
+    out = {}
+    for t in sorted(r):
+        if P.graph.task[t].kind != "mma":
+            continue
+        ends = [r[u] + o + n for u in r for res, o, n in P.tm[u].uses if res == P.tm[t].stream]
+        out[t] = min((r[t] - e) % ii for e in ends)
+    return out
