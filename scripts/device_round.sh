@@ -3,7 +3,7 @@
 # then the profiler on PROFILE schedules of PSCHED. Needs the mamba_ssm wheel in .whl carried along. Logs and
 # tables under $OUT; prints the round's table last.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=/tmp/ptsolve_cache
+export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=${PTSOLVE_CACHE_DIR:-/tmp/ptsolve_cache}  # precompiled cubins, if carried
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/summary.txt"
 if [ -n "${PROFILE:-}" ]; then
