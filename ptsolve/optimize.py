@@ -13,9 +13,8 @@ from .hw import Hardware, load
 from .ir import STaskGraph
 from .kernelcheck import KernelCheck, checker
 from .ops.base import Operator
-from .policies.model import tiling_tie
 from .result import Result
-from .search import check_args, search
+from .search import answer_key, check_args, search
 from .validate import register_excess
 
 
@@ -91,7 +90,7 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
     tried = False
 
     def answer(*rs: Result | None) -> Result:
-        best = min((r for r in rs if r is not None), key=lambda r: (r.objective, tiling_tie(r.program.graph, hw)))
+        best = min((r for r in rs if r is not None), key=lambda r: answer_key(r.program, hw))
         return replace(best, rejected=tuple(rejected))
 
     while True:

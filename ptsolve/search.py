@@ -24,7 +24,7 @@ from .ir import STaskGraph
 from .ops.base import Operator
 from .policies import SOLVERS
 from .policies import greedy as greedy_mod
-from .policies.model import Problem, build, fits
+from .policies.model import Problem, build, fits, tiling_tie
 from .program import SProgram
 from .provenance import stamp
 from .report import features
@@ -321,6 +321,12 @@ def _stop(pool: Any) -> None:
             pr.terminate()
         for pr in procs:
             pr.join(5)
+
+
+def answer_key(p: SProgram, hw: Hardware) -> tuple:
+    """How answers rank, best first: kernel cycles, then the busiest slot's latency, then the tiling's tie key
+    (policies.model.tie_key). The order search keeps its incumbent by; optimize and tune rank Results by it too."""
+    return (*claimed(p, hw), tiling_tie(p.graph, hw))
 
 
 def _twin(a: dict[str, int], b: dict[str, int]) -> bool:

@@ -23,7 +23,7 @@ from .hw import Hardware, load
 from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
 from .ops.base import Operator
-from .policies.model import build, fits, tiling_tie
+from .policies.model import build, fits
 from .result import Result
 
 Runner = Callable[[Sequence[Any], Hardware], Sequence[float]]
@@ -62,7 +62,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     every schedule, marked "not compile-checked". ``fix``: only the tilings with these values (as ``optimize``'s).
     ``per``: tiling keys that pick a kernel structure (GEMM: ``pingpong``): the ``k`` best of every combination of
     their values, ranked together by prediction, so a structure the model ranks below another still gets timed."""
-    from .search import _fixed, lower_bound
+    from .search import _fixed, answer_key, lower_bound
 
     if per:
         opt = op.spec.optional
@@ -79,7 +79,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             rej += rs
         if not got:
             raise InfeasibleError(f"no tiling of {op.describe()} fits {load(hw).name}")
-        got.sort(key=lambda c: (c.result.objective, tiling_tie(c.result.program.graph, load(hw))))
+        got.sort(key=lambda c: answer_key(c.result.program, load(hw)))
         return [replace(c, rank=n) for n, c in enumerate(got)], rej
 
     solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
@@ -120,7 +120,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             found.append(r)
             checks.append(c)
             say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
-    order = sorted(range(len(found)), key=lambda i: (found[i].objective, tiling_tie(found[i].program.graph, hw),
+    order = sorted(range(len(found)), key=lambda i: (answer_key(found[i].program, hw),
                                                      solvers.index(found[i].program.policy)
                                                      if found[i].program.policy in solvers else 0))[:k]
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected

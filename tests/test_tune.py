@@ -28,6 +28,15 @@ def test_candidates_are_distinct_and_in_the_models_order():
 
 
 
+def test_candidates_rank_ties_as_search_does():
+    """GEMM1's ring depths 3, 4 and 5 tie in kernel time; search breaks the tie by the busiest slot's latency, then the
+    tiling's tie key (search.answer_key), and the measured selection's rank 0 is the same schedule."""
+    op = ptsolve.ops.gemm(M=8192, N=14336, K=4096)
+    cands, _ = candidates(op, "h200", 3, check=False, time_limit=10)
+    assert len({c.result.objective for c in cands}) == 1 and len({c.tiling["depth"] for c in cands}) == 3
+    assert cands[0].tiling == ptsolve.optimize(op, "h200", compile_check=False, cache=False, time_limit=10).tiling
+
+
 def test_candidates_hold_other_orders_of_a_tiling():
     """With two policies a tiling gives each distinct order (greedy's differs from CP-SAT's on causal attention),
     never the same kernel twice; still in the model's order."""
