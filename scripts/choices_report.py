@@ -77,8 +77,9 @@ def decode() -> list[str]:
             agree += (p > 1) == (m > 1)
             rows.append(f"| {s['name']} | {n} | {p:.2f} | {m:.2f} |")
     return [f"## Split-KV decode (57 shapes; timed {run['date']}, {run['device']})", "",
-            f"The free search split the keys on {chosen} of {len(run['shapes'])} shapes; predicted gain over splits = 1 "
-            f"geomean {geo(pg):.2f} ({min(pg):.2f}-{max(pg):.2f}), measured {geo(mg):.2f} ({min(mg):.2f}-{max(mg):.2f}); "
+            f"The free search split the keys on {chosen} of {len(run['shapes'])} shapes; predicted gain over "
+            f"splits = 1 geomean {geo(pg):.2f} ({min(pg):.2f}-{max(pg):.2f}), measured {geo(mg):.2f} "
+            f"({min(mg):.2f}-{max(mg):.2f}); "
             f"the sign agrees on {agree} of {len(pg)} (plans: `results/decode_h200/plans.json`, their commit's model).",
             "", "| shape | splits | predicted gain | measured gain |", "|---|---|---|---|", *rows]
 
