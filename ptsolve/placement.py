@@ -160,6 +160,7 @@ def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
     m.minimize(cap)
     m.add_hint(cap, int(lpt.max()))
     sv = cp_model.CpSolver()
+    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
     sv.parameters.max_time_in_seconds = time_limit
     sv.parameters.num_workers = 2
     sv.parameters.random_seed = 0

@@ -163,3 +163,20 @@ def test_sigint_stops_the_pool_workers(tmp_path) -> None:
     alive = [w for w in workers if os.path.exists(f"/proc/{w}") and "Z" not in
              Path(f"/proc/{w}/stat").read_text().split()[2]]
     assert not alive, f"workers {alive} outlived the search"
+
+
+def test_an_in_process_cpsat_solve_keeps_ctrl_c_a_keyboardinterrupt() -> None:
+    """OR-Tools catches SIGINT during a solve by default and leaves it at SIG_DFL afterwards: a later Ctrl-C would
+    kill the process without the CLI's cleanup (the pool's workers outliving it). The solves run in this process
+    (a serial search, the polish) must leave Python's handler in place."""
+    code = ("import os, signal, time\n"
+            "from ptsolve import ops, optimize\n"
+            "optimize(ops.gemm(512, 512, 512), hw='h200', solver='cpsat', executor='serial', cache=False,\n"
+            "         compile_check=False, time_limit=5)\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGINT); time.sleep(2); print('not interrupted')\n"
+            "except KeyboardInterrupt:\n"
+            "    print('KeyboardInterrupt')\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "KeyboardInterrupt", (r.returncode, r.stdout, r.stderr[-500:])

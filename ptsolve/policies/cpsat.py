@@ -179,6 +179,7 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
                 m.add_hint(r[t], hint.start[t] // q % hii)
                 m.add_hint(k[t], hint.start[t] // q // hii)
     sv = cp_model.CpSolver()
+    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
     sv.parameters.max_time_in_seconds = float(time_limit)
     sv.parameters.num_workers = int(num_workers)
     sv.parameters.random_seed = int(seed)
@@ -235,6 +236,7 @@ def polish(P: Problem, prog: SProgram, det_time: float = POLISH_DET_S) -> SProgr
         M.m.add(low <= x)
     M.m.maximize(len(g) * low + sum(g))  # the shortest guard first, then all of them
     sv = cp_model.CpSolver()
+    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
     sv.parameters.max_deterministic_time = float(det_time)
     sv.parameters.num_workers = 1
     sv.parameters.random_seed = 0
