@@ -18,6 +18,7 @@ milp and exhaustive read it, and check_valid / simulate verify what they return.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
@@ -89,7 +90,7 @@ class Problem:
         """Cycles from the start of ``t`` until it is done (result usable, resources released)."""
         return max(self.tm[t].latency, max(o + n for _, o, n in self.tm[t].uses))
 
-    @property
+    @cached_property  # search's sorts and prunes read it many times
     def tie(self) -> tuple:
         """This tiling's place in the last tie-break between schedules of equal time (``tie_key``)."""
         deep = bool(self.hw.for_op(self.graph.op).deep_ring_ties)
