@@ -45,7 +45,7 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     hwt = load(hw)
     chk = checker(hwt) if compile_check else None
     from . import __version__
-    # the executor and job count are not in the key: ties are broken the same way by all of them (search._key)
+    # the executor and job count are not in the key: ties are broken the same way by all of them (search.answer_key)
     k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, check_grain(), __version__,
                       f"compile_check={chk is not None}", *(sorted(fix.items()) if fix else ()))
     if cache:

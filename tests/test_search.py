@@ -119,7 +119,7 @@ def test_executors_agree(executor) -> None:
     r = optimize(op, hw="h100", solver="cpsat", executor=executor, jobs=2, cache=False)
     ref = optimize(op, hw="h100", solver="cpsat", executor="serial", cache=False)
     assert r.status == ref.status == "OPTIMAL" and r.objective == ref.objective
-    assert r.program == ref.program  # ties broken alike by every executor (search._key)
+    assert r.program == ref.program  # ties broken alike by every executor (search.answer_key)
 
 
 def test_decoupled_is_never_better_than_joint() -> None:
