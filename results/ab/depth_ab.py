@@ -2,8 +2,8 @@
 and ChunkState shapes, and its tie-break (then ``ptsolve.search._key``, now ``policies.model.tie_key``: the smaller
 key) took the shallower one. This times the library's schedule then (``results/sched_new``) against the one the
 deepest-first tie-break picks (``results/ab/deep_sched``, solved on the CPU with ``_key`` negating the depth; same
-tiling otherwise) and the hand plan, in one process (``results/ab/regress_ab.py``'s harness). GEMM's 45 shapes: ``codegen.gemm_space run
-results/gemm_model/cands_fit.json results/gemm_model/cands_deep.json``.
+tiling otherwise) and the hand plan, in one process (``results/ab/regress_ab.py``'s harness). GEMM's 45 shapes:
+``codegen.gemm_space run results/gemm_model/cands_fit.json results/gemm_model/cands_deep.json``.
 
     python3 results/ab/depth_ab.py emit                                       # CPU
     PTSOLVE_CACHE_DIR=$PWD/.cubin_deep python3 results/ab/depth_ab.py compile    # CPU
