@@ -141,13 +141,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT as at a terminal. A command started in the background of a non-interactive shell (a CI
+    runner's ``cmd &``) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_stops_the_pool_workers(tmp_path) -> None:
     """SIGINT to the main process (not the process group) must not leave solver workers running."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PTSOLVE_CACHE": "0"}
     p = subprocess.Popen([sys.executable, "-m", "ptsolve.cli", "optimize", "fa", "batch=64", "heads=64",
                           "kv_heads=8", "seq=8192", "causal=true", "--jobs", "2", "--time-limit", "120",
                           "--out", str(tmp_path)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     workers: list[int] = []
     for _ in range(600):
         time.sleep(0.1)
@@ -178,5 +184,5 @@ def test_an_in_process_cpsat_solve_keeps_ctrl_c_a_keyboardinterrupt() -> None:
             "except KeyboardInterrupt:\n"
             "    print('KeyboardInterrupt')\n")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
     assert r.returncode == 0 and r.stdout.strip() == "KeyboardInterrupt", (r.returncode, r.stdout, r.stderr[-500:])
