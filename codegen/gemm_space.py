@@ -57,11 +57,12 @@ def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), b
     ``ptsolve tune --per`` times, the ``top_k`` best of each value combination of these tiling keys."""
     import ptsolve
     from ptsolve.errors import PtsolveError
+    from ptsolve.provenance import stamp
 
     from .plan import plan_from_program
 
     doc: dict[str, Any] = {"hw": hw, "tag": tag, "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
-                           "shapes": {}}
+                           "commit": stamp()["commit"], "shapes": {}}
     for name, M, N, K, kind in shapes(only):
         e: dict[str, Any] = {"M": M, "N": N, "K": K, "set": kind, "cands": {}}
         spaces: dict[str, dict[str, int] | None] = {tag: None}
