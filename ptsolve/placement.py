@@ -159,11 +159,9 @@ def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
         m.add(loads[s] >= loads[s + 1])
     m.minimize(cap)
     m.add_hint(cap, int(lpt.max()))
-    sv = cp_model.CpSolver()
-    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
-    sv.parameters.max_time_in_seconds = time_limit
-    sv.parameters.num_workers = 2
-    sv.parameters.random_seed = 0
+    from .policies.cpsat import cp_solver  # here: policies.model imports this module
+
+    sv = cp_solver(cp_model, 2, time_limit=time_limit)
     st = sv.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or sv.objective_value >= lpt.max():
         return lpt, st == cp_model.OPTIMAL

@@ -48,7 +48,6 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
     t, the variable ``guards[t]`` (0..guard_cap grains): t's issuing stream holds no other task for that long before
     t (``polish``)."""
     m = cp_model.CpModel()
-    guard = guard_cap > 0 or None
     guards: dict[str, Any] = {}
     H = P.horizon
     ii = m.new_int_var(P.ii_lb, ii_hi, "ii")
@@ -94,7 +93,7 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
                 for u, ou, nu in uses:
                     if P.phase[u] == "pre":
                         m.add(s[t] + o >= s[u] + ou + nu)
-        if guard is not None:  # the stream that issues a tensor-core task stays idle ``gap`` before it
+        if guard_cap > 0:  # the stream that issues a tensor-core task stays idle ``guards[t]`` before it
             for t, _o, _n in loop:
                 if P.graph.task[t].kind == "mma" and P.tm[t].stream == res:
                     guards[t] = gt = m.new_int_var(0, guard_cap, f"guard_{t}")
@@ -147,6 +146,33 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
     return _M(m=m, ii=ii, s=s, r=r, k=k, obj=obj, guards=guards)
 
 
+def _hint(M: _M, P: Problem, prog: SProgram) -> None:
+    """``prog``'s ii, starts, slots and stages as the model's hint."""
+    q, hii = P.grain, prog.ii // P.grain
+    M.m.add_hint(M.ii, hii)
+    for t in P.tasks:
+        M.m.add_hint(M.s[t], prog.start[t] // q)
+        if t in M.r:
+            M.m.add_hint(M.r[t], prog.start[t] // q % hii)
+            M.m.add_hint(M.k[t], prog.start[t] // q // hii)
+
+
+def cp_solver(cp_model: Any, workers: int, seed: int = 0, time_limit: float | None = None,
+              det_time: float | None = None) -> Any:
+    """A CP-SAT solver with ptsolve's settings: ``workers`` threads, ``seed``, a wall-clock ``time_limit`` (s) or a
+    reproducible ``det_time`` (CP-SAT's deterministic time). It leaves SIGINT to Python: OR-Tools' own handler
+    otherwise stays behind as SIG_DFL after the solve, and a later Ctrl-C kills the process without its cleanup."""
+    sv = cp_model.CpSolver()
+    sv.parameters.catch_sigint_signal = False
+    sv.parameters.num_workers = int(workers)
+    sv.parameters.random_seed = int(seed)
+    if time_limit is not None:
+        sv.parameters.max_time_in_seconds = float(time_limit)
+    if det_time is not None:
+        sv.parameters.max_deterministic_time = float(det_time)
+    return sv
+
+
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
           hint: SProgram | None = None, ii_max: int | None = None,
           pin: dict[str, list[tuple[str, int]]] | None = None,
@@ -167,22 +193,11 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     t0 = time.perf_counter()
     ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
     M = _model(cp_model, P, ii_hi, pin, cycle)
-    m, ii, s, r, k, obj = M.m, M.ii, M.s, M.r, M.k, M.obj
+    m, ii, s, obj = M.m, M.ii, M.s, M.obj
     m.minimize(obj)
     if hint is not None:
-        q = P.grain
-        hii = hint.ii // q
-        m.add_hint(ii, hii)
-        for t in P.tasks:
-            m.add_hint(s[t], hint.start[t] // q)
-            if t in r:
-                m.add_hint(r[t], hint.start[t] // q % hii)
-                m.add_hint(k[t], hint.start[t] // q // hii)
-    sv = cp_model.CpSolver()
-    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
-    sv.parameters.max_time_in_seconds = float(time_limit)
-    sv.parameters.num_workers = int(num_workers)
-    sv.parameters.random_seed = int(seed)
+        _hint(M, P, hint)
+    sv = cp_solver(cp_model, num_workers, seed, time_limit=time_limit)
     st = sv.solve(m)
     name = sv.status_name(st)
     stats = {"solve_s": time.perf_counter() - t0, "bound": max(P.floor, int(sv.best_objective_bound)) * P.grain
@@ -225,21 +240,13 @@ def polish(P: Problem, prog: SProgram, det_time: float = POLISH_DET_S) -> SProgr
     M = _model(cp_model, P, iiv, guard_cap=cap)
     M.m.add(M.ii == iiv)
     M.m.add(M.obj <= lat)
-    for t in P.tasks:
-        M.m.add_hint(M.s[t], start[t])
-        if t in M.r:
-            M.m.add_hint(M.r[t], start[t] % iiv)
-            M.m.add_hint(M.k[t], start[t] // iiv)
+    _hint(M, P, prog)
     g = list(M.guards.values())
     low = M.m.new_int_var(0, cap, "guard_min")
     for x in g:
         M.m.add(low <= x)
     M.m.maximize(len(g) * low + sum(g))  # the shortest guard first, then all of them
-    sv = cp_model.CpSolver()
-    sv.parameters.catch_sigint_signal = False  # else OR-Tools leaves SIGINT at SIG_DFL: Ctrl-C kills, no cleanup
-    sv.parameters.max_deterministic_time = float(det_time)
-    sv.parameters.num_workers = 1
-    sv.parameters.random_seed = 0
+    sv = cp_solver(cp_model, 1, det_time=det_time)
     if sv.solve(M.m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return prog
     new = {t: int(sv.value(M.s[t])) for t in P.tasks}
