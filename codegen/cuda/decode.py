@@ -56,6 +56,12 @@ def _nmax(ir: KernelIR) -> int:
     return max(w[3] for w in _work(ir))
 
 
+def _merge_batch(D: int) -> int:
+    """Pieces the combine loads per round trip: 2 x D / 2 floats each (both row halves of a thread), 64 registers of
+    loads in flight (the loop's registers are free by then)."""
+    return max(1, 256 // D)
+
+
 def _bases(ir: KernelIR) -> tuple[list[int], int]:
     """Per query tile, its first workspace slot among the slots of one (batch, kv head) (only tiles of several
     pieces have slots, one per piece), and the slots per (batch, kv head)."""
@@ -179,11 +185,16 @@ def _body(t: Task) -> str:
             "  if (ns == 1) {", *_store_o(dt), "  } else if (r < PR) {",
             f"    const long long sl = {_slot('piece')};",
             "    lse[sl] = inv_l[hh] > 0.f ? m_r[hh] - __log2f(inv_l[hh]) : -INFINITY;",
-            "    float2* prow = reinterpret_cast<float2*>(ws + sl * D);",
+            # a thread's D / 4 columns of the row lie together (the combine reads them back as float4)
+            "    float2* prow = reinterpret_cast<float2*>(ws + sl * D) + (lane & 3) * (D / 8);",
             "#pragma unroll", "    for (int j = 0; j < D / 8; ++j)",
-            "      prow[4 * j + (lane & 3)] = make_float2(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
+            "      prow[j] = make_float2(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
             "  }", "}"])
     if b == "combine":
+        # the last piece merges every piece's partial in one pass, MERGE_BATCH pieces at a time with all their loads
+        # in flight together (one L2 round trip per batch, not per piece and row; the merge is latency-bound
+        # otherwise); the running max of the pieces' lse rescales the sum so far, as the online softmax does
+        cu = _merge_batch(ir.params["head_dim"])
         return "\n".join([
             "if (ns > 1) {",
             "  __threadfence();  // this piece's partial is visible before it is counted",
@@ -194,25 +205,42 @@ def _body(t: Task) -> str:
             "  if (last_) {",
             "    __threadfence();  // the other pieces' partials, counted before ours, are visible",
             "    if ((threadIdx.x & 127) == 0) cnt[ctr * BM / 64 + g] = 0;  // ready for the next launch",
-            "#pragma unroll",
-            "    for (int hh = 0; hh < 2; ++hh) {",
-            "      const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
-            "      if (r >= PR) continue;",
-            "      float mx = -INFINITY;",
-            f"      for (int k = 0; k < ns; ++k) mx = fmaxf(mx, __ldcg(lse + {_slot('k')}));",
-            "      const float mu = mx == -INFINITY ? 0.f : mx;",
-            "      float wsum = 0.f;",
-            "#pragma unroll", "      for (int j = 0; j < D / 8; ++j) o[4 * j + 2 * hh] = o[4 * j + 2 * hh + 1] = 0.f;",
-            "      for (int k = 0; k < ns; ++k) {",
-            f"        const long long sl = {_slot('k')};",
-            "        const float wk = fast_exp2(__ldcg(lse + sl) - mu);",
-            "        wsum += wk;",
-            "        const float2* prow = reinterpret_cast<const float2*>(ws + sl * D);",
+            "    float mx[2] = {-INFINITY, -INFINITY}, wsum[2] = {0.f, 0.f};",
+            "#pragma unroll", "    for (int j = 0; j < D / 2; ++j) o[j] = 0.f;",
+            f"    for (int k0 = 0; k0 < ns; k0 += {cu}) {{",
+            f"      float lk[{cu}][2];",
+            f"      float4 v[{cu}][2][D / 16];",
+            "#pragma unroll", f"      for (int u = 0; u < {cu}; ++u)",
+            "#pragma unroll", "        for (int hh = 0; hh < 2; ++hh) {",
+            "          const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
+            "          const bool in = k0 + u < ns && r < PR;",
+            f"          const long long sl = {_slot('k0 + u')};",
+            "          lk[u][hh] = in ? __ldcg(lse + sl) : -INFINITY;",
+            "          const float4* prow = reinterpret_cast<const float4*>(ws + sl * D) + (lane & 3) * (D / 16);",
+            "#pragma unroll", "          for (int i = 0; i < D / 16; ++i)",
+            "            v[u][hh][i] = in ? __ldcg(prow + i) : make_float4(0.f, 0.f, 0.f, 0.f);",
+            "        }",
+            "#pragma unroll", "      for (int hh = 0; hh < 2; ++hh) {",
+            "        float mn = mx[hh];",
+            "#pragma unroll", f"        for (int u = 0; u < {cu}; ++u) mn = fmaxf(mn, lk[u][hh]);",
+            "        const float mu = mn == -INFINITY ? 0.f : mn;",
+            "        const float sc = fast_exp2(mx[hh] - mu);  // 0 while nothing was merged",
+            "        wsum[hh] *= sc;",
             "#pragma unroll", "        for (int j = 0; j < D / 8; ++j) {",
-            "          const float2 v = __ldcg(prow + 4 * j + (lane & 3));",
-            "          o[4 * j + 2 * hh] = fmaf(wk, v.x, o[4 * j + 2 * hh]);",
-            "          o[4 * j + 2 * hh + 1] = fmaf(wk, v.y, o[4 * j + 2 * hh + 1]);", "        }", "      }",
-            "      const float inv = wsum > 0.f ? 1.f / wsum : 0.f;",
+            "          o[4 * j + 2 * hh] *= sc;", "          o[4 * j + 2 * hh + 1] *= sc;", "        }",
+            "#pragma unroll", f"        for (int u = 0; u < {cu}; ++u) {{",
+            "          const float wk = fast_exp2(lk[u][hh] - mu);",
+            "          wsum[hh] += wk;",
+            "#pragma unroll", "          for (int i = 0; i < D / 16; ++i) {  // columns 16i.. of the thread's pairs",
+            "            const float4 x = v[u][hh][i];",
+            "            o[8 * i + 2 * hh] = fmaf(wk, x.x, o[8 * i + 2 * hh]);",
+            "            o[8 * i + 2 * hh + 1] = fmaf(wk, x.y, o[8 * i + 2 * hh + 1]);",
+            "            o[8 * i + 4 + 2 * hh] = fmaf(wk, x.z, o[8 * i + 4 + 2 * hh]);",
+            "            o[8 * i + 4 + 2 * hh + 1] = fmaf(wk, x.w, o[8 * i + 4 + 2 * hh + 1]);",
+            "          }", "        }",
+            "        mx[hh] = mn;", "      }", "    }",
+            "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
+            "      const float inv = wsum[hh] > 0.f ? 1.f / wsum[hh] : 0.f;",
             "#pragma unroll", "      for (int j = 0; j < D / 8; ++j) {",
             "        o[4 * j + 2 * hh] *= inv;", "        o[4 * j + 2 * hh + 1] *= inv;", "      }", "    }", "  }",
             "}"])
