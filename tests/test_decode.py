@@ -12,7 +12,7 @@ import pytest
 
 import ptsolve
 from ptsolve.errors import ShapeError
-from ptsolve.ops.decode import packing, pieces, query_tiles, trip_counts
+from ptsolve.ops.decode import merge_rows, merge_units, packing, pieces, query_tiles, tile_rows, trip_counts
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not __import__("os").path.exists(
     "/usr/local/cuda/bin/nvcc"), reason="nvcc not installed")
@@ -169,18 +169,55 @@ def _ks(p: dict, t: dict):
 
 
 def test_lowered_kernel_source() -> None:
-    """The work table is the operator's pieces; the combine path exists only when a tile has several pieces."""
+    """The work table is the operator's pieces, the merge table its merge units, launched after every piece; the
+    merge path exists only when a tile has several pieces."""
     p = dict(batch=1, heads=32, kv_heads=8, seq_q=1, seq_kv=4097)
     ks = _ks(p, {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 11})
     work = pieces(ptsolve.ops.flash_decode(**p).params, 64, 128, 11)
+    merge = merge_units(ptsolve.ops.flash_decode(**p).params, 64, 128, 11, ks.block[0])
     table = re.search(r"dec_work\[(\d+)\] = \{(.*)\};", ks.source)
-    assert table and int(table.group(1)) == len(work) and ks.grid[0] == len(work) * 8
+    assert table and int(table.group(1)) == len(work) and ks.grid[0] == (len(work) + len(merge)) * 8
     assert table.group(2).startswith("{" + ", ".join(map(str, work[0][:3])))
-    assert "atomicAdd(&cnt[" in ks.source and "bar.red.or.pred" in ks.source and "tma_load_5d" in ks.source
+    mt = re.search(r"dec_merge\[(\d+)\] = \{(.*)\};", ks.source)
+    assert merge == [(0, 0, 4, 1)]  # one merge CTA per kv head: 4 rows, 2 groups of 32 threads share 11 pieces
+    assert mt and mt.group(2) == ", ".join("{" + ", ".join(map(str, u)) + "}" for u in merge)
+    assert "atomicAdd(&cnt[ctr], 1)" in ks.source and "ld_acquire(&cnt[ctr]) < ns * 1" in ks.source
+    assert ks.source.index("blockIdx.x >= NPC") < ks.source.index("mbar_init(&")  # before any barrier is set up
     assert ks.args == ("tmap:q", "tmap:k", "tmap:v", "ptr:o", "ptr:ws", "ptr:lse", "ptr:cnt")
     assert ks.info["workspace"]["lse"] == 8 * 11 * 4 * 4  # bytes: (batch, kv head) x pieces x the 4 packed rows
+    assert ks.info["workspace"]["cnt"] == 2 * 8 * 4  # two int32 counters per query tile
     one = _ks(p, {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 1})
     assert "atomicAdd" not in one.source and "(long long)bz * SQ + sq" in one.source
+    assert "blockIdx.x >= NPC" not in one.source and one.grid[0] == 8
+
+
+@pytest.mark.parametrize("p", SHAPES)
+def test_merge_units_cover_every_row_of_every_split_tile(p: dict) -> None:
+    """Each tile of several pieces is merged row by row exactly once, by merge CTAs of at most merge_rows rows;
+    a row's pieces shared by P thread groups leave whole groups for the CTA's other rows."""
+    op = ptsolve.ops.flash_decode(**p)
+    for t in op.tilings():
+        threads = 128 * (t["groups"] + 1)
+        work = pieces(op.params, t["BM"], t["BN"], t["splits"])
+        ns = {q: n for q, _, _, n, _ in work}
+        units = merge_units(op.params, t["BM"], t["BN"], t["splits"], threads)
+        for q in range(query_tiles(op.params, t["BM"])):
+            mine = [u for u in units if u[0] == q]
+            if ns[q] == 1:
+                assert not mine
+                continue
+            rows = [r for _, r0, n, _ in mine for r in range(r0, r0 + n)]
+            assert rows == list(range(tile_rows(op.params, t["BM"], q))) and all(u[3] == len(mine) for u in mine)
+            R = merge_rows(op.params["head_dim"], ns[q], threads)
+            groups = threads // (op.params["head_dim"] // 4)
+            assert all(n <= R for _, _, n, _ in mine) and R * min(groups, math.ceil(ns[q] / 8)) <= groups
+
+
+def test_tile_rows_are_the_rows_holding_a_query() -> None:
+    falcon = ptsolve.ops.flash_decode(batch=1, heads=71, kv_heads=1, seq_q=1, seq_kv=64, head_dim=64).params
+    assert [tile_rows(falcon, 64, q) for q in range(2)] == [64, 7] and tile_rows(falcon, 128, 0) == 71
+    qwen = ptsolve.ops.flash_decode(batch=1, heads=14, kv_heads=2, seq_q=16, seq_kv=64, head_dim=64).params
+    assert [tile_rows(qwen, 64, q) for q in range(2)] == [63, 49]  # 9 positions x 7 heads, then 7 x 7
 
 
 @needs_nvcc

@@ -9,10 +9,12 @@ one 5-D TMA box (64 columns, GB heads, 1 kv head, SB positions, 1 batch) that la
 The loop's tasks (S = QKᵀ, the online softmax in the exp2 domain, O += PV) are FlashAttention's bodies
 (``codegen.cuda.attention``); only the producer's key-block coordinate and the mask differ here. Epilogue of a
 tile with one piece: ``store`` writes O. Of a tile with several: ``store`` writes this piece's O / l and its
-log-sum-exp (log2 domain) in fp32 to the workspace, ``combine`` counts the tile's finished pieces (a fence,
-one atomic per warpgroup, a ``bar.red.or`` to tell the warpgroup) and in the last one merges every piece
-(weights exp2(lse_k - max lse), partials read through L2) and resets the counter for the next launch; ``out``
-stores the merged O. Offsets into q/o and the workspace are 64-bit.
+log-sum-exp (log2 domain) in fp32 to the workspace and ``combine`` counts the piece done (a fence, one atomic per
+warpgroup). The merge runs in the merge CTAs (``ptsolve.ops.decode.merge_units``, the grid's last CTAs, the
+operator's ``entry``): each spins until its tile's pieces are all counted, merges its rows (weights
+exp2(lse_k - max lse), partials read through L2 as float4, a row's pieces spread over several thread groups whose
+results meet in shared memory) and stores them; the tile's last merge CTA resets the counters for the next launch.
+``out`` has nothing left to do in a piece. Offsets into q/o and the workspace are 64-bit.
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ import math
 from dataclasses import replace
 
 from ptsolve.errors import CodegenError
-from ptsolve.ops.decode import packing, pieces, query_tiles
+from ptsolve.ops.decode import MERGE_PIECES, merge_units, packing, pieces, query_tiles
 
-from ..kernel_ir import KernelIR, Role
+from ..kernel_ir import KernelIR
 from . import attention
 from .common import CTYPE, PACK2, TensorMapSpec, wgmma_rs, wgmma_ss
 from .skeleton import REGISTRY, OpKernel, Task
@@ -37,12 +39,10 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, u
                :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)),
                   "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
-// true in every thread of the calling warpgroup (128 threads, named barrier `bar`) iff `v` is in any of them
-__device__ __forceinline__ int wg_any(int bar, int v) {
-  int r;
-  asm volatile("{\n .reg .pred p, q;\n setp.ne.b32 p, %2, 0;\n bar.red.or.pred q, %1, 128, p;\n"
-               " selp.b32 %0, 1, 0, q;\n}" : "=r"(r) : "r"(bar), "r"(v) : "memory");
-  return r;
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 """
 
@@ -56,10 +56,9 @@ def _nmax(ir: KernelIR) -> int:
     return max(w[3] for w in _work(ir))
 
 
-def _merge_batch(D: int) -> int:
-    """Pieces the combine loads per round trip: 2 x D / 2 floats each (both row halves of a thread), 64 registers of
-    loads in flight (the loop's registers are free by then)."""
-    return max(1, 256 // D)
+def _merges(ir: KernelIR) -> list[tuple[int, int, int, int]]:
+    p, t = ir.params, ir.tiling
+    return merge_units(p, t["BM"], t["BN"], t["splits"], ir.threads)
 
 
 def _bases(ir: KernelIR) -> tuple[list[int], int]:
@@ -80,6 +79,9 @@ def _check(ir: KernelIR) -> None:
     if gbox > 256 or sbox > 256:
         raise CodegenError(f"{OP}: a query tile of {gbox} heads x {sbox} positions exceeds the TMA box (256 per "
                            "dimension)")
+    if _nmax(ir) > 1 and ir.persistent:
+        raise CodegenError(f"{OP}: splits={t['splits']} on persistent CTAs; the merge CTAs wait for pieces a "
+                           "persistent CTA may not have run yet: use persistent=0")
     # TMA coordinates and the per-tensor row counts stay 32-bit; element offsets are 64-bit
     if max(p["batch"] * p["seq_q"], p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"]), p["seq_kv"]) >= 1 << 31:
         raise CodegenError(f"{OP}: batch·seq_q, batch·kv_heads·query tiles and seq_kv must stay below 2^31")
@@ -95,41 +97,44 @@ def _consts(ir: KernelIR) -> str:
             f"  constexpr int D = {D}, DCH = D / 64, BM = {BM}, BN = {t['BN']}, B_ = {p['batch']};\n"
             f"  constexpr int GB = {gbox}, SB = {sbox}, PR = GB * SB, NGT = {-(-G // gbox)}, "
             f"NQT = {query_tiles(p, BM)};\n"
-            f"  constexpr int NE = {len(_work(ir))}, NMAX = {_nmax(ir)}, NSLOT = {_bases(ir)[1]};  // per (batch, kv "
-            "head): CTAs, workspace slots; the most pieces of a tile\n"
+            f"  constexpr int NE = {len(_work(ir))}, NMAX = {_nmax(ir)}, NSLOT = {_bases(ir)[1]}, NM = "
+            f"{len(_merges(ir))};  // per (batch, kv head): piece CTAs, the most pieces of a tile, workspace slots, "
+            "merge CTAs\n"
+            f"  constexpr int NPC = NE * B_ * HKV, TILES_ = B_ * HKV * NQT;  // piece CTAs; query tiles (counters)\n"
             f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
             "  constexpr int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
             f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
-            "  (void)B_; (void)NMAX; (void)NSLOT;")
+            "  (void)B_; (void)NMAX; (void)NSLOT; (void)NM; (void)NPC; (void)TILES_;")
 
 
 def _device(ir: KernelIR) -> str:
     table = ", ".join(f"{{{q}, {kb}, {n}, {ns | (k << 16)}}}" for q, kb, n, ns, k in _work(ir))
     bases = _bases(ir)[0]
+    nsp = {q: ns for q, _, _, ns, _ in _work(ir)}
+    merge = ", ".join(f"{{{q}, {r0}, {n}, {nu}}}" for q, r0, n, nu in _merges(ir)) or "{0, 0, 0, 0}"
     return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
             + DEVICE + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
             "ptsolve.ops.decode.pieces\n"
             f"__device__ const int4 dec_work[{len(_work(ir))}] = {{{table}}};\n"
             "// first workspace slot of each query tile (tiles of several pieces only)\n"
-            f"__device__ const int dec_base[{len(bases)}] = {{{', '.join(map(str, bases))}}};\n")
+            f"__device__ const int dec_base[{len(bases)}] = {{{', '.join(map(str, bases))}}};\n"
+            "// pieces of each query tile\n"
+            f"__device__ const int dec_nsp[{len(bases)}] = {{{', '.join(str(nsp[q]) for q in range(len(bases)))}}};\n"
+            "// merge CTAs (query tile, first row, rows, merge CTAs of the tile): ptsolve.ops.decode.merge_units\n"
+            f"__device__ const int4 dec_merge[{max(1, len(_merges(ir)))}] = {{{merge}}};\n")
 
 
 def _tiles(ir: KernelIR) -> tuple[int, str]:
     p = ir.params
-    n = len(_work(ir)) * p["batch"] * p["kv_heads"]
+    n = (len(_work(ir)) + len(_merges(ir))) * p["batch"] * p["kv_heads"]  # the merge CTAs last (``_entry``)
     return n, ("  const int e_ = tile % NE, row_ = tile / NE;  // row_: (batch, kv head)\n"
                "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
                "  const int4 wk_ = dec_work[e_];\n"
                "  const int qt = wk_.x, kb0 = wk_.y, T = wk_.z, ns = wk_.w & 0xffff, piece = wk_.w >> 16;\n"
                "  const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB;\n"
-               "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's combine counter\n"
+               "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's counter of pieces done\n"
                "  const int base_ = dec_base[qt];  // its first workspace slot\n"
                "  (void)ns; (void)piece; (void)ctr; (void)base_;")
-
-
-def _decls(ir: KernelIR, role: Role) -> str:
-    merge = "\nint last_ = 0;  // this warpgroup merges its tile's pieces" if _nmax(ir) > 1 else ""
-    return attention._decls(ir, role) + merge
 
 
 def _rows() -> list[str]:
@@ -185,68 +190,99 @@ def _body(t: Task) -> str:
             "  if (ns == 1) {", *_store_o(dt), "  } else if (r < PR) {",
             f"    const long long sl = {_slot('piece')};",
             "    lse[sl] = inv_l[hh] > 0.f ? m_r[hh] - __log2f(inv_l[hh]) : -INFINITY;",
-            # a thread's D / 4 columns of the row lie together (the combine reads them back as float4)
-            "    float2* prow = reinterpret_cast<float2*>(ws + sl * D) + (lane & 3) * (D / 8);",
+            "    float2* prow = reinterpret_cast<float2*>(ws + sl * D);  // the row's columns in order",
             "#pragma unroll", "    for (int j = 0; j < D / 8; ++j)",
-            "      prow[j] = make_float2(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
+            "      prow[4 * j + (lane & 3)] = make_float2(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
             "  }", "}"])
-    if b == "combine":
-        # the last piece merges every piece's partial in one pass, MERGE_BATCH pieces at a time with all their loads
-        # in flight together (one L2 round trip per batch, not per piece and row; the merge is latency-bound
-        # otherwise); the running max of the pieces' lse rescales the sum so far, as the online softmax does
-        cu = _merge_batch(ir.params["head_dim"])
+    if b == "combine":  # count the piece done; the tile's merge CTAs wait for the count (``_entry``)
         return "\n".join([
             "if (ns > 1) {",
             "  __threadfence();  // this piece's partial is visible before it is counted",
             "  asm volatile(\"bar.sync %0, 128;\" :: \"r\"(WG_BAR) : \"memory\");",
-            "  int done = 0;",
-            "  if ((threadIdx.x & 127) == 0) done = atomicAdd(&cnt[ctr * BM / 64 + g], 1) == ns - 1;",
-            "  last_ = wg_any(WG_BAR, done);",
-            "  if (last_) {",
-            "    __threadfence();  // the other pieces' partials, counted before ours, are visible",
-            "    if ((threadIdx.x & 127) == 0) cnt[ctr * BM / 64 + g] = 0;  // ready for the next launch",
-            "    float mx[2] = {-INFINITY, -INFINITY}, wsum[2] = {0.f, 0.f};",
-            "#pragma unroll", "    for (int j = 0; j < D / 2; ++j) o[j] = 0.f;",
-            f"    for (int k0 = 0; k0 < ns; k0 += {cu}) {{",
-            f"      float lk[{cu}][2];",
-            f"      float4 v[{cu}][2][D / 16];",
-            "#pragma unroll", f"      for (int u = 0; u < {cu}; ++u)",
-            "#pragma unroll", "        for (int hh = 0; hh < 2; ++hh) {",
-            "          const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
-            "          const bool in = k0 + u < ns && r < PR;",
-            f"          const long long sl = {_slot('k0 + u')};",
-            "          lk[u][hh] = in ? __ldcg(lse + sl) : -INFINITY;",
-            "          const float4* prow = reinterpret_cast<const float4*>(ws + sl * D) + (lane & 3) * (D / 16);",
-            "#pragma unroll", "          for (int i = 0; i < D / 16; ++i)",
-            "            v[u][hh][i] = in ? __ldcg(prow + i) : make_float4(0.f, 0.f, 0.f, 0.f);",
-            "        }",
-            "#pragma unroll", "      for (int hh = 0; hh < 2; ++hh) {",
-            "        float mn = mx[hh];",
-            "#pragma unroll", f"        for (int u = 0; u < {cu}; ++u) mn = fmaxf(mn, lk[u][hh]);",
-            "        const float mu = mn == -INFINITY ? 0.f : mn;",
-            "        const float sc = fast_exp2(mx[hh] - mu);  // 0 while nothing was merged",
-            "        wsum[hh] *= sc;",
-            "#pragma unroll", "        for (int j = 0; j < D / 8; ++j) {",
-            "          o[4 * j + 2 * hh] *= sc;", "          o[4 * j + 2 * hh + 1] *= sc;", "        }",
-            "#pragma unroll", f"        for (int u = 0; u < {cu}; ++u) {{",
-            "          const float wk = fast_exp2(lk[u][hh] - mu);",
-            "          wsum[hh] += wk;",
-            "#pragma unroll", "          for (int i = 0; i < D / 16; ++i) {  // columns 16i.. of the thread's pairs",
-            "            const float4 x = v[u][hh][i];",
-            "            o[8 * i + 2 * hh] = fmaf(wk, x.x, o[8 * i + 2 * hh]);",
-            "            o[8 * i + 2 * hh + 1] = fmaf(wk, x.y, o[8 * i + 2 * hh + 1]);",
-            "            o[8 * i + 4 + 2 * hh] = fmaf(wk, x.z, o[8 * i + 4 + 2 * hh]);",
-            "            o[8 * i + 4 + 2 * hh + 1] = fmaf(wk, x.w, o[8 * i + 4 + 2 * hh + 1]);",
-            "          }", "        }",
-            "        mx[hh] = mn;", "      }", "    }",
-            "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
-            "      const float inv = wsum[hh] > 0.f ? 1.f / wsum[hh] : 0.f;",
-            "#pragma unroll", "      for (int j = 0; j < D / 8; ++j) {",
-            "        o[4 * j + 2 * hh] *= inv;", "        o[4 * j + 2 * hh + 1] *= inv;", "      }", "    }", "  }",
+            "  if ((threadIdx.x & 127) == 0) atomicAdd(&cnt[ctr], 1);",
             "}"])
     assert b == "out", b
-    return "\n".join(["if (ns > 1 && last_) {", "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(),
-                      *_store_o(dt), "}", "}"])
+    return "// the merge CTA stores the merged O" if _nmax(ir) > 1 else ""
+
+
+def _entry(ir: KernelIR) -> str:
+    """The merge CTAs' whole code (ptsolve.ops.decode.merge_units): before any barrier is set up, they leave."""
+    if _nmax(ir) == 1:
+        return ""
+    dt, W = ir.params["dtype"], ir.tiling["groups"]
+    return "\n".join([
+        "  if (blockIdx.x >= NPC) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
+        "    const int m_ = blockIdx.x - NPC, row_ = m_ / NM;",
+        "    const int hkv = row_ % HKV, bz = row_ / HKV;",
+        "    const int4 mu_ = dec_merge[m_ % NM];",
+        "    const int qt = mu_.x, r0 = mu_.y, nr = mu_.z, nu = mu_.w, ns = dec_nsp[qt];",
+        "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = dec_base[qt];",
+        "    const long long ctr = (long long)row_ * NQT + qt;",
+        f"    if (threadIdx.x == 0) while (ld_acquire(&cnt[ctr]) < ns * {W}) __nanosleep(64);  // every warpgroup",
+        "    __syncthreads();",
+        "    __threadfence();",
+        # thread groups of D / 4 threads, one float4 of a row each; P groups share a row's pieces (ptsolve.ops.decode
+        # .merge_rows: the same P and rows per CTA)
+        f"    constexpr int C4 = D / 4, NG = {ir.threads} / C4, MP = {MERGE_PIECES};",
+        "    const int P = min(NG, (ns + MP - 1) / MP);",
+        "    const int c4 = threadIdx.x % C4, grp = threadIdx.x / C4, rr = grp / P, pp = grp % P, r = r0 + rr;",
+        "    const bool act = grp < NG / P * P && rr < nr;",
+        "    float m = -INFINITY, l = 0.f;",
+        "    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);",
+        "    if (act) {",
+        "      for (int k0 = pp; k0 < ns; k0 += P * MP) {  // MP pieces' loads in flight together",
+        "        float lk[MP];", "        float4 v[MP];",
+        "#pragma unroll", "        for (int u = 0; u < MP; ++u) {",
+        "          const int k = k0 + u * P;",
+        "          const long long sl = ((long long)row_ * NSLOT + base_ + k) * PR + r;",
+        "          lk[u] = k < ns ? __ldcg(lse + sl) : -INFINITY;",
+        "          v[u] = k < ns ? __ldcg(reinterpret_cast<const float4*>(ws + sl * D) + c4) "
+        ": make_float4(0.f, 0.f, 0.f, 0.f);",
+        "        }",
+        "        float mn = m;",
+        "#pragma unroll", "        for (int u = 0; u < MP; ++u) mn = fmaxf(mn, lk[u]);",
+        "        const float mu = mn == -INFINITY ? 0.f : mn, sc = fast_exp2(m - mu);  // sc: 0 before any piece",
+        "        l *= sc; acc.x *= sc; acc.y *= sc; acc.z *= sc; acc.w *= sc;",
+        "#pragma unroll", "        for (int u = 0; u < MP; ++u) {",
+        "          const float wk = fast_exp2(lk[u] - mu);",
+        "          l += wk;",
+        "          acc.x = fmaf(wk, v[u].x, acc.x); acc.y = fmaf(wk, v[u].y, acc.y);",
+        "          acc.z = fmaf(wk, v[u].z, acc.z); acc.w = fmaf(wk, v[u].w, acc.w);",
+        "        }",
+        "        m = mn;",
+        "      }",
+        "    }",
+        "    float* red = reinterpret_cast<float*>(smem_raw);  // the P groups of a row meet here: (m, l, acc)",
+        f"    constexpr int NT = {ir.threads};",
+        "    red[threadIdx.x] = m; red[NT + threadIdx.x] = l;",
+        "    red[2 * NT + threadIdx.x] = acc.x; red[3 * NT + threadIdx.x] = acc.y;",
+        "    red[4 * NT + threadIdx.x] = acc.z; red[5 * NT + threadIdx.x] = acc.w;",
+        "    __syncthreads();",
+        "    if (act && pp == 0) {",
+        "      float mx = -INFINITY;",
+        "      for (int q = 0; q < P; ++q) mx = fmaxf(mx, red[threadIdx.x + q * C4]);",
+        "      const float mu = mx == -INFINITY ? 0.f : mx;",
+        "      float L = 0.f, o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;",
+        "      for (int q = 0; q < P; ++q) {",
+        "        const int i = threadIdx.x + q * C4;",
+        "        const float wq = fast_exp2(red[i] - mu);",
+        "        L = fmaf(wq, red[NT + i], L);",
+        "        o0 = fmaf(wq, red[2 * NT + i], o0); o1 = fmaf(wq, red[3 * NT + i], o1);",
+        "        o2 = fmaf(wq, red[4 * NT + i], o2); o3 = fmaf(wq, red[5 * NT + i], o3);",
+        "      }",
+        "      const float inv = L > 0.f ? 1.f / L : 0.f;",
+        "      const int jq = j0 + r % GB, sq = s0 + r / GB;",
+        "      uint2* orow = reinterpret_cast<uint2*>(out + (((long long)bz * SQ + sq) * H + (long long)hkv * G + jq) "
+        "* D);",
+        f"      orow[c4] = make_uint2({PACK2[dt]}(o0 * inv, o1 * inv), {PACK2[dt]}(o2 * inv, o3 * inv));",
+        "    }",
+        "    __syncthreads();",
+        "    if (threadIdx.x == 0 && atomicAdd(&cnt[TILES_ + ctr], 1) == nu - 1) {",
+        "      cnt[ctr] = 0;  // the tile's last merge CTA: every one has seen the count; ready for the next launch",
+        "      cnt[TILES_ + ctr] = 0;",
+        "    }",
+        "    return;",
+        "  }"])
 
 
 def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
@@ -263,12 +299,12 @@ def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
 
 def workspace(ir: KernelIR) -> dict[str, int]:
     """Bytes of the scratch buffers a launch needs (codegen.runtime.workspace_ptrs zero-fills them once):
-    ``ws`` (fp32 partial O, D per row), ``lse`` (fp32), ``cnt`` (int32 counters, zero before the first launch; the
-    kernel leaves them zero)."""
+    ``ws`` (fp32 partial O, D per row), ``lse`` (fp32), ``cnt`` (int32 counters per query tile: its pieces done, then
+    its merge CTAs done; zero before the first launch, and the kernel leaves them zero)."""
     p, t = ir.params, ir.tiling
     tiles = p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"])
     rows = max(1, p["batch"] * p["kv_heads"] * _bases(ir)[1] * packing(p, t["BM"])[0] * packing(p, t["BM"])[1])
-    return {"ws": 4 * rows * p["head_dim"], "lse": 4 * rows, "cnt": 4 * tiles * t["groups"]}
+    return {"ws": 4 * rows * p["head_dim"], "lse": 4 * rows, "cnt": 2 * 4 * tiles}
 
 
 REGISTRY[OP] = OpKernel(
@@ -276,5 +312,7 @@ REGISTRY[OP] = OpKernel(
     signature=lambda ir: (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),
                           ("ptr:ws", "float* __restrict__ ws"), ("ptr:lse", "float* __restrict__ lse"),
                           ("ptr:cnt", "int* __restrict__ cnt")),
-    tiles=_tiles, decls=_decls, body=_body, min_trips=1,  # every piece has at least one key block
-    info=lambda ir: {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir))})
+    tiles=_tiles, decls=attention._decls, body=_body, entry=_entry,
+    min_trips=1,  # every piece has at least one key block
+    info=lambda ir: {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir)),
+                    "merge_ctas_per_row": len(_merges(ir))})

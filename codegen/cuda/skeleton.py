@@ -90,6 +90,9 @@ class OpKernel:
     # ``size_decls``: the Mamba2 kernels' exact-shape sources (and so their cached cubins) stay what they were before
     # they had a generic build
     exact_consts: bool = False
+    # C++ the whole CTA runs before the barriers are set up (flash_decode's merge CTAs, which run no pipeline, leave
+    # there)
+    entry: Callable[[KernelIR], str] = lambda ir: ""
 
 
 def size_decls(ir: KernelIR, opk: OpKernel) -> str:
@@ -423,6 +426,7 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 {_smem_base(opk.shared_base)}
 {chr(10).join(pre_ptrs)}
 {chr(10).join(bars)}
+{opk.entry(ir)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps))}
   if (wg == 0) {{
     {dec}

@@ -1,10 +1,11 @@
-"""Split-KV decode's combine on the GPU: the merge as it was (``old``: one piece and row half per L2 round trip, a
-separate max pass), the batched one-pass merge (``new``: codegen.cuda.decode, MERGE_BATCH pieces in flight), the
-batched merge with half the batch (``new_half``) and a kernel with the merge cut out (``nomerge``: wrong output, the
-rest of the kernel's time: what the merge costs), on the weak seq_q = 1 shapes of results/decode_h200.md, at the
-committed choice's tiling and at other splits (default plan, same BN and depth), next to SDPA-cuDNN, one process.
+"""Split-KV decode's merge on the GPU: the last-arriving piece merging every piece (``old``, commit dde918a: one piece
+and row half per L2 round trip, after a separate max pass) against merge CTAs (``new``: codegen.cuda.decode, each
+merging a few rows of every piece in parallel once the tile's pieces are done), on the weak seq_q = 1 shapes of
+results/decode_h200.md, at the committed choice's tiling and at other splits (default plan, same BN and depth),
+next to SDPA-cuDNN, in one process. (``batched/``: the first attempt, the last piece's merge with a batch of
+pieces' loads in flight, commit 911d4bb: 0.9-1.05x the old one.)
 
-    git worktree add /tmp/old <commit before the change>
+    git worktree add /tmp/old dde918a
     python3 results/decode_combine/combine_ab.py emit old --root /tmp/old     # CPU: the old sources
     python3 results/decode_combine/combine_ab.py emit new                     # CPU: this tree's
     PTSOLVE_CACHE_DIR=$PWD/.cubin_dc python3 results/decode_combine/combine_ab.py compile   # CPU
@@ -31,7 +32,10 @@ PLANS = ROOT / "results/decode_h200/plans.json"
 SHAPES = ("dec_llama3-8b_b1_q1_k1000", "dec_llama3-8b_b1_q1_k32768", "dec_qwen2.5-0.5b_b1_q1_k1000",
           "dec_qwen2.5-0.5b_b1_q1_k4097", "dec_qwen2.5-0.5b_b1_q1_k32768", "dec_qwen2.5-0.5b_b16_q1_k1000",
           "dec_qwen2.5-0.5b_b16_q1_k4097", "dec_falcon-7b_b1_q1_k1000", "dec_falcon-7b_b1_q1_k4097",
-          "dec_falcon-7b_b1_q1_k32768")
+          "dec_falcon-7b_b1_q1_k32768",
+          # splits chosen and already >= 0.9x cuDNN: no regression wanted (causal prefill: tiles of 1-3 pieces)
+          "dec_falcon-7b_b16_q1_k4097", "dec_llama3-8b_b1_q4_k4097", "dec_qwen2.5-0.5b_b16_q1_k32768",
+          "prefill_b1_h8_s1000_c")
 EXTRA_SPLITS = (4, 8, 16, 32, 64)  # besides the choice's; those the operator offers at its BN
 
 
@@ -46,9 +50,8 @@ def _ks(d: dict):
 
 
 def emit(which: str) -> None:
-    """Add ``which``'s kernels (old / new, new_half, nomerge) of every shape and splits value to sources.json."""
+    """Add ``which``'s kernels (old / new) of every shape and splits value to sources.json."""
     import ptsolve
-    from codegen.cuda import decode
     from codegen.cuda import emit as emit_source
     from codegen.plan import KernelPlan, default_plan
     from ptsolve.ops.decode import _tilings
@@ -67,19 +70,6 @@ def emit(which: str) -> None:
                 default_plan("flash_decode", params, {**t0, "splits": s})
             ks = emit_source(plan, "h200")
             got = {which: ks}
-            if which == "new":
-                keep = decode._merge_batch
-                decode._merge_batch = lambda D, keep=keep: max(1, keep(D) // 2)
-                try:
-                    half = emit_source(plan, "h200")
-                finally:
-                    decode._merge_batch = keep
-                if half.source != ks.source:
-                    got["new_half"] = half
-                guard = "  if (last_) {\n    __threadfence();"
-                cut = ks.source.replace(guard, guard.replace("last_", "last_ && ns < 0"))
-                assert cut != ks.source, "the merge's guard moved: update nomerge"
-                got["nomerge"] = dataclasses.replace(ks, source=cut)
             for k, v in got.items():
                 row["kernels"][f"s{s}/{k}"] = dataclasses.asdict(v)
         print(name, sorted(row["kernels"]), flush=True)
@@ -160,12 +150,12 @@ def run(out: Path) -> None:
         torch.cuda.empty_cache()
         out.write_text(json.dumps(res, indent=1, sort_keys=True))
     print(f"\ndone in {time.time() - t0:.0f} s ({res['device']}, {res['date']}); µs per call, CUDA graphs\n")
-    print("| shape | splits | old | new | new_half | nomerge | new/old | cuDNN | cuDNN/new |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | splits | old µs | new µs | new / old | cuDNN µs | cuDNN / new |")
+    print("|---|---|---|---|---|---|---|")
     for name, rec in res["shapes"].items():
         us = rec["us"]
-        for s in sorted({int(k.split("/")[0][1:]) for k in us if k.startswith("s")}):
-            g = {v: us.get(f"s{s}/{v}") for v in ("old", "new", "new_half", "nomerge")}
+        for s in sorted({int(k.split("/")[0][1:]) for k in us if "/" in k}):
+            g = {v: us.get(f"s{s}/{v}") for v in ("old", "new")}
             f = lambda x: f"{x:.2f}" if x else "—"  # noqa: E731
             cd = us.get("sdpa_cudnn")
             print(f"| {name} | {s}{'*' if s == rec['choice'] else ''} | " + " | ".join(f(g[v]) for v in g) +
