@@ -8,11 +8,12 @@ On the GPU machine (after ``python3 -m codegen.sanitize precompile`` on any mach
 
 Each kernel runs once on a small, ragged shape (GEMM 200×136×200; attention causal with seq 200, GQA, both
 the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from results/schedules_h200 with
-its full turn order; Mamba2 ChunkScan and ChunkState, batch 1, 2 heads, seq 300, with the CP-SAT schedules
-of CS3 / ST3, with co-resident CTAs and with one CTA per SM; and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3
-in results/study_h200, the release-point model's; a split-K GEMM; ping-pong GEMMs with two to three tiles per CTA, so
-both warpgroups and their per-tile turns run; ptsolve.torch's shape-generic attention, GEMM and Mamba2 chunk
-kernels) and is checked against a float32 / float64 reference, so a clean sanitizer run is also a correct one.
+its full turn order; split-KV attention (flash_decode) with its merge CTAs; Mamba2 ChunkScan and ChunkState,
+batch 1, 2 heads, seq 300, with the CP-SAT schedules of CS3 / ST3, with co-resident CTAs and with one CTA per SM;
+and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3 in results/study_h200, the release-point model's; a
+split-K GEMM; ping-pong GEMMs with two to three tiles per CTA, so both warpgroups and their per-tile turns run;
+ptsolve.torch's shape-generic attention, GEMM and Mamba2 chunk kernels) and is checked against a float32 / float64
+reference, so a clean sanitizer run is also a correct one.
 ``python3 -m codegen.sanitize <word>`` runs only the cases whose label contains ``<word>`` (e.g. ``ping-pong``).
 """
 from __future__ import annotations
@@ -49,6 +50,15 @@ def cases() -> list[tuple[str, Any]]:
         sh = GEMM_SMALL | ({"M": 1000, "N": 1064} if tp["BM"] == 64 else {"M": 2000, "N": 2250, "K": 136})
         out.append((f"ping-pong {tp['BM']}x{tp['BN']}", default_plan("gemm", sh, tp)))
 
+    # split-KV attention: pieces counted done, merge CTAs that wait for them (MQA over two warpgroups; causal GQA
+    # with tiles of different piece counts)
+    from ptsolve.ops import flash_decode
+    for p, t in ((dict(batch=1, heads=71, kv_heads=1, seq_q=1, seq_kv=700, head_dim=64),
+                  {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 4}),
+                 (dict(batch=2, heads=14, kv_heads=2, seq_q=12, seq_kv=500, head_dim=64, causal=True),
+                  {"BM": 64, "BN": 64, "depth": 2, "groups": 1, "splits": 8})):
+        out.append((f"decode {t}", default_plan("flash_decode", flash_decode(**p).params, t)))
+
     def small(pl: Any) -> Any:
         return dataclasses.replace(pl, params=FA_SMALL if pl.op == "flash_attention" else GEMM_SMALL
                                    if pl.op == "gemm" else pl.params | MAMBA_SMALL)
@@ -79,7 +89,7 @@ def main() -> int:
         if pl.op == "gemm":
             p = pl.params
             results.append(check_gemm(p["M"], p["N"], p["K"], p["dtype"], pl.tiling, pl, trials=1) | {"order": label})
-        elif pl.op == "flash_attention":
+        elif pl.op in ("flash_attention", "flash_decode"):
             results.append(check_fa(pl.params, pl.tiling, pl, trials=1, label=label))
         else:
             err = check(pl, trials=1, poison_tail=pl.op == "mamba2_chunk_state")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: flash_decode's GPU tests on the new combine, then combine_ab.py's comparison (cubins compiled on
+# One device call: flash_decode's GPU tests and compute-sanitizer on the merge CTAs, then combine_ab.py's comparison (cubins compiled on
 # the CPU machine and carried in .cubin_dc). Logs and JSON under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=$PWD/.cubin_dc
@@ -9,6 +9,11 @@ git log -1 --format=%h >> "$OUT/gpu.txt" 2>/dev/null
 timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py -k "not fa19" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/gpu.txt"
+for tool in memcheck racecheck synccheck; do  # the merge CTAs' protocol under the sanitizer (small shapes)
+  timeout "${SAN_S:-120}" compute-sanitizer --tool $tool --error-exitcode 9 python3 -m codegen.sanitize decode \
+    > "$OUT/sanitize_$tool.log" 2>&1
+  echo "sanitizer $tool: exit $? $(grep -c PASS "$OUT/sanitize_$tool.log") PASS" >> "$OUT/gpu.txt"
+done
 timeout "${AB_S:-400}" python3 results/decode_combine/combine_ab.py run --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "ab: exit $?" >> "$OUT/gpu.txt"
 cat "$OUT/gpu.txt"; grep -E "passed|failed|Error|assert" "$OUT/gpu_tests.log" | head -8; grep -E "not timed|Error" "$OUT/ab.log" | head; sed -n '/^done in/,$p' "$OUT/ab.log"
