@@ -174,7 +174,7 @@ def test_lowered_kernel_source() -> None:
     p = dict(batch=1, heads=32, kv_heads=8, seq_q=1, seq_kv=4097)
     ks = _ks(p, {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 11})
     work = pieces(ptsolve.ops.flash_decode(**p).params, 64, 128, 11)
-    merge = merge_units(ptsolve.ops.flash_decode(**p).params, 64, 128, 11, ks.block[0])
+    merge = merge_units(ptsolve.ops.flash_decode(**p).params, 64, 128, 11, ks.block[0], 132)
     table = re.search(r"dec_work\[(\d+)\] = \{(.*)\};", ks.source)
     assert table and int(table.group(1)) == len(work) and ks.grid[0] == (len(work) + len(merge)) * 8
     assert table.group(2).startswith("{" + ", ".join(map(str, work[0][:3])))
@@ -193,24 +193,35 @@ def test_lowered_kernel_source() -> None:
 
 @pytest.mark.parametrize("p", SHAPES)
 def test_merge_units_cover_every_row_of_every_split_tile(p: dict) -> None:
-    """Each tile of several pieces is merged row by row exactly once, by merge CTAs of at most merge_rows rows;
-    a row's pieces shared by P thread groups leave whole groups for the CTA's other rows."""
+    """Each tile of several pieces is merged row by row exactly once, by merge CTAs of whole rounds of merge_rows
+    rows (a row's pieces shared by P thread groups leave whole groups for the CTA's other rows), no more merge CTAs
+    than SMs unless one per tile is already more, and no more rounds than that takes."""
     op = ptsolve.ops.flash_decode(**p)
-    for t in op.tilings():
-        threads = 128 * (t["groups"] + 1)
-        work = pieces(op.params, t["BM"], t["BN"], t["splits"])
-        ns = {q: n for q, _, _, n, _ in work}
-        units = merge_units(op.params, t["BM"], t["BN"], t["splits"], threads)
-        for q in range(query_tiles(op.params, t["BM"])):
-            mine = [u for u in units if u[0] == q]
-            if ns[q] == 1:
-                assert not mine
-                continue
-            rows = [r for _, r0, n, _ in mine for r in range(r0, r0 + n)]
-            assert rows == list(range(tile_rows(op.params, t["BM"], q))) and all(u[3] == len(mine) for u in mine)
-            R = merge_rows(op.params["head_dim"], ns[q], threads)
-            groups = threads // (op.params["head_dim"] // 4)
-            assert all(n <= R for _, _, n, _ in mine) and R * min(groups, math.ceil(ns[q] / 8)) <= groups
+    rows_ = op.params["batch"] * op.params["kv_heads"]
+    for sms in (132, 16):
+        for t in op.tilings():
+            threads = 128 * (t["groups"] + 1)
+            ns = {q: n for q, _, _, n, _ in pieces(op.params, t["BM"], t["BN"], t["splits"])}
+            units = merge_units(op.params, t["BM"], t["BN"], t["splits"], threads, sms)
+            split = [q for q in sorted(ns) if ns[q] > 1]
+            assert rows_ * len(units) <= sms or all(u[3] == 1 for u in units)
+            rounds = []
+            for q in range(query_tiles(op.params, t["BM"])):
+                mine = [u for u in units if u[0] == q]
+                assert bool(mine) == (q in split)
+                if not mine:
+                    continue
+                rows = [r for _, r0, n, _ in mine for r in range(r0, r0 + n)]
+                assert rows == list(range(tile_rows(op.params, t["BM"], q))) and all(u[3] == len(mine) for u in mine)
+                R = merge_rows(op.params["head_dim"], ns[q], threads)
+                groups = threads // (op.params["head_dim"] // 4)
+                assert R * min(groups, math.ceil(ns[q] / 8)) <= groups
+                assert all(n % R == 0 for _, _, n, _ in mine[:-1])
+                rounds.append(math.ceil(mine[0][2] / R))
+            if units and max(rounds) > 1:  # one round fewer would be more merge CTAs than SMs
+                fewer = sum(math.ceil(tile_rows(op.params, t["BM"], q) / ((max(rounds) - 1) * merge_rows(
+                    op.params["head_dim"], ns[q], threads))) for q in split)
+                assert rows_ * fewer > sms
 
 
 def test_tile_rows_are_the_rows_holding_a_query() -> None:

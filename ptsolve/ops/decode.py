@@ -128,17 +128,23 @@ def tile_rows(p: dict[str, Any], BM: int, q: int) -> int:
     return min(gbox, p["heads"] // p["kv_heads"] - (q % ngt) * gbox) * min(sbox, p["seq_q"] - (q // ngt) * sbox)
 
 
-def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int) -> list[tuple[int, int, int, int]]:
+def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int,
+                sms: int) -> list[tuple[int, int, int, int]]:
     """The merge CTAs of one (batch, kv head): (query tile, first row, rows, merge CTAs of that tile), for every tile
-    of more than one piece, ``merge_rows`` rows each. The one rule the graph (the merge's cost) and the kernel (its
-    merge table) share."""
+    of more than one piece. A merge CTA merges ``merge_rows`` rows at a time, as many times as it takes to keep the
+    kernel's merge CTAs within one wave of ``sms`` (each takes an SM's slot, waits and is short: more of them than
+    SMs would queue behind each other). The one rule the graph (the merge's cost) and the kernel (its merge table)
+    share."""
     n = {q: ns for q, _, _, ns, _ in pieces(p, BM, BN, splits)}
+    need = {q: (merge_rows(p["head_dim"], n[q], threads), tile_rows(p, BM, q)) for q in sorted(n) if n[q] > 1}
+    if not need:
+        return []
+    most = max(cdiv(rows, R) for R, rows in need.values())  # rounds of the tile that takes the most
+    k = next((k for k in range(1, most + 1) if p["batch"] * p["kv_heads"] * sum(
+        cdiv(rows, k * R) for R, rows in need.values()) <= sms), most)
     out = []
-    for q in sorted(n):
-        if n[q] == 1:
-            continue
-        R, rows = merge_rows(p["head_dim"], n[q], threads), tile_rows(p, BM, q)
-        out += [(q, r0, min(R, rows - r0), cdiv(rows, R)) for r0 in range(0, rows, R)]
+    for q, (R, rows) in need.items():
+        out += [(q, r0, min(k * R, rows - r0), cdiv(rows, k * R)) for r0 in range(0, rows, k * R)]
     return out
 
 
@@ -186,6 +192,9 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     # the query tiles of one (batch, kv head) read the same K/V tiles, the pieces of a tile disjoint ones
     tasks = qkv_loads(BM, BN, D, dt, used, reuse)
     edges = []
+    if nmax > 1:
+        # rows of the longest merge CTA
+        mr = max(u[2] for u in merge_units(p, BM, BN, splits, 128 * (W + 1), sms_of(hw)))
     for g in range(W):
         s, r = f"@{g}", WG_ROWS
         rows = min(WG_ROWS, used - WG_ROWS * g)  # rows of this warpgroup that hold a query
@@ -196,7 +205,6 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                               is_async=True, group=g, reads=("o" + s,)))
             continue
         # the partial write; a merge CTA's read of its rows of every piece (just written: L2) and its store of them
-        mr = min(rows, merge_rows(D, nmax, 128 * (W + 1)))
         tasks += [
             task("store" + s, "store", phase="post", tile=(rows, D + 1), dtype="fp32",
                  bytes=partial_bytes(rows, D), is_async=True, group=g, reads=("o" + s, "ml" + s)),
