@@ -76,6 +76,49 @@ def emit(which: str) -> None:
     SRC.write_text(json.dumps(src, indent=0, sort_keys=True))
 
 
+def predict(out: Path) -> None:
+    """The model's time (this tree's) of the best schedule at each measured tiling (CP-SAT, 4 s, that tiling fixed)."""
+    import ptsolve
+    src = json.loads(SRC.read_text())
+    pred = json.loads(out.read_text()) if out.exists() else {}
+    for name, row in src.items():
+        for key, d in sorted(row["kernels"].items()):
+            if not key.endswith("/new") or f"{name}/{key}" in pred:
+                continue
+            t = {k: v for k, v in d["info"]["tiling"].items() if k != "ctas"}  # the lowering adds ctas
+            op = ptsolve.ops.make("flash_decode", **row["params"])
+            res = ptsolve.optimize(op, hw="h200", solver="cpsat", time_limit=4, cache=False, executor="serial",
+                                   fix=t, compile_check=False)
+            pred[f"{name}/{key}"] = res.predicted_us
+            print(name, key, round(res.predicted_us, 2), flush=True)
+            out.write_text(json.dumps(pred, indent=1, sort_keys=True))
+
+
+def report(runs: Path) -> None:
+    """The markdown table of a run (``run --out``) with the model's times (``predict``) beside the measured ones."""
+    res = json.loads(runs.read_text())
+    pred = json.loads((HERE / "predicted.json").read_text())
+    print("| shape | splits | old µs | new µs | new / old | model µs (new) | cuDNN µs | cuDNN / new |")
+    print("|---|---|---|---|---|---|---|---|")
+    best = []
+    for name, rec in res["shapes"].items():
+        us = rec["us"]
+        cd = us.get("sdpa_cudnn")
+        splits = sorted({int(k.split("/")[0][1:]) for k in us if "/" in k})
+        for s in splits:
+            o, n, m = us.get(f"s{s}/old"), us.get(f"s{s}/new"), pred.get(f"{name}/s{s}/new")
+            cells = [f"{x:.2f}" if x else "—" for x in (o, n)] + [f"{n / o:.3f}" if o and n else "—"]
+            cells += [f"{m:.2f}" if m else "—", f"{cd:.2f}" if cd else "—", f"{cd / n:.3f}" if cd and n else "—"]
+            print(f"| {name} | {s}{' (committed choice)' if s == rec['choice'] else ''} | " + " | ".join(cells) + " |")
+        fast = min(splits, key=lambda s: us[f"s{s}/new"])
+        pick = min(splits, key=lambda s: pred.get(f"{name}/s{s}/new", math.inf))
+        best.append((name, fast, pick, us[f"s{pick}/new"] / us[f"s{fast}/new"]))
+    print("\n| shape | fastest splits (measured) | model's pick among them | its time / the fastest |")
+    print("|---|---|---|---|")
+    for name, fast, pick, r in best:
+        print(f"| {name} | {fast} | {pick} | {r:.3f} |")
+
+
 def compile_all(check: bool) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -169,5 +212,9 @@ if __name__ == "__main__":
         emit(sys.argv[2])
     elif cmd in ("compile", "check"):
         compile_all(cmd == "check")
+    elif cmd == "report":
+        report(Path(sys.argv[2]))
+    elif cmd == "predict":
+        predict(HERE / "predicted.json")
     elif cmd == "run":
         run(Path(sys.argv[sys.argv.index("--out") + 1]))
