@@ -3,7 +3,7 @@
 # compiled on the CPU machine (.cache): the GPU tests of flash_decode (FA19's 2^32-element run is left to the
 # bench), then scripts/decode_bench.py run on the committed plans. Logs and JSON under $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=$PWD/.cache
+export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=${PTSOLVE_CACHE_DIR:-$PWD/.cache}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/gpu.txt"
 timeout "${TESTS_S:-60}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py -k "not fa19" \

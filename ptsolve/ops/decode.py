@@ -20,9 +20,10 @@ mma_pv per consumer warpgroup). Its epilogue depends on whether its query tile h
 The model charges the wait, one merge CTA's read of its rows of every piece and its store to every piece (a merge
 CTA starts when the last piece of its tile is done; in a single wave, the low-occupancy shapes split-KV is for, the
 kernel ends with it; with several waves that over-charges the pieces that are not last).
-A merge CTA spins on its tile's counter, so it must not keep the tile's own pieces from running: merge CTAs have
-the highest CTA indices (the hardware dispatches CTAs in index order) and there are fewer of them per kernel than
-the GPU has SMs when that matters (one wave), see ``merge_units``.
+A merge CTA spins on its tile's counter, so it must not keep the tile's own pieces from running: there are fewer
+merge CTAs than SMs (``merge_units``), so whatever order the CTAs are dispatched in an SM is left for the pieces; where
+even one merge CTA per tile is more (large batches, which rarely split), they have the highest CTA indices and the
+hardware dispatches CTAs in index order.
 
 Causal masking is bottom-right aligned: query position i sees keys <= i + seq_kv - seq_q.
 """
@@ -132,8 +133,8 @@ def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int,
                 sms: int) -> list[tuple[int, int, int, int]]:
     """The merge CTAs of one (batch, kv head): (query tile, first row, rows, merge CTAs of that tile), for every tile
     of more than one piece. A merge CTA merges ``merge_rows`` rows at a time, as many times as it takes to keep the
-    kernel's merge CTAs within one wave of ``sms`` (each takes an SM's slot, waits and is short: more of them than
-    SMs would queue behind each other). The one rule the graph (the merge's cost) and the kernel (its merge table)
+    kernel's merge CTAs fewer than ``sms`` (each takes an SM's slot, waits and is short: more of them than SMs would
+    queue behind each other, and with fewer a piece always finds an SM, see the module doc). The one rule the graph (the merge's cost) and the kernel (its merge table)
     share."""
     n = {q: ns for q, _, _, ns, _ in pieces(p, BM, BN, splits)}
     need = {q: (merge_rows(p["head_dim"], n[q], threads), tile_rows(p, BM, q)) for q in sorted(n) if n[q] > 1}
@@ -141,7 +142,7 @@ def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int,
         return []
     most = max(cdiv(rows, R) for R, rows in need.values())  # rounds of the tile that takes the most
     k = next((k for k in range(1, most + 1) if p["batch"] * p["kv_heads"] * sum(
-        cdiv(rows, k * R) for R, rows in need.values()) <= sms), most)
+        cdiv(rows, k * R) for R, rows in need.values()) < sms), most)
     out = []
     for q, (R, rows) in need.items():
         out += [(q, r0, min(k * R, rows - r0), cdiv(rows, k * R)) for r0 in range(0, rows, k * R)]
