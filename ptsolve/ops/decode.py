@@ -37,6 +37,7 @@ from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .attention import kept_pairs, qkv_loads, warpgroup_edges, warpgroup_tasks
+from .attention import orders as orders_fa3
 from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
@@ -134,8 +135,8 @@ def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int,
     """The merge CTAs of one (batch, kv head): (query tile, first row, rows, merge CTAs of that tile), for every tile
     of more than one piece. A merge CTA merges ``merge_rows`` rows at a time, as many times as it takes to keep the
     kernel's merge CTAs fewer than ``sms`` (each takes an SM's slot, waits and is short: more of them than SMs would
-    queue behind each other, and with fewer a piece always finds an SM, see the module doc). The one rule the graph (the merge's cost) and the kernel (its merge table)
-    share."""
+    queue behind each other, and with fewer a piece always finds an SM, see the module doc). The one rule the graph
+    (the merge's cost) and the kernel (its merge table) share."""
     n = {q: ns for q, _, _, ns, _ in pieces(p, BM, BN, splits)}
     need = {q: (merge_rows(p["head_dim"], n[q], threads), tile_rows(p, BM, q)) for q in sorted(n) if n[q] > 1}
     if not need:
@@ -221,8 +222,20 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                       edges=tuple(edges), row=tuple(w[2] for w in work), rows=B * Hkv, useful_flops=flops)
 
 
+def orders(groups: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """The hand-known issue orders (OpSpec.orders): FlashAttention-3's (attention.orders) and FlashAttention-2's,
+    each warpgroup's iteration in dependence order at one stage. ptxas serialises the wgmma pipeline of many of
+    the free optimum's orders here (its stage copies of S and P), and the compiler in the loop then keeps the
+    first rejected tiling with the best of these orders instead of dropping it (ptsolve.optimize)."""
+    plain = {f"wg{g}": [(f"{t}@{g}", 0) for t in ("mma_qk", "rowmax", "exp2", "rowsum", "rescale", "mma_pv")]
+             for g in range(groups)}
+    return orders_fa3(groups) | {"fa2": plain | {"tc": [(f"{t}@{g}", 0) for g in range(groups)
+                                                       for t in ("mma_qk", "mma_pv")]}}
+
+
 REGISTRY["flash_decode"] = OpSpec(
     _validate, _tilings, _build,
+    orders=orders,
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
 )
