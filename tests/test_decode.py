@@ -12,6 +12,7 @@ import pytest
 
 import ptsolve
 from ptsolve.errors import ShapeError
+from ptsolve.hw import load
 from ptsolve.ops.decode import merge_rows, merge_units, packing, pieces, query_tiles, tile_rows, trip_counts
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not __import__("os").path.exists(
@@ -153,6 +154,22 @@ def test_solvers_choose_a_split_for_a_few_head_decode(solver: str) -> None:
     assert res.tiling["splits"] > 1 and res.predicted_us < 0.7 * one.predicted_us
     assert simulate(res.program).late == 0
     assert abs(simulate(res.program).kernel_us - res.predicted_us) < 1e-6
+
+
+def test_declared_orders_pin_the_warpgroup_loop() -> None:
+    """cpsat-orders on a decode tiling keeps a declared order (FA2's or FA3's, up to the stage shift of a rotation)
+    in warpgroup 0's loop: what the compiler in the loop falls back on when ptxas serialises the free optimum."""
+    from ptsolve.ops.decode import orders
+    from ptsolve.search import search
+    op = ptsolve.ops.flash_decode(batch=16, heads=14, kv_heads=2, seq_q=1, seq_kv=1000, head_dim=64)
+    g = op.graph({"BM": 64, "BN": 64, "depth": 2, "groups": 1, "splits": 4})
+    res = search(g, "h200", solver="cpsat-orders", time_limit=20, executor="serial")
+    loop = res.program.streams(load("h200"))["loop"]["wg0"]
+    first = {n: st for n, st in loop}
+    shifted = [(n, st - first["mma_qk@0"]) for n, st in loop]
+    assert shifted in [o["wg0"] for o in orders(1).values()], loop
+    assert set(orders(2)) == {"fa2", "fa3"} and [t for t, _ in orders(2)["fa2"]["tc"]] == [
+        "mma_qk@0", "mma_pv@0", "mma_qk@1", "mma_pv@1"]
 
 
 def test_exact_no_worse_than_greedy_on_a_small_shape() -> None:
