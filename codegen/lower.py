@@ -139,7 +139,8 @@ def _check_tiling(plan: KernelPlan, g: STaskGraph, copies: dict[str, int]) -> in
     extra = sorted(set(tiling) - set(ops.make(g.op, **g.params).tilings()[0]) - set(spec.optional) - set(CODEGEN_KEYS))
     if extra:
         raise CodegenError(f"{g.op}: unknown tiling key(s) {extra}")
-    pers = tiling.get("persistent", DEFAULT_PERSISTENT.get(g.op, 0))
+    # split-K's reduce CTAs come after every split unit in a launched grid (codegen.cuda.gemm)
+    pers = tiling.get("persistent", DEFAULT_PERSISTENT.get(g.op, 0) if tiling.get("splits", 1) == 1 else 0)
     if isinstance(pers, bool) or pers not in (0, 1):
         raise CodegenError(f"tiling persistent must be 0 or 1, got {pers!r}")
     bufs = protocol.copy_buffers(g)

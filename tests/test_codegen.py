@@ -543,21 +543,31 @@ def test_split_k_ranges_cover_k_once(kt, splits):
 
 
 def test_split_k_source_and_workspace():
-    """A split kernel takes the workspace and counters, launches one CTA per (tile, split), reads each split's K
-    range, reduces only in the last arriving warp, in split order, and stores only there; splits=1 emits none of
-    it (the unsplit kernel is unchanged)."""
+    """A split kernel takes the workspace and counters, launches a grid of one CTA per (tile, split) and then the
+    reduce CTAs (ptsolve.ops.gemm.reduce_ctas per tile), reads each split's K range, counts each warp's partial and
+    stores nothing from a split unit; the reduce CTAs wait for every warp counter of their tile before any barrier
+    is set up, sum the partials in split order and reset the counters; splits=1 emits none of it (persistent, no
+    workspace)."""
+    from ptsolve.ops.gemm import reduce_ctas
     one = emit(gemm_plan(128, 128, 4, 2))
     four = emit(gemm_plan(128, 128, 4, 2, splits=4))
     tiles = -(-1000 // 128) * -(-1024 // 128)
+    rpt = reduce_ctas(1000, 1024, four.info["tiling"], 384, 132)
+    assert rpt == max(1, min(128 * 128 // 4 // 384 + 1, 131 // tiles)) == 2 == four.info["reduce_ctas_per_tile"]
     assert four.args[-2:] == ("ptr:ws", "ptr:cnt") and "ptr:ws" not in one.args
-    assert four.persistent_tiles == 4 * tiles and one.persistent_tiles == tiles
-    assert four.info["workspace"] == {"ws": tiles * 4 * 128 * 128 * 4, "cnt": tiles * 2 * 4 * 4}
+    assert four.persistent_tiles == 0 and four.grid[0] == 4 * tiles + rpt * tiles and one.persistent_tiles == tiles
+    assert four.info["workspace"] == {"ws": tiles * 4 * 128 * 128 * 4, "cnt": tiles * (2 * 4 + 1) * 4}
     assert "workspace" not in one.info
     src = four.source
-    assert "(K0 + it_) * 64" in src and "atomicAdd(ctr_, 1)" in src and "atomicExch(ctr_, 0)" in src
-    assert "for (int s = 0; s < SPLITS; ++s)" in src and "if (last_) {" in src
-    assert src.index("atomicAdd(ctr_") < src.index("cpk[m][i] =")  # partials meet before the epilogue packs
-    assert "atomicAdd" not in one.source and "SPLITS = 1" in one.source
+    assert "(K0 + it_) * 64" in src and "atomicAdd(cnt + (tmn_ * GROUPS + g) * 4 + w, 1)" in src
+    assert "last_ = false;" in src and "if (last_) {" in src
+    assert src.index("blockIdx.x >= NTILES") < src.index("mbar_init(&")  # the reduce CTAs leave before any barrier
+    assert "ld_acquire(ctr_ + threadIdx.x) < SPLITS" in src and "ctr_[k] = 0;" in src
+    assert "a.x += v[u].x" in src and "in split order" in src
+    assert src.index("atomicAdd(cnt + (tmn_") < src.index("cpk[m][i] =")  # counted before the epilogue packs
+    assert "atomicAdd" not in one.source and "SPLITS = 1" in one.source and "blockIdx.x >= NTILES" not in one.source
+    with pytest.raises(CodegenError, match="persistent=0"):
+        emit(gemm_plan(128, 128, 4, 2, splits=4, persistent=1))
 
 
 def test_split_k_refused_beyond_k_steps():

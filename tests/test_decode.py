@@ -199,13 +199,13 @@ def test_lowered_kernel_source() -> None:
     assert merge == [(0, 0, 4, 1)]  # one merge CTA per kv head: 4 rows, 2 groups of 32 threads share 11 pieces
     assert mt and mt.group(2) == ", ".join("{" + ", ".join(map(str, u)) + "}" for u in merge)
     assert "atomicAdd(&cnt[ctr], 1)" in ks.source and "ld_acquire(&cnt[ctr]) < ns * 1" in ks.source
-    assert ks.source.index("blockIdx.x >= NPC") < ks.source.index("mbar_init(&")  # before any barrier is set up
+    assert ks.source.index("blockIdx.x >= NTILES") < ks.source.index("mbar_init(&")  # before any barrier is set up
     assert ks.args == ("tmap:q", "tmap:k", "tmap:v", "ptr:o", "ptr:ws", "ptr:lse", "ptr:cnt")
     assert ks.info["workspace"]["lse"] == 8 * 11 * 4 * 4  # bytes: (batch, kv head) x pieces x the 4 packed rows
     assert ks.info["workspace"]["cnt"] == 2 * 8 * 4  # two int32 counters per query tile
     one = _ks(p, {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 1})
     assert "atomicAdd" not in one.source and "(long long)bz * SQ + sq" in one.source
-    assert "blockIdx.x >= NPC" not in one.source and one.grid[0] == 8
+    assert "blockIdx.x >= NTILES" not in one.source and one.grid[0] == 8
 
 
 @pytest.mark.parametrize("p", SHAPES)

@@ -168,6 +168,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 PRELUDE_END = "\n}  // namespace pts\n"
 
+# a CTA that waits for other CTAs' counted work (flash_decode's merge CTAs, split-K's reduce CTAs) reads its counter so
+LD_ACQUIRE = r"""
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+"""
+
 BULK = r"""
 // 1-D bulk copy global -> shared, completing on an mbarrier (16-byte aligned, size a multiple of 16)
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -26,7 +26,7 @@ from ptsolve.ops.decode import MERGE_PIECES, merge_units, packing, pieces, query
 
 from ..kernel_ir import KernelIR
 from . import attention
-from .common import CTYPE, PACK2, TensorMapSpec, wgmma_rs, wgmma_ss
+from .common import CTYPE, LD_ACQUIRE, PACK2, TensorMapSpec, wgmma_rs, wgmma_ss
 from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "flash_decode"
@@ -38,11 +38,6 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const CUtensorMap* map, u
                " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
                :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)),
                   "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 """
 
@@ -100,11 +95,11 @@ def _consts(ir: KernelIR) -> str:
             f"  constexpr int NE = {len(_work(ir))}, NMAX = {_nmax(ir)}, NSLOT = {_bases(ir)[1]}, NM = "
             f"{len(_merges(ir))};  // per (batch, kv head): piece CTAs, the most pieces of a tile, workspace slots, "
             "merge CTAs\n"
-            f"  constexpr int NPC = NE * B_ * HKV, TILES_ = B_ * HKV * NQT;  // piece CTAs; query tiles (counters)\n"
+            f"  constexpr int TILES_ = B_ * HKV * NQT;  // query tiles (their counters)\n"
             f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
             "  constexpr int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
             f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
-            "  (void)B_; (void)NMAX; (void)NSLOT; (void)NM; (void)NPC; (void)TILES_;")
+            "  (void)B_; (void)NMAX; (void)NSLOT; (void)NM; (void)TILES_;")
 
 
 def _device(ir: KernelIR) -> str:
@@ -113,7 +108,7 @@ def _device(ir: KernelIR) -> str:
     nsp = {q: ns for q, _, _, ns, _ in _work(ir)}
     merge = ", ".join(f"{{{q}, {r0}, {n}, {nu}}}" for q, r0, n, nu in _merges(ir)) or "{0, 0, 0, 0}"
     return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
-            + DEVICE + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
+            + DEVICE + LD_ACQUIRE + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
             "ptsolve.ops.decode.pieces\n"
             f"__device__ const int4 dec_work[{len(_work(ir))}] = {{{table}}};\n"
             "// first workspace slot of each query tile (tiles of several pieces only)\n"
@@ -126,7 +121,7 @@ def _device(ir: KernelIR) -> str:
 
 def _tiles(ir: KernelIR) -> tuple[int, str]:
     p = ir.params
-    n = (len(_work(ir)) + len(_merges(ir))) * p["batch"] * p["kv_heads"]  # the merge CTAs last (``_entry``)
+    n = len(_work(ir)) * p["batch"] * p["kv_heads"]  # the merge CTAs come after them (``_entry``)
     return n, ("  const int e_ = tile % NE, row_ = tile / NE;  // row_: (batch, kv head)\n"
                "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
                "  const int4 wk_ = dec_work[e_];\n"
@@ -211,8 +206,8 @@ def _entry(ir: KernelIR) -> str:
         return ""
     dt, W = ir.params["dtype"], ir.tiling["groups"]
     return "\n".join([
-        "  if (blockIdx.x >= NPC) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
-        "    const int m_ = blockIdx.x - NPC, row_ = m_ / NM;",
+        "  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
+        "    const int m_ = blockIdx.x - NTILES, row_ = m_ / NM;",
         "    const int hkv = row_ % HKV, bz = row_ / HKV;",
         "    const int4 mu_ = dec_merge[m_ % NM];",
         "    const int qt = mu_.x, r0 = mu_.y, nr = mu_.z, nu = mu_.w, ns = dec_nsp[qt];",
@@ -318,6 +313,7 @@ REGISTRY[OP] = OpKernel(
                           ("ptr:ws", "float* __restrict__ ws"), ("ptr:lse", "float* __restrict__ lse"),
                           ("ptr:cnt", "int* __restrict__ cnt")),
     tiles=_tiles, decls=attention._decls, body=_body, entry=_entry,
+    extra_ctas=lambda ir: len(_merges(ir)) * ir.params["batch"] * ir.params["kv_heads"],
     min_trips=1,  # every piece has at least one key block
     info=lambda ir: {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir)),
                     "merge_ctas_per_row": len(_merges(ir))})

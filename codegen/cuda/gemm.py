@@ -10,12 +10,13 @@ taken in turn; everything else (which tiles, the turns, the ring) is the skeleto
 
 Split-K (``splits`` = S > 1): a work unit is (tile, split), split fastest; split s runs K steps
 [s·KT/S, (s+1)·KT/S) (ptsolve.ops.gemm.split_trips). ``partial@g`` stores the accumulators to the fp32 workspace
-``ws`` in fragment order (each thread's registers as float4s, consecutive threads adjacent: coalesced, and a
-thread reads back exactly what the same thread position of the other splits wrote), rows past M skipped; then each
-warp counts its arrival on its own counter in ``cnt`` (a warp's rows are its own, so no wider barrier is needed).
-The warp that arrives last sums the S partials in split order (its own read back too), which makes the result
-independent of the arrival order, and resets the counter to 0 for the next launch; the other splits skip the
-epilogue's store.
+``ws`` in fragment order (each thread's registers as float4s, consecutive threads adjacent: coalesced), rows past M
+skipped; then each warp counts its arrival on its own counter in ``cnt`` and the split stores nothing more. The
+reduce CTAs (``ptsolve.ops.gemm.reduce_ctas`` per tile, the grid's last CTAs, the operator's ``entry``) wait for
+every warp counter of their tile, sum their share of its float4s over the S partials in split order (so the result
+does not depend on the arrival order; 8 splits' loads in flight per thread), store them to C and, the tile's last
+reduce CTA, reset its counters for the next launch. Split-K kernels launch a grid (not persistent CTAs, which might
+hold a reduce CTA before the splits it waits for).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError
+from ptsolve.ops.gemm import reduce_ctas
 
 from ..kernel_ir import KernelIR, Role
-from .common import CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_ss
+from .common import CTYPE, LD_ACQUIRE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_ss
 from .skeleton import REGISTRY, OpKernel, Task
 
 GROUP_M = 8  # M-tiles per rasterisation group
@@ -48,6 +50,9 @@ def _check(ir: KernelIR) -> None:
     if ir.pingpong and (_splits(ir) > 1 or not ir.persistent):
         raise CodegenError("gemm: ping-pong warpgroups alternate over a persistent CTA's tiles: it takes splits=1 "
                            "and persistent=1")
+    if _splits(ir) > 1 and ir.persistent:
+        raise CodegenError(f"gemm: splits={_splits(ir)} on persistent CTAs; the reduce CTAs wait for splits a "
+                           "persistent CTA may not have run yet: use persistent=0")
     if ir.generic and _splits(ir) > 1:
         raise CodegenError(f"gemm: splits={_splits(ir)} in a generic build; split-K kernels are built for one shape "
                            "(their workspace is sized by it): build it exact, or pick a tiling without splits")
@@ -81,11 +86,8 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
     return n, ("  // work unit = (output tile, K split), split fastest\n"
                "  const int split_ = tile % SPLITS, tmn_ = tile / SPLITS; (void)split_;\n"
                "  const int K0 = split_ * KT / SPLITS; (void)K0;  // first K step of this split\n"
-               "  // grouped rasterisation: GROUP_M M-tiles sweep N together\n"
-               "  const int per_group = GROUP_M * TN, first_m = (tmn_ / per_group) * GROUP_M;\n"
-               "  const int gsz = (TM - first_m) < GROUP_M ? (TM - first_m) : GROUP_M;\n"
-               "  const int m0 = (first_m + (tmn_ % per_group) % gsz) * BM, n0 = ((tmn_ % per_group) / gsz) * BN;\n"
-               + (f"  constexpr int T = {trips};" if isinstance(trips, int)
+               + _raster("tmn_")
+               + (f"  constexpr int T = {trips}; (void)T;" if isinstance(trips, int)
                   else "  const int T = (split_ + 1) * KT / SPLITS - K0;"))
 
 
@@ -94,7 +96,7 @@ def _decls(ir: KernelIR, role: Role) -> str:
     # the first row of the tile this warpgroup owns: its share of the cooperative tile, or a ping-pong tile's row 0
     return (f"constexpr int ROW0 = {0 if ir.pingpong else role.group * rows};\n"
             "float acc[MT][BN / 2];\nuint32_t cpk[MT][BN / 4];\n"
-            "bool last_ = true;  // split-K: this split stores the tile (the last to arrive)")
+            "bool last_ = true;  // false in a split-K unit: the tile's reduce CTAs store it")
 
 
 def _body(t: Task) -> str:
@@ -119,10 +121,10 @@ def _body(t: Task) -> str:
                 "#pragma unroll\nfor (int m = 0; m < MT; ++m) {\n#pragma unroll\n"
                 f"  for (int i = 0; i < BN / 4; ++i) cpk[m][i] = {PACK2[dt]}(acc[m][2 * i], acc[m][2 * i + 1]);\n}}")
     if b == "partial":
-        return _partial(ir)
+        return _PARTIAL
     assert b == "store", b
     # a thread holds rows r, r+8 of each 16-row slice, columns 8j + 2*(lane%4) (+1)
-    return ("if (last_) {  // split-K: only the last split of the tile stores\n"
+    return ("if (last_) {  // split-K: the reduce CTAs store\n"
             "#pragma unroll\nfor (int m = 0; m < MT; ++m) {\n#pragma unroll\n  for (int h = 0; h < 2; ++h) {\n"
             "    const int row = m0 + ROW0 + m * 64 + w * 16 + (lane >> 2) + 8 * h;\n"
             "    if (row < M) {\n      uint32_t* crow = reinterpret_cast<uint32_t*>(c + (size_t)row * N);\n"
@@ -136,17 +138,7 @@ def _body(t: Task) -> str:
             "      }\n    }\n  }\n}\n}")
 
 
-SUM_LOADS = 32  # float4 loads a thread keeps in flight while summing partials (128 registers, beside acc and cpk)
-
-
-def _partial(ir: KernelIR) -> str:
-    """Split-K's meeting of the partial tiles (see the module doc); float4 chunk q of acc[m] is n8-block q: rows r
-    and r + 8 of the thread, so a chunk is skipped when row r is past M. The sum loop is unrolled over as many splits
-    as SUM_LOADS float4s allow."""
-    chunks = ir.tiling["BM"] // ir.tiling["groups"] // 64 * ir.tiling["BN"] // 8
-    unroll = max(1, min(_splits(ir), SUM_LOADS // chunks))
-    # no pragma at all for one split at a time: ptxas spills BN=256 tiles under an explicit "unroll 1"
-    return _PARTIAL.replace("#pragma unroll U_\n", f"#pragma unroll {unroll}\n" if unroll > 1 else "")
+SUM_LOADS = 8  # splits' float4s a reduce thread keeps in flight
 
 
 _PARTIAL = r"""const int tid_ = threadIdx.x & 127;
@@ -164,34 +156,82 @@ for (int m = 0; m < MT; ++m) {
 }
 __threadfence();  // the partial is visible device-wide before this warp's arrival counts
 __syncwarp();
-int* const ctr_ = cnt + (tmn_ * GROUPS + g) * 4 + w;
-int arrived_ = 0;
-if (lane == 0) arrived_ = atomicAdd(ctr_, 1);
-arrived_ = __shfl_sync(0xffffffffu, arrived_, 0);
-last_ = arrived_ == SPLITS - 1;
-if (last_) {
-  if (lane == 0) atomicExch(ctr_, 0);  // every split of this launch has arrived: ready for the next launch
-  __threadfence();
-  // all S partials (this split's too, just written) in split order: the sum does not depend on who arrived last,
-  // and acc is the only accumulator (no second tile of registers); unrolled by U so that the loads of U splits
-  // are in flight together (one L2 round trip per U splits, not per split)
-#pragma unroll U_
-  for (int s = 0; s < SPLITS; ++s) {
-    const float4* const src = ws4_ + (unit_ + s) * CH * 128 + tid_;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (m0 + ROW0 + m * 64 + w * 16 + (lane >> 2) < M) {
-#pragma unroll
-        for (int q = 0; q < BN / 8; ++q) {
-          const float4 v = __ldcg(src + (m * (BN / 8) + q) * 128);
-          float* const a = &acc[m][4 * q];
-          if (s == 0) { a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w; }
-          else { a[0] += v.x; a[1] += v.y; a[2] += v.z; a[3] += v.w; }
-        }
-      }
-    }
-  }
-}"""
+if (lane == 0) atomicAdd(cnt + (tmn_ * GROUPS + g) * 4 + w, 1);
+last_ = false;  // the tile's reduce CTAs store it"""
+
+
+def _raster(tile: str) -> str:
+    """C++ that turns output tile ``tile`` into its first row ``m0`` and column ``n0`` (grouped rasterisation:
+    GROUP_M M-tiles sweep N together); the split units and the reduce CTAs share it."""
+    return (f"  const int per_group = GROUP_M * TN, first_m = ({tile} / per_group) * GROUP_M;\n"
+            "  const int gsz = (TM - first_m) < GROUP_M ? (TM - first_m) : GROUP_M;\n"
+            f"  const int m0 = (first_m + ({tile} % per_group) % gsz) * BM, n0 = (({tile} % per_group) / gsz) * BN;\n")
+
+
+def _rpt(ir: KernelIR) -> int:
+    p = ir.params
+    return reduce_ctas(p["M"], p["N"], dict(ir.tiling), ir.threads, ir.sms)
+
+
+def _entry(ir: KernelIR) -> str:
+    """The reduce CTAs' whole code (see the module doc): before any barrier is set up, they leave."""
+    if _splits(ir) == 1:
+        return ""
+    dt, rpt = ir.params["dtype"], _rpt(ir)
+    return "\n".join([
+        "  static_assert(!PERSISTENT, \"split-K: the reduce CTAs follow the split units in a launched grid\");",
+        "  if (blockIdx.x >= NTILES) {  // a reduce CTA: its share of output tile tmn_",
+        f"    constexpr int RPT = {rpt}, NT = {ir.threads}, CH = MT * BN / 8, PER = GROUPS * CH * 128;",
+        "    constexpr int SHARE = (PER + RPT - 1) / RPT;  // float4s of the tile per reduce CTA",
+        "    const int tmn_ = (blockIdx.x - NTILES) / RPT, part_ = (blockIdx.x - NTILES) % RPT;",
+        _raster("tmn_").rstrip("\n"),
+        "    int* const ctr_ = cnt + tmn_ * GROUPS * 4;  // the tile's warp counters",
+        "    if (threadIdx.x < GROUPS * 4) while (ld_acquire(ctr_ + threadIdx.x) < SPLITS) __nanosleep(64);",
+        "    __syncthreads();",
+        "    __threadfence();",
+        "    const float4* const ws4_ = reinterpret_cast<const float4*>(ws);",
+        "    const int end_ = min(PER, (part_ + 1) * SHARE);",
+        "    for (int i = part_ * SHARE + threadIdx.x; i < end_; i += NT) {",
+        "      const int g = i / (CH * 128), ch = (i / 128) % CH, tid_ = i % 128, lane = tid_ % 32, w = tid_ / 32;",
+        "      const int m = ch / (BN / 8), q = ch % (BN / 8);",
+        "      const int row = m0 + g * MT * 64 + m * 64 + w * 16 + (lane >> 2), col = n0 + q * 8 + 2 * (lane & 3);",
+        "      if (row >= M) continue;  // never written",
+        "      const float4* src = ws4_ + ((size_t)(tmn_ * GROUPS + g) * SPLITS * CH + ch) * 128 + tid_;",
+        "      float4 a = make_float4(0.f, 0.f, 0.f, 0.f);",
+        f"      for (int s0 = 0; s0 < SPLITS; s0 += {SUM_LOADS}) {{",
+        f"        float4 v[{SUM_LOADS}];",
+        "#pragma unroll",
+        f"        for (int u = 0; u < {SUM_LOADS}; ++u)",
+        "          v[u] = s0 + u < SPLITS ? __ldcg(src + (size_t)(s0 + u) * CH * 128)",
+        "                                 : make_float4(0.f, 0.f, 0.f, 0.f);",
+        "#pragma unroll",
+        f"        for (int u = 0; u < {SUM_LOADS}; ++u) {{  // in split order",
+        "          a.x += v[u].x; a.y += v[u].y; a.z += v[u].z; a.w += v[u].w;",
+        "        }",
+        "      }",
+        "      // (row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1): the accumulator fragment's float4",
+        "#pragma unroll",
+        "      for (int h = 0; h < 2; ++h) {",
+        "        const int r = row + 8 * h;",
+        "        if (r >= M) break;",
+        "        const float x = h ? a.z : a.x, y = h ? a.w : a.y;",
+        "        if (N % 2 == 0) {",
+        f"          if (col < N) reinterpret_cast<uint32_t*>(c + (size_t)r * N)[col >> 1] = {PACK2[dt]}(x, y);",
+        "        } else {  // odd N: rows are not 4-byte aligned, store the two halves apart",
+        f"          const uint32_t pk = {PACK2[dt]}(x, y);",
+        "          uint16_t* const c16 = reinterpret_cast<uint16_t*>(c + (size_t)r * N);",
+        "          if (col < N) c16[col] = pk & 0xffffu;",
+        "          if (col + 1 < N) c16[col + 1] = pk >> 16;",
+        "        }",
+        "      }",
+        "    }",
+        "    __syncthreads();",
+        "    if (threadIdx.x == 0 && atomicAdd(cnt + TM * TN * GROUPS * 4 + tmn_, 1) == RPT - 1) {",
+        "      for (int k = 0; k < GROUPS * 4; ++k) ctr_[k] = 0;  // every reduce CTA has seen them: the next launch's",
+        "      cnt[TM * TN * GROUPS * 4 + tmn_] = 0;",
+        "    }",
+        "    return;",
+        "  }"])
 
 
 def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
@@ -213,11 +253,17 @@ def _info(ir: KernelIR) -> dict[str, object]:
     out: dict[str, object] = {"trips": _trips(ir), "splits": _splits(ir)}
     if _splits(ir) > 1:  # scratch the runtime zero-fills once (codegen.runtime.workspace_ptrs), bytes
         tiles = -(-p["M"] // t["BM"]) * -(-p["N"] // t["BN"])
-        out["workspace"] = {"ws": tiles * _splits(ir) * t["BM"] * t["BN"] * 4, "cnt": tiles * t["groups"] * 4 * 4}
+        # per tile: a counter per warp of each warpgroup, then its reduce CTAs' counter
+        out["workspace"] = {"ws": tiles * _splits(ir) * t["BM"] * t["BN"] * 4,
+                            "cnt": tiles * (t["groups"] * 4 + 1) * 4}
+        out["reduce_ctas_per_tile"] = _rpt(ir)
     return out
 
 
 REGISTRY["gemm"] = OpKernel(
-    op="gemm", check=_check, device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]), consts=_consts,
+    op="gemm", check=_check, consts=_consts,
+    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + (LD_ACQUIRE if _splits(ir) > 1 else ""),
     maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature, tiles=_tiles, decls=_decls, body=_body,
-    trips=_trips, min_trips=1, info=_info, sizes=sizes, size_params=SIZE_PARAMS)
+    trips=_trips, min_trips=1, info=_info, sizes=sizes, size_params=SIZE_PARAMS, entry=_entry,
+    extra_ctas=lambda ir: _rpt(ir) * -(-ir.params["M"] // ir.tiling["BM"]) * -(-ir.params["N"] // ir.tiling["BN"])
+    if _splits(ir) > 1 else 0)

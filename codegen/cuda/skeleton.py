@@ -90,9 +90,10 @@ class OpKernel:
     # ``size_decls``: the Mamba2 kernels' exact-shape sources (and so their cached cubins) stay what they were before
     # they had a generic build
     exact_consts: bool = False
-    # C++ the whole CTA runs before the barriers are set up (flash_decode's merge CTAs, which run no pipeline, leave
-    # there)
+    # C++ the whole CTA runs before the barriers are set up, and CTAs launched after the NTILES work units' (not with
+    # persistent CTAs): flash_decode's merge CTAs and split-K's reduce CTAs run no pipeline and leave in ``entry``
     entry: Callable[[KernelIR], str] = lambda ir: ""
+    extra_ctas: Callable[[KernelIR], int] = lambda ir: 0
 
 
 def size_decls(ir: KernelIR, opk: OpKernel) -> str:
@@ -449,6 +450,11 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas})
 """
     src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
     # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
+    extra = opk.extra_ctas(ir)
+    if extra and (ir.persistent or not isinstance(ntiles, int)):
+        raise CodegenError(f"{ir.op}: {extra} CTAs after the work units need a launched grid of an exact build; "
+                           "use persistent=0")
+    grid_x += extra
     grid = (grid_x, 1, 1)
     if not ir.persistent and grid_x >= 1 << 31:
         raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")

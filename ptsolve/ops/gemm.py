@@ -13,9 +13,12 @@ consumer warpgroups (``ops.base.kernel_groups``). Its epilogue stores from regis
 
 Split-K (tiling key ``splits`` = S, default 1): the K steps of a tile are divided into S contiguous ranges, one
 CTA each (S times the CTAs, each with ~1/S of the trips), for shapes with too few output tiles to fill the SMs
-(M of 1-128 with large K). Every split writes its fp32 partial tile to a global workspace (``partial@g``); the
-last split of a tile to arrive reads all S back, sums them in split order (deterministic) and runs the epilogue
-and store; the others store nothing.
+(M of 1-128 with large K). Every split writes its fp32 partial tile to a global workspace (``partial@g``) and
+counts itself done; *reduce CTAs* (``reduce_ctas`` per tile, launched after every split) wait for their tile's
+splits, sum a share of its elements over the S partials in split order (deterministic) and store them. The last
+split to arrive used to sum the whole tile alone: S × BM × BN × 4 bytes through one SM (16 × 64 KB at BN = 128),
+which kept the small split-K GEMMs far from cuBLAS. The model charges each split its partial's write and one
+partial's read (what the reduce CTAs read, spread over them).
 """
 from __future__ import annotations
 
@@ -62,6 +65,15 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                             yield t | {"splits": splits}
                             if groups == 1 and splits == 1 and tiles > 1:  # two warpgroups, a tile each
                                 yield t | {"splits": 1, "pingpong": 1}
+
+
+def reduce_ctas(M: int, N: int, t: dict[str, int], threads: int, sms: int) -> int:
+    """Reduce CTAs per output tile of a split-K tiling: one float4 of the tile per thread (BM × BN / 4 / ``threads``),
+    fewer where that would make the kernel's reduce CTAs as many as ``sms`` (each waits on an SM for its tile's
+    splits; with fewer than SMs a split always finds an SM whatever order the CTAs are dispatched in), at least one.
+    The one rule the code generator's grid and reduce loop use."""
+    tiles = cdiv(M, t["BM"]) * cdiv(N, t["BN"])
+    return max(1, min(cdiv(t["BM"] * t["BN"] // 4, threads), (sms - 1) // tiles))
 
 
 def split_trips(kt: int, splits: int) -> tuple[int, ...]:
