@@ -7,7 +7,7 @@ committed candidates and the device calls that timed them; no solver runs here.
   best-predicted and the best-measured candidate of each side among ``ptsolve tune --per pingpong -k 3``'s
   candidates (``cands_tune.json``), all timed in one process per shape (``device_tune/select``).
 - Split-KV decode, 57 shapes: the free search's schedule (``split``) against the best with splits = 1 (``nosplit``),
-  ``results/decode_h200/plans.json``, timed in ``results/depth_tie/device/decode.json``.
+  ``results/decode_h200/plans.json``, timed in ``results/decode_h200/decode.json`` (the run of those plans).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def gemm() -> list[str]:
 
 def decode() -> list[str]:
     plans = {s["name"]: s for s in json.loads((ROOT / "results/decode_h200/plans.json").read_text())["shapes"]}
-    run = json.loads((DT / "device/decode.json").read_text())
+    run = json.loads((ROOT / "results/decode_h200/decode.json").read_text())
     rows, pg, mg, agree, chosen = [], [], [], 0, 0
     for s in run["shapes"]:
         pl, us = plans[s["name"]]["plans"], s["us"]
