@@ -570,6 +570,20 @@ def test_split_k_source_and_workspace():
         emit(gemm_plan(128, 128, 4, 2, splits=4, persistent=1))
 
 
+@pytest.mark.parametrize("M,N,BM,BN,threads", [(1, 1024, 64, 128, 256), (1, 8448, 64, 128, 256),
+                                                (1000, 1024, 128, 128, 384), (16, 33000, 64, 256, 256)])
+def test_reduce_ctas_stay_below_the_sms(M, N, BM, BN, threads):
+    """Reduce CTAs per tile: one float4 per thread at most, fewer than the SMs in all (so a split always finds an SM),
+    and as many as that allows (one more per tile would reach the SMs, or exceed the float4s)."""
+    from ptsolve.ops.gemm import reduce_ctas
+    t = {"BM": BM, "BN": BN}
+    tiles = -(-M // BM) * -(-N // BN)
+    r = reduce_ctas(M, N, t, threads, 132)
+    assert 1 <= r <= -(-BM * BN // 4 // threads)
+    assert tiles * r < 132 or r == 1
+    assert r == -(-BM * BN // 4 // threads) or tiles * (r + 1) >= 132
+
+
 def test_split_k_refused_beyond_k_steps():
     from ptsolve import ops
     from ptsolve.errors import ShapeError

@@ -215,7 +215,7 @@ def test_merge_units_cover_every_row_of_every_split_tile(p: dict) -> None:
     than SMs unless one per tile is already more, and no more rounds than that takes."""
     op = ptsolve.ops.flash_decode(**p)
     rows_ = op.params["batch"] * op.params["kv_heads"]
-    for sms in (132, 16):
+    for sms in (132, 64, 33, 16, 9, 5, 3):
         for t in op.tilings():
             threads = 128 * (t["groups"] + 1)
             ns = {q: n for q, _, _, n, _ in pieces(op.params, t["BM"], t["BN"], t["splits"])}
