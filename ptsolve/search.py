@@ -182,6 +182,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
     what = op.name if isinstance(op, STaskGraph) else op.describe()
     if not cands:
+        if not reasons and exclude:  # every tiling was excluded by the caller (the compiler in the loop rejected all)
+            raise InfeasibleError(f"no tiling of {what} is left: the {len(exclude)} excluded were all it had")
         raise InfeasibleError(f"no tiling of {what} fits {hw.name}: " + "; ".join(reasons[:4])
                               + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
     if solver == "exhaustive":

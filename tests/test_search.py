@@ -242,3 +242,13 @@ def test_polish_keeps_the_optimum_and_idles_the_streams_before_their_wgmma() -> 
     r = optimize(op, hw="h200", solver="cpsat", cache=False, compile_check=False, fix=t)
     assert r.status == "OPTIMAL" and r.objective == claimed_cycles(prog, hw)
     assert min(cpsat.tc_guards(P, r.program).values()) >= min(b.values())  # search polished its answer too
+
+
+def test_every_tiling_excluded_says_so():
+    """The compiler in the loop excludes the tilings it rejected; when none is left the error says that, not an empty
+    list of reasons why none fits."""
+    from ptsolve.search import search
+    op = ops.gemm(M=64, N=64, K=128)
+    every = tuple(op.tilings())
+    with pytest.raises(InfeasibleError, match=f"the {len(every)} excluded were all it had"):
+        search(op, "h200", solver="greedy", exclude=every, executor="serial")
