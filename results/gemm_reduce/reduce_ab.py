@@ -120,7 +120,8 @@ def report(runs: Path) -> None:
             ro.append(cb / o)
             rn.append(cb / n)
     g = lambda x: math.exp(sum(map(math.log, x)) / len(x))  # noqa: E731
-    print(f"\ngeomean cuBLAS / ours over {len(rn)} shapes: old {g(ro):.3f}, new {g(rn):.3f}")
+    if rn:
+        print(f"\ngeomean cuBLAS / ours over {len(rn)} shapes: old {g(ro):.3f}, new {g(rn):.3f}")
 
 
 if __name__ == "__main__":
