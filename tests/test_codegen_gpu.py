@@ -62,6 +62,8 @@ SPLIT_CASES = [  # split-K: even and uneven K ranges, one and two warpgroups, pe
     (777, 520, 4104, "bf16", {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2, "splits": 6, "persistent": 0}),
     (128, 4096, 14336, "fp16", {"BM": 64, "BN": 256, "BK": 64, "depth": 3, "groups": 1, "splits": 4}),
     (33, 1001, 512, "fp16", {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1, "splits": 2}),  # odd N
+    # 256 tiles: one reduce CTA each is more than the SMs (CTA index order keeps the split units ahead)
+    (2048, 2048, 1024, "fp16", {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2, "splits": 2}),
 ]
 
 

@@ -60,6 +60,9 @@ CASES = [  # (params, tiling): splits > 1 combine, splits 1, GQA packing, MQA be
      {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "splits": 4}),
     (dict(batch=1, heads=4, kv_heads=2, seq_q=16, seq_kv=33, head_dim=128, causal=True),
      {"BM": 64, "BN": 64, "depth": 2, "groups": 1, "splits": 1}),
+    # 512 tiles of several pieces: one merge CTA each is more than the SMs (CTA index order keeps the pieces ahead)
+    (dict(batch=64, heads=32, kv_heads=8, seq_q=1, seq_kv=1000), {"BM": 64, "BN": 128, "depth": 3, "groups": 1,
+                                                                  "splits": 4}),
 ]
 
 
