@@ -27,6 +27,9 @@ if "--root" in sys.argv:  # emit with another checkout's code
     sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 sys.path.insert(0 if "--root" not in sys.argv else 1, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "results/ab"))
+from regress_ab import ks_of as _ks  # noqa: E402  (a KernelSource from its JSON)
+
 SRC = HERE / "sources.json"
 PLANS = ROOT / "results/decode_h200/plans.json"
 SHAPES = ("dec_llama3-8b_b1_q1_k1000", "dec_llama3-8b_b1_q1_k32768", "dec_qwen2.5-0.5b_b1_q1_k1000",
@@ -37,16 +40,6 @@ SHAPES = ("dec_llama3-8b_b1_q1_k1000", "dec_llama3-8b_b1_q1_k32768", "dec_qwen2.
           "dec_falcon-7b_b16_q1_k4097", "dec_llama3-8b_b1_q4_k4097", "dec_qwen2.5-0.5b_b16_q1_k32768",
           "prefill_b1_h8_s1000_c")
 EXTRA_SPLITS = (4, 8, 16, 32, 64)  # besides the choice's; those the operator offers at its BN
-
-
-def _ks(d: dict):
-    from codegen.cuda.common import KernelSource, TensorMapSpec
-    d = dict(d)
-    d["tensor_maps"] = tuple(TensorMapSpec(**{**m, "dims": tuple(m["dims"]), "strides_bytes": tuple(m["strides_bytes"]),
-                                              "box": tuple(m["box"])}) for m in d["tensor_maps"])
-    for k in ("grid", "block", "args", "flags"):
-        d[k] = tuple(d[k])
-    return KernelSource(**d)
 
 
 def emit(which: str) -> None:

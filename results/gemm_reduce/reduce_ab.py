@@ -22,9 +22,9 @@ ROOT = HERE.parents[1]
 if "--root" in sys.argv:
     sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 sys.path.insert(0 if "--root" not in sys.argv else 1, str(ROOT))
-sys.path.insert(0, str(ROOT / "results/decode_combine"))
+sys.path.insert(0, str(ROOT / "results/ab"))
 
-from combine_ab import _ks  # noqa: E402  (KernelSource from its JSON)
+from regress_ab import ks_of as _ks  # noqa: E402  (a KernelSource from its JSON)
 
 SRC = HERE / "sources.json"
 CANDS = ROOT / "results/depth_tie/cands_tie.json"
