@@ -560,7 +560,7 @@ def test_split_k_source_and_workspace():
     assert "workspace" not in one.info
     src = four.source
     assert "(K0 + it_) * 64" in src and "atomicAdd(cnt + (tmn_ * GROUPS + g) * 4 + w, 1)" in src
-    assert "last_ = false;" in src and "if (last_) {" in src
+    assert "if (SPLITS == 1) {" in src and "store_pair(c, r, col," in src  # splits: the reduce CTAs store
     assert src.index("blockIdx.x >= NTILES") < src.index("mbar_init(&")  # the reduce CTAs leave before any barrier
     assert "ld_acquire(ctr_ + threadIdx.x) < SPLITS" in src and "ctr_[k] = 0;" in src
     assert "a.x += v[u].x" in src and "in split order" in src

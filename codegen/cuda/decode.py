@@ -144,10 +144,14 @@ def _slot(piece: str) -> str:
     return f"(((long long)row_ * NSLOT + base_ + ({piece})) * PR + r)"
 
 
+def _o_row() -> str:
+    """Address of O's row for head ``jq`` of the group at position ``sq`` (64-bit)."""
+    return "out + (((long long)bz * SQ + sq) * H + (long long)hkv * G + jq) * D"
+
+
 def _store_o(dt: str) -> list[str]:
     return ["    if (valid) {",
-            "      uint32_t* orow = reinterpret_cast<uint32_t*>(",
-            "          out + (((long long)bz * SQ + sq) * H + (long long)hkv * G + jq) * D);",
+            f"      uint32_t* orow = reinterpret_cast<uint32_t*>({_o_row()});",
             "#pragma unroll", "      for (int j = 0; j < D / 8; ++j)",
             f"        orow[4 * j + (lane & 3)] = {PACK2[dt]}(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);", "    }"]
 
@@ -234,7 +238,7 @@ def _entry(ir: KernelIR) -> str:
         "          float lk[MP];", "          float4 v[MP];",
         "#pragma unroll", "          for (int u = 0; u < MP; ++u) {",
         "            const int k = k0 + u * P;",
-        "            const long long sl = ((long long)row_ * NSLOT + base_ + k) * PR + r;",
+        f"            const long long sl = {_slot('k')};",
         "            lk[u] = k < ns ? __ldcg(lse + sl) : -INFINITY;",
         "            v[u] = k < ns ? __ldcg(reinterpret_cast<const float4*>(ws + sl * D) + c4) "
         ": make_float4(0.f, 0.f, 0.f, 0.f);",
@@ -271,8 +275,7 @@ def _entry(ir: KernelIR) -> str:
         "        }",
         "        const float inv = L > 0.f ? 1.f / L : 0.f;",
         "        const int jq = j0 + r % GB, sq = s0 + r / GB;",
-        "        uint2* orow = reinterpret_cast<uint2*>(out + (((long long)bz * SQ + sq) * H + (long long)hkv * G + "
-        "jq) * D);",
+        f"        uint2* orow = reinterpret_cast<uint2*>({_o_row()});",
         f"        orow[c4] = make_uint2({PACK2[dt]}(o0 * inv, o1 * inv), {PACK2[dt]}(o2 * inv, o3 * inv));",
         "      }",
         "    }",

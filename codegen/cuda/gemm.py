@@ -95,8 +95,7 @@ def _decls(ir: KernelIR, role: Role) -> str:
     rows = ir.tiling["BM"] // ir.tiling["groups"]
     # the first row of the tile this warpgroup owns: its share of the cooperative tile, or a ping-pong tile's row 0
     return (f"constexpr int ROW0 = {0 if ir.pingpong else role.group * rows};\n"
-            "float acc[MT][BN / 2];\nuint32_t cpk[MT][BN / 4];\n"
-            "bool last_ = true;  // false in a split-K unit: the tile's reduce CTAs store it")
+            "float acc[MT][BN / 2];\nuint32_t cpk[MT][BN / 4];")
 
 
 def _body(t: Task) -> str:
@@ -124,18 +123,29 @@ def _body(t: Task) -> str:
         return _PARTIAL
     assert b == "store", b
     # a thread holds rows r, r+8 of each 16-row slice, columns 8j + 2*(lane%4) (+1)
-    return ("if (last_) {  // split-K: the reduce CTAs store\n"
+    return ("if (SPLITS == 1) {  // split-K: the reduce CTAs store\n"
             "#pragma unroll\nfor (int m = 0; m < MT; ++m) {\n#pragma unroll\n  for (int h = 0; h < 2; ++h) {\n"
             "    const int row = m0 + ROW0 + m * 64 + w * 16 + (lane >> 2) + 8 * h;\n"
-            "    if (row < M) {\n      uint32_t* crow = reinterpret_cast<uint32_t*>(c + (size_t)row * N);\n"
-            "#pragma unroll\n      for (int jj = 0; jj < BN / 8; ++jj) {\n"
-            "        const int col = n0 + jj * 8 + 2 * (lane & 3);\n"
-            "        if (N % 2 == 0) { if (col < N) crow[col >> 1] = cpk[m][jj * 2 + h]; }\n"
-            "        else {  // odd N: rows are not 4-byte aligned, store the two halves apart\n"
-            "          uint16_t* const c16 = reinterpret_cast<uint16_t*>(c + (size_t)row * N);\n"
-            "          if (col < N) c16[col] = cpk[m][jj * 2 + h] & 0xffffu;\n"
-            "          if (col + 1 < N) c16[col + 1] = cpk[m][jj * 2 + h] >> 16;\n        }\n"
-            "      }\n    }\n  }\n}\n}")
+            "    if (row < M) {\n"
+            "#pragma unroll\n      for (int jj = 0; jj < BN / 8; ++jj)\n"
+            "        store_pair(c, row, n0 + jj * 8 + 2 * (lane & 3), cpk[m][jj * 2 + h], N);\n"
+            "    }\n  }\n}\n}")
+
+
+STORE_PAIR = r"""
+// C[row, col], C[row, col + 1] = the packed pair pk (columns past N skipped; odd N: rows are not 4-byte aligned, the
+// two halves are stored apart)
+template <typename T>
+__device__ __forceinline__ void store_pair(T* c, int row, int col, uint32_t pk, int N) {
+  if (N % 2 == 0) {
+    if (col < N) reinterpret_cast<uint32_t*>(c + (size_t)row * N)[col >> 1] = pk;
+  } else {
+    uint16_t* const c16 = reinterpret_cast<uint16_t*>(c + (size_t)row * N);
+    if (col < N) c16[col] = pk & 0xffffu;
+    if (col + 1 < N) c16[col + 1] = pk >> 16;
+  }
+}
+"""
 
 
 SUM_LOADS = 8  # splits' float4s a reduce thread keeps in flight
@@ -156,8 +166,7 @@ for (int m = 0; m < MT; ++m) {
 }
 __threadfence();  // the partial is visible device-wide before this warp's arrival counts
 __syncwarp();
-if (lane == 0) atomicAdd(cnt + (tmn_ * GROUPS + g) * 4 + w, 1);
-last_ = false;  // the tile's reduce CTAs store it"""
+if (lane == 0) atomicAdd(cnt + (tmn_ * GROUPS + g) * 4 + w, 1);  // the tile's reduce CTAs store it"""
 
 
 def _raster(tile: str) -> str:
@@ -166,6 +175,11 @@ def _raster(tile: str) -> str:
     return (f"  const int per_group = GROUP_M * TN, first_m = ({tile} / per_group) * GROUP_M;\n"
             "  const int gsz = (TM - first_m) < GROUP_M ? (TM - first_m) : GROUP_M;\n"
             f"  const int m0 = (first_m + ({tile} % per_group) % gsz) * BM, n0 = (({tile} % per_group) / gsz) * BN;\n")
+
+
+def _out_tiles(ir: KernelIR) -> int:
+    s = sizes(ir.params, ir.tiling)
+    return s["TM"] * s["TN"]
 
 
 def _rpt(ir: KernelIR) -> int:
@@ -214,15 +228,7 @@ def _entry(ir: KernelIR) -> str:
         "      for (int h = 0; h < 2; ++h) {",
         "        const int r = row + 8 * h;",
         "        if (r >= M) break;",
-        "        const float x = h ? a.z : a.x, y = h ? a.w : a.y;",
-        "        if (N % 2 == 0) {",
-        f"          if (col < N) reinterpret_cast<uint32_t*>(c + (size_t)r * N)[col >> 1] = {PACK2[dt]}(x, y);",
-        "        } else {  // odd N: rows are not 4-byte aligned, store the two halves apart",
-        f"          const uint32_t pk = {PACK2[dt]}(x, y);",
-        "          uint16_t* const c16 = reinterpret_cast<uint16_t*>(c + (size_t)r * N);",
-        "          if (col < N) c16[col] = pk & 0xffffu;",
-        "          if (col + 1 < N) c16[col + 1] = pk >> 16;",
-        "        }",
+        f"        store_pair(c, r, col, {PACK2[dt]}(h ? a.z : a.x, h ? a.w : a.y), N);",
         "      }",
         "    }",
         "    __syncthreads();",
@@ -249,10 +255,10 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
 
 
 def _info(ir: KernelIR) -> dict[str, object]:
-    p, t = ir.params, ir.tiling
+    t = ir.tiling
     out: dict[str, object] = {"trips": _trips(ir), "splits": _splits(ir)}
     if _splits(ir) > 1:  # scratch the runtime zero-fills once (codegen.runtime.workspace_ptrs), bytes
-        tiles = -(-p["M"] // t["BM"]) * -(-p["N"] // t["BN"])
+        tiles = _out_tiles(ir)
         # per tile: a counter per warp of each warpgroup, then its reduce CTAs' counter
         out["workspace"] = {"ws": tiles * _splits(ir) * t["BM"] * t["BN"] * 4,
                             "cnt": tiles * (t["groups"] * 4 + 1) * 4}
@@ -262,8 +268,8 @@ def _info(ir: KernelIR) -> dict[str, object]:
 
 REGISTRY["gemm"] = OpKernel(
     op="gemm", check=_check, consts=_consts,
-    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + (LD_ACQUIRE if _splits(ir) > 1 else ""),
+    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + STORE_PAIR + (LD_ACQUIRE if _splits(ir) > 1
+                                                                                  else ""),
     maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature, tiles=_tiles, decls=_decls, body=_body,
     trips=_trips, min_trips=1, info=_info, sizes=sizes, size_params=SIZE_PARAMS, entry=_entry,
-    extra_ctas=lambda ir: _rpt(ir) * -(-ir.params["M"] // ir.tiling["BM"]) * -(-ir.params["N"] // ir.tiling["BN"])
-    if _splits(ir) > 1 else 0)
+    extra_ctas=lambda ir: _rpt(ir) * _out_tiles(ir) if _splits(ir) > 1 else 0)
