@@ -137,6 +137,9 @@ class KernelIR:
     # ``tc_order`` then pass once per tile (before a warpgroup's first mma of its tile, after its last one is
     # issued), and each ring slot is released by the one warpgroup whose tile it holds
     pingpong: bool = False
+    # load tasks TMA-multicast to every CTA of the thread-block cluster (tiling key ``cluster``): their ring's slots
+    # are freed only when every CTA's consumers released them (each arrives on all the cluster's empty barriers)
+    multicast: tuple[str, ...] = ()
     schema: int = field(default=SCHEMA)
 
     @property
@@ -161,6 +164,8 @@ class KernelIR:
             del d["generic"]  # exact-shape IRs keep their JSON (and so their plan ids and cached cubins)
         if not d["pingpong"]:
             del d["pingpong"]  # so do cooperative ones
+        if not d["multicast"]:
+            del d["multicast"]  # and those without a cluster
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -189,7 +194,8 @@ class KernelIR:
                        smem_bytes=int(d["smem_bytes"]), threads=int(d["threads"]), ctas=int(d["ctas"]),
                        persistent=bool(d["persistent"]), sms=int(d["sms"]), predicted_ii=int(d["predicted_ii"]),
                        trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]),
-                       generic=bool(d.get("generic", False)), pingpong=bool(d.get("pingpong", False)))
+                       generic=bool(d.get("generic", False)), pingpong=bool(d.get("pingpong", False)),
+                       multicast=tuple(str(t) for t in d.get("multicast", ())))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             if isinstance(e, SchemaError):
                 raise

@@ -357,7 +357,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         smem_bytes=lay.total, threads=128 * (W + 1), ctas=ctas, persistent=bool(pers), sms=hwt.sms,
         predicted_ii=int(plan.ii), trips=g.trip_count,
         model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
-        profile=profile, generic=generic)
+        profile=profile, generic=generic, multicast=tuple(sorted(t.name for t in g.tasks if t.multicast > 1)))
     if pingpong_of(g.tiling):
         kg = kernel_groups(W, g.tiling)
         return pingpong(ir, kg, tgt.consumer_regs(kg, ctas) if prod_regs else 0, turns)

@@ -169,7 +169,8 @@ class Loaded:
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count")
         g = self.ks.grid
         self.sms = int(sms)
-        self.grid = (min(self.ks.persistent_tiles, int(sms)), g[1], g[2]) if self.ks.persistent_tiles else g
+        cl = self.ks.cluster  # a persistent grid in whole clusters (the kernel pairs its tiles so)
+        self.grid = (min(self.ks.persistent_tiles, int(sms)) // cl * cl, g[1], g[2]) if self.ks.persistent_tiles else g
         self.module = _check(driver.cuModuleLoadData(comp.cubin), "cuModuleLoadData")
         self.func = _check(driver.cuModuleGetFunction(self.module, self.ks.name.encode()), "cuModuleGetFunction")
         _check(driver.cuFuncSetAttribute(

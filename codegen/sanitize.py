@@ -11,7 +11,8 @@ the hand FA3-order plan with ping-pong turns and the CP-SAT schedule of FA3 from
 its full turn order; split-KV attention (flash_decode) with its merge CTAs; Mamba2 ChunkScan and ChunkState,
 batch 1, 2 heads, seq 300, with the CP-SAT schedules of CS3 / ST3, with co-resident CTAs and with one CTA per SM;
 and the CP-SAT first choices of FA3c, GEMM1, CS3 and ST3 in results/study_h200, the release-point model's; a
-split-K GEMM; ping-pong GEMMs with two to three tiles per CTA, so both warpgroups and their per-tile turns run;
+split-K GEMM; ping-pong GEMMs with two to three tiles per CTA, so both warpgroups and their per-tile turns run; a
+2-CTA cluster GEMM that multicasts B;
 ptsolve.torch's shape-generic attention, GEMM and Mamba2 chunk kernels) and is checked against a float32 / float64
 reference, so a clean sanitizer run is also a correct one.
 ``python3 -m codegen.sanitize <word>`` runs only the cases whose label contains ``<word>`` (e.g. ``ping-pong``).
@@ -49,6 +50,9 @@ def cases() -> list[tuple[str, Any]]:
                {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}):
         sh = GEMM_SMALL | ({"M": 1000, "N": 1064} if tp["BM"] == 64 else {"M": 2000, "N": 2250, "K": 136})
         out.append((f"ping-pong {tp['BM']}x{tp['BN']}", default_plan("gemm", sh, tp)))
+    # a 2-CTA cluster multicasting B: 5 M tiles (an empty partner), ping-pong over 2-3 tiles per CTA
+    tc = {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1, "pingpong": 1, "cluster": 2}
+    out.append(("cluster 64x64", default_plan("gemm", GEMM_SMALL | {"M": 300, "N": 4000}, tc)))
 
     # split-KV attention: pieces counted done, merge CTAs that wait for them (MQA over two warpgroups; causal GQA
     # with tiles of different piece counts)

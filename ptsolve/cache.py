@@ -2,7 +2,9 @@
 
 Key: sha256 of the operator or graph JSON, the hardware table, the solver settings, the cost model's
 grain, the ptsolve version and a fingerprint of ptsolve's own source (so a changed builder, cost model or
-policy never serves a stale schedule). Location: ``$PTSOLVE_CACHE_DIR/schedules.sqlite`` (default
+policy never serves a stale schedule). A deterministic search's settings include its time limit (ptsolve.optimize):
+its result is what that budget returns, so ``get``'s serving of a wall-clock result to a smaller limit (or of a
+proven one to any) does not apply to it. Location: ``$PTSOLVE_CACHE_DIR/schedules.sqlite`` (default
 ``~/.cache/ptsolve``). ``PTSOLVE_CACHE=0`` turns it off.
 
 Every row carries the cache's schema version and the sha256 of its result: a row that fails either, or does not

@@ -28,6 +28,11 @@ OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attent
        "decode": "flash_decode", "flash_decode": "flash_decode",
        "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
        "chunk_state": "mamba2_chunk_state", "mamba2_chunk_state": "mamba2_chunk_state"}
+DETERMINISTIC_HELP = ("reproducible search: the same schedule, status and bound under any machine load, --jobs "
+                      "and --executor. --time-limit is then CP-SAT deterministic time, not seconds (its unit is "
+                      "nominally a second of one core; it took 3-4 s on a 2-core test machine), for the whole "
+                      "search, split evenly over the tilings that fit, with no wall-clock deadline. Solvers cpsat, "
+                      "cpsat-orders, greedy, exhaustive (milp: an error)")
 LEGEND = """notation: one line per phase (pre = prologue, once; loop = steady state, one iteration every ii
   cycles; post = epilogue, once after the last iteration) and warp role (producer = the TMA warp, wgN =
   consumer warpgroup N), tasks in issue order. task[sK]@C: the task starts at cycle C (loop tasks: in
@@ -216,9 +221,10 @@ def cmd_tune(a: argparse.Namespace) -> int:
     op = ops.make(OPS[a.op], **parse_params(a.params))
     hw = load(a.hw)
     if a.prepare:
-        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit, per=a.per)
+        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit, per=a.per, deterministic=a.deterministic)
         doc = {"hw": hw.name, "op": op.op, "params": op.params, "top_k": a.top_k, "solver": a.solver,
                "time_limit": a.time_limit, "rejected": rejected, **({"per": a.per} if a.per else {}),
+               **({"deterministic": True} if a.deterministic else {}),
                "candidates": [{"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us,
                                "check": c.check.status, "program": c.result.program.to_json(),
                                "result": c.result.to_json()} for c in cands]}
@@ -233,7 +239,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         print(r)
         print("cached: `ptsolve tune` of this shape now returns it without timing")
         return 0
-    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit, per=a.per))
+    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit, per=a.per, deterministic=a.deterministic))
     return 0
 
 
@@ -257,7 +263,7 @@ def cmd_optimize(a: argparse.Namespace) -> int:
                    placement=a.placement, executor=a.executor, jobs=a.jobs, decoupled=a.decoupled,
                    fix=parse_params(a.fix) if a.fix else None,
                    progress=(lambda s: print(s, file=sys.stderr)) if a.verbose else None,
-                   compile_check=False if a.no_compile_check else None)
+                   compile_check=False if a.no_compile_check else None, deterministic=a.deterministic)
     print(res)
     for f in res.features:
         print("  " + f)
@@ -280,6 +286,7 @@ def cmd_optimize(a: argparse.Namespace) -> int:
 def cmd_compare(a: argparse.Namespace) -> int:
     from . import optimize
     from .cache import code_fingerprint
+    from .search import check_deterministic
     from .simulate import claimed_cycles, simulate
     from .suites import SUITES, operator
 
@@ -294,11 +301,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if not cfgs:
         raise PtsolveError(f"--only {a.only!r} matches no configuration of suite {a.suite!r}; its names are "
                            f"{', '.join(c['name'] for c in every[:6])}, ... (prefixes match, e.g. --only FA1,GEMM)")
+    for s in solvers:  # before the first configuration is solved
+        check_deterministic(s, "even", a.deterministic)
     out = out_dir(a)
     stem = out / f"compare_{_safe(hw.name)}"
     part = Path(str(stem) + ".partial.json")
     sig = hashlib.sha256(json.dumps([a.suite, hw.to_dict(), solvers, a.time_limit, a.decoupled,
-                                     [c["name"] for c in cfgs], code_fingerprint()], sort_keys=True,
+                                     [c["name"] for c in cfgs], code_fingerprint(),
+                                     *(["deterministic"] if a.deterministic else [])], sort_keys=True,
                                     default=str).encode()).hexdigest()
     done: dict[str, dict[str, Any]] = {}
     if part.exists():
@@ -325,7 +335,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
             if hasattr(it, "set_postfix_str"):
                 it.set_postfix_str(f"{c['name']} {s}")
             r = optimize(op, hw=hw, solver=s, time_limit=a.time_limit, cache=not a.no_cache, jobs=a.jobs,
-                         compile_check=a.compile_check)
+                         compile_check=a.compile_check, deterministic=a.deterministic)
             tl = simulate(r.program, hw)
             if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
                 raise PtsolveError(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy "
@@ -338,7 +348,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
                 row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
         if a.decoupled:
             r = optimize(op, hw=hw, solver="cpsat", time_limit=a.time_limit, cache=not a.no_cache, decoupled=True,
-                         compile_check=a.compile_check)
+                         compile_check=a.compile_check, deterministic=a.deterministic)
             row |= {"decoupled_us": round(r.predicted_us, 3), "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
         if "greedy" in solvers:
             for s in solvers:
@@ -423,7 +433,8 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
     speed = exact if "greedy" in solvers else []
     lines = [f"# Greedy vs exact schedules, {a.suite} suite on {hw_name or a.hw} (predicted by the ptsolve cost model)",
              "", f"- command: `{prov['command']}`", f"- date: {prov['date']}", f"- commit: {prov['commit']}",
-             f"- machine: {prov['machine']}", f"- time limit per configuration and solver: {a.time_limit} s", "",
+             f"- machine: {prov['machine']}", f"- time limit per configuration and solver: {a.time_limit} s"
+             + (" of CP-SAT deterministic time (--deterministic)" if getattr(a, "deterministic", False) else ""), "",
              "Latencies are the cost model's predictions (µs), not GPU measurements; `simulate()` replayed every "
              "schedule and reproduced its claimed latency. Speedup = greedy latency / exact latency. Status: OPTIMAL "
              "= proven (gap 0), TIME_LIMIT = stopped by the time limit with the gap shown, FEASIBLE = no proof. "
@@ -574,6 +585,8 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")
         q.add_argument("--out", default=None, metavar="DIR",
                        help="output folder (default: $PTSOLVE_OUT_DIR or ~/ptsolve-out)")
+    for q in (o, c):
+        q.add_argument("--deterministic", action="store_true", help=DETERMINISTIC_HELP)
     o.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
     o.add_argument("--placement", default="even", choices=PLACEMENTS,
                    help="CTAs over SMs: the paper's even split, the GPU's block scheduler (dynamic: launch order, "
@@ -624,6 +637,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"policy, or several comma-separated (each tiling's distinct orders): "
                     f"{', '.join(SOLVER_NAMES)}")
     tu.add_argument("--time-limit", type=_seconds, default=30.0, help="seconds per tiling's search")
+    tu.add_argument("--deterministic", action="store_true",
+                    help="reproducible candidates: --time-limit is then CP-SAT deterministic time per tiling, not "
+                         "seconds (optimize --deterministic); the timing on the GPU is what it measures")
     tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
                     "(python3 -m codegen.tune FILE --out TIMED)")
     tu.add_argument("--finish", metavar="TIMED", help="read the GPU's times (codegen.tune output), report the best")

@@ -66,7 +66,9 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
 
     occ = max(DRAM bytes / DRAM share, bytes / L2 share), where DRAM bytes = bytes / reuse (the other
     ``reuse - 1`` readers of the tile hit in L2), DRAM share = hbm_bytes_per_s / clock / SMs [B/clk/SM]
-    and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share.
+    and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share. A TMA multicast
+    (``STask.multicast``) is charged the same: each SM still receives the whole tile, and its share of L2 -> SM
+    bandwidth is what bounds it (clusters sharing B by multicast measured no faster, results/gemm_skinny).
     """
     dram = nbytes / max(reuse, 1.0)
     return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / hw.l2_bytes_per_clk)))

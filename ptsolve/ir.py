@@ -45,6 +45,8 @@ class STask:
     bytes: bytes moved between global memory and the SM (load/store).
     sfu: special-function operations (exp2) on the MUFU units.
     reuse: how many CTAs read the same global tile (L2 reuse; 1 = no reuse).
+    multicast: CTAs of a cluster that receive this load's tile from one L2 read (TMA multicast; 1 = none): each
+    issues 1/multicast of the tile and receives all of it, so ``bytes`` stays what lands in its shared memory.
     group: consumer warpgroup that issues the task, or -1 for the producer / shared work.
     allocs / reads / frees: buffer names; a buffer is allocated by exactly one task.
     """
@@ -63,6 +65,7 @@ class STask:
     allocs: tuple[Buffer, ...] = ()
     reads: tuple[str, ...] = ()
     frees: tuple[str, ...] = ()
+    multicast: int = 1
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -220,7 +223,11 @@ class STaskGraph:
 
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for t in d["tasks"]:  # the graphs written before multicast existed read back, and hash, the same
+            if t["multicast"] == 1:
+                del t["multicast"]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -231,7 +238,8 @@ class STaskGraph:
         try:
             seq = {"tile": tuple, "reads": tuple, "frees": tuple,
                    "allocs": lambda bs: tuple(_build(Buffer, b) for b in bs)}
-            tasks = tuple(_build(STask, {k: seq[k](v) if k in seq else v for k, v in t.items()}) for t in d["tasks"])
+            tasks = tuple(_build(STask, {"multicast": 1} | {k: seq[k](v) if k in seq else v for k, v in t.items()})
+                          for t in d["tasks"])  # to_dict leaves multicast out where it is 1
             edges = tuple(_build(Edge, e) for e in d["edges"])
             return cls(name=d["name"], op=d["op"], params=dict(d["params"]), tiling=dict(d["tiling"]),
                        tasks=tasks, edges=edges, row=tuple(int(n) for n in d["row"]), rows=int(d["rows"]),
@@ -289,6 +297,9 @@ def _check_task(t: STask) -> None:
             raise GraphError(f"task {t.name!r}: {k}={v!r} must be an integer >= 0")
     if isinstance(t.reuse, bool) or not isinstance(t.reuse, (int, float)) or not math.isfinite(t.reuse) or t.reuse < 1:
         raise GraphError(f"task {t.name!r}: reuse={t.reuse!r} must be a number >= 1 (CTAs reading the same tile)")
+    if not _count(t.multicast) or t.multicast < 1 or (t.multicast > 1 and t.kind != "load"):
+        raise GraphError(f"task {t.name!r}: multicast={t.multicast!r} must be an integer >= 1, and > 1 only for a "
+                         "load (a TMA multicast to the CTAs of a cluster)")
     if not all(_count(x) and x > 0 for x in t.tile):
         raise GraphError(f"task {t.name!r}: tile={t.tile!r} must be positive integers")
     if t.dtype not in DTYPE_BYTES:

@@ -21,7 +21,8 @@ from .validate import register_excess
 def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
              jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
-             progress: Callable[[str], None] | None = None, compile_check: bool | None = None) -> Result:
+             progress: Callable[[str], None] | None = None, compile_check: bool | None = None,
+             deterministic: bool = False) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
     "exhaustive"). ``time_limit``: seconds for the whole search; a time-limited search returns its best
@@ -33,10 +34,12 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     search goes on with the others (the first rejected tiling of an operator with declared issue orders stays in
     with the best schedule of those orders if that one compiles: _compiler_in_the_loop); ``kernel_check`` and
     ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is installed); None:
-    on unless ``PTSOLVE_COMPILE_CHECK=0``. Every argument is checked (ptsolve.checks) before the cache is looked at."""
+    on unless ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a reproducible search, ``time_limit`` then a budget of
+    CP-SAT deterministic time, not seconds (ptsolve.search.search; cpsat, cpsat-orders, greedy, exhaustive only).
+    Every argument is checked (ptsolve.checks) before the cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
-    check_args(hw, solver, time_limit, placement, executor, jobs, fix)
+    check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
     if compile_check is None:
         compile_check = compile_check_default()
     if not isinstance(cache, bool) or not isinstance(decoupled, bool) or not isinstance(compile_check, bool):
@@ -45,23 +48,27 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     hwt = load(hw)
     chk = checker(hwt) if compile_check else None
     from . import __version__
-    # the executor and job count are not in the key: ties are broken the same way by all of them (search.answer_key)
+    # the executor and job count are not in the key: ties are broken the same way by all of them (search.answer_key).
+    # A deterministic result is keyed apart, with its budget: served for a smaller or larger time_limit (as a
+    # wall-clock one is, cache.get) it would not be what that search returns
     k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, check_grain(), __version__,
-                      f"compile_check={chk is not None}", *(sorted(fix.items()) if fix else ()))
+                      f"compile_check={chk is not None}", *(sorted(fix.items()) if fix else ()),
+                      *((f"deterministic={float(time_limit)!r}",) if deterministic else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
         if hit is not None:
             return replace(hit, cached=True)
     admit = None if chk is None else (lambda p: _refusal(chk(p, hwt)))
     res = search(op, hwt, solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
-                 decoupled=decoupled, fix=fix, progress=progress, admit=admit)
+                 decoupled=decoupled, fix=fix, progress=progress, admit=admit, deterministic=deterministic)
     if compile_check and chk is None:
         res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
                                                     f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
     if chk is not None:
         res = _compiler_in_the_loop(op, hwt, res, chk, dict(solver=solver, time_limit=time_limit, placement=placement,
                                                             executor=executor, jobs=jobs, decoupled=decoupled,
-                                                            fix=fix, progress=progress, admit=admit))
+                                                            fix=fix, progress=progress, admit=admit,
+                                                            deterministic=deterministic))
     if cache:
         cache_mod.put(k, time_limit, res)
     return res

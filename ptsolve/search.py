@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
@@ -69,43 +69,50 @@ def replays(p: SProgram, hw: Hardware) -> bool:
 
 
 def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None, ii_max: int | None,
-              workers: int = 1) -> tuple[SProgram | None, dict[str, Any]]:
-    """Run one policy on one tiling's problem."""
+              workers: int = 1, det_time: float | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+    """Run one policy on one tiling's problem; ``det_time`` (CP-SAT deterministic time) instead of ``time_limit``
+    seconds makes the solve reproducible (solvers in DETERMINISTIC only)."""
     if solver == "greedy":
         return greedy_mod.solve(P)
     if solver == "cpsat":
         from .policies import cpsat
-        return cpsat.solve(P, time_limit=time_limit, num_workers=workers, hint=hint, ii_max=ii_max)
+        return cpsat.solve(P, time_limit=time_limit, num_workers=workers, hint=hint, ii_max=ii_max, det_time=det_time)
     if solver.startswith("milp"):
         from .policies import milp
         backend = solver.split("-", 1)[1] if "-" in solver else "highs"
         return milp.solve(P, time_limit=time_limit, backend=backend, hint=hint, ii_max=ii_max)
     if solver == "exhaustive":
         from .policies import exhaustive
-        return exhaustive.solve(P, time_limit=time_limit)
+        # its node cap (exhaustive.MAX_NODES) is a deterministic budget; the wall clock only decides whether it gives up
+        return exhaustive.solve(P, time_limit=None if det_time is not None else time_limit)
     if solver == "cpsat-orders":
         from .policies import orders
-        return orders.solve(P, time_limit=time_limit, num_workers=workers)
+        return orders.solve(P, time_limit=time_limit, num_workers=workers, det_time=det_time)
     raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS} (milp-highs, milp-cbc pick the backend)")
 
 
 def _worker(graph_json: str, hw: Hardware, solver: str, time_limit: float, placement: str,
-            hint_json: str | None, ii_max: int | None, registers: bool = True) -> tuple[str | None, dict[str, Any]]:
+            hint_json: str | None, ii_max: int | None, registers: bool = True,
+            det_time: float | None = None) -> tuple[str | None, dict[str, Any]]:
     P = build(STaskGraph.from_json(graph_json), hw, placement, registers=registers)
     hint = SProgram.from_json(hint_json) if hint_json else None
-    prog, st = solve_one(P, solver, time_limit, hint, ii_max)
+    prog, st = solve_one(P, solver, time_limit, hint, ii_max, **({} if det_time is None else {"det_time": det_time}))
     return (prog.to_json() if prog else None), st
 
 
-def _fixed(op: Operator, fix: dict[str, int] | None) -> list[dict[str, int]]:
-    tilings = op.tilings()
+def _fixed(op: Operator, fix: dict[str, int] | None, keep: Sequence[str] = ()) -> list[dict[str, int]]:
+    """``op``'s tilings with the values ``fix`` names; an opt-in key (OpSpec.opt_in) keeps its default unless ``fix``
+    or ``keep`` names it."""
+    opt = op.spec.optional
+    shut = [k for k in op.spec.opt_in if k not in (fix or {}) and k not in keep]
+    tilings = [t for t in op.tilings() if all(t.get(k, opt[k]) == opt[k] for k in shut)]
     if not fix:
         return tilings
     keys = sorted(set().union(*tilings, op.spec.optional))
     unknown = sorted(set(fix) - set(keys))
     if unknown:
         raise PtsolveError(f"fix: {op.op} tilings have no key(s) {unknown}; they have {keys}")
-    opt = op.spec.optional  # a tiling without an optional key has its default; without a flag (persistent), 0
+    # a tiling without an optional key has its default; without a flag (persistent), 0
     out = [t for t in tilings if all(t.get(k, opt.get(k, 0)) == v for k, v in fix.items())]
     if not out:
         raise PtsolveError(f"fix {fix}: no tiling of {op.describe()} has these values; "
@@ -118,7 +125,33 @@ def check_solver(solver: str) -> None:
     checks.solver(solver)
 
 
-def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: Any, jobs: Any, fix: Any) -> None:
+# policies that can run reproducibly (search's ``deterministic``): greedy and exhaustive have no time-dependent step
+# (exhaustive's cap counts nodes), CP-SAT takes a deterministic time limit (policies.cpsat.cp_solver). HiGHS and CBC
+# stop on the wall clock only: HiGHS 1.16's node and iteration limits leave its root node (presolve, cuts,
+# heuristics) unbounded, and CBC has no deterministic limit either.
+DETERMINISTIC = ("greedy", "cpsat", "cpsat-orders", "exhaustive")
+
+
+def check_deterministic(solver: str, placement: str, deterministic: Any) -> None:
+    """Refuse ``deterministic`` that is not a bool, and a deterministic search that cannot be one: a MILP back-end
+    (wall-clock limits only) or the ``exact`` placement (ptsolve.placement.exact_loads: CP-SAT under a wall-clock
+    limit on every program's kernel time)."""
+    if not isinstance(deterministic, bool):
+        raise PtsolveError(f"deterministic must be True or False, got {deterministic!r}")
+    if not deterministic:
+        return
+    if checks.solver(solver) not in DETERMINISTIC:
+        raise SolverError(f"solver {solver!r} cannot run deterministically: HiGHS and CBC stop on a wall-clock time "
+                          f"limit only; use solver 'cpsat' (or greedy, cpsat-orders, exhaustive) with "
+                          "deterministic=True / --deterministic, or drop deterministic for a MILP")
+    if placement == "exact":
+        raise SolverError("placement 'exact' cannot run deterministically: it places the CTAs with CP-SAT under a "
+                          "wall-clock limit (ptsolve.placement.exact_loads); use placement 'even', 'lpt' or 'dynamic' "
+                          "with deterministic=True / --deterministic")
+
+
+def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: Any, jobs: Any, fix: Any,
+               deterministic: Any = False) -> None:
     """Every argument of search() / optimize() checked before any cache lookup or solve (ptsolve.checks)."""
     checks.solver(solver)
     checks.time_limit(time_limit)
@@ -127,6 +160,7 @@ def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: 
     checks.jobs(jobs)
     checks.fix(fix)
     checks.hw_spec(hw)
+    check_deterministic(solver, placement, deterministic)
     check_grain()
 
 
@@ -134,7 +168,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
            exclude: tuple[dict[str, int], ...] = (),
-           admit: Callable[[SProgram], str | None] | None = None) -> Result:
+           admit: Callable[[SProgram], str | None] | None = None, deterministic: bool = False) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
     bounds the whole search; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings (those
     whose kernels the compiler rejected, ptsolve.optimize). A graph instead of an operator is scheduled as it is.
@@ -142,10 +176,19 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     too when it could beat the tilings that fit (its bound is not above their best greedy schedule) and ``admit``
     of its greedy schedule says None (ptxas builds the kernel without spilling; else why not).
 
+    ``deterministic``: a reproducible search, the same Result program, status and bound on any machine load and with
+    any ``executor`` and ``jobs``. ``time_limit`` is then not wall-clock: the search spends at most ``time_limit``
+    seconds of CP-SAT deterministic time (policies.cpsat.SEARCH_DET_PER_S per second; CP-SAT's unit, about a second
+    of one core, 3-4 s on the reference machine), an equal share per tiling that fits (policies.cpsat.det_budget),
+    each solve on one CP-SAT worker with a fixed seed and no wall-clock limit; no deadline cuts the tilings short.
+    For policies greedy, cpsat, cpsat-orders and exhaustive; a MILP back-end (wall-clock limits only) or placement
+    ``exact`` is a SolverError. ``solved`` and ``solve_s`` still vary: a serial search prunes more.
+
     Status: OPTIMAL when the best program's kernel time meets the least bound over all tilings; TIME_LIMIT
-    when the time limit stopped a solve or left tilings unsolved; FEASIBLE otherwise (greedy, which proves
-    nothing, or an exact back-end whose proof did not survive re-checking)."""
-    check_args(hw, solver, time_limit, placement, executor, jobs, fix)
+    when the time limit (or deterministic budget) stopped a solve, or left tilings unsolved, whose bound is below
+    the answer; FEASIBLE otherwise (greedy, which proves nothing, or an exact back-end whose proof did not survive
+    re-checking)."""
+    check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
     hw = load(hw)
     t0 = time.perf_counter()
     say = progress or (lambda s: None)
@@ -202,8 +245,16 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     solved = len(cands)
     timed_out = False
     if solver != "greedy":
-        bounds, solved = [], 0
-        deadline = t0 + time_limit
+        solved = 0
+        own: dict[tuple, int] = {}  # per tiling: the bound its solve proved, or its bound when pruned or unreached
+        limited: set[tuple] = set()  # tilings the time limit stopped or left unsolved
+        # deterministic: no deadline, and a per-tiling budget fixed before any solve (solve_one, det_time); solves
+        # run with one CP-SAT worker each (solve_one's default): the pool runs ``jobs`` of them at once
+        deadline = math.inf if deterministic else t0 + time_limit
+        det = None
+        if deterministic:
+            from .policies.cpsat import det_budget
+            det = det_budget(time_limit, len(cands))
         jobs = max(1, jobs or os.cpu_count() or 1)
         # a deeper ring only removes constraints, so a tiling's optimum bounds every shallower twin from below;
         # solve the deepest first and let its optimum prune the rest
@@ -224,12 +275,12 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     # search, which prunes more, and a parallel one then return the same program
                     k = c[2].tie
                     if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, inc_key):
-                        bounds.append(lbs[k])
+                        own[k] = lbs[k]
                         continue
-                    left = max(0.2, deadline - time.perf_counter())
+                    left = time_limit if deterministic else max(0.2, deadline - time.perf_counter())
                     # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
                     args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None,
-                            k not in compiled)
+                            k not in compiled, *(() if det is None else (det,)))
                     running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
                 if not running:
                     break
@@ -241,7 +292,6 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     prog = SProgram.from_json(pj) if pj else None
                     obj, lat = claimed(prog, hw) if prog else (None, None)
                     status = st["status"]
-                    timed_out |= status == "TIME_LIMIT"
                     if status == "OPTIMAL" and (st.get("objective") != obj or not replays(prog, hw)):
                         # the optimum is of the model's number; if the replay disagrees, nothing is proven
                         say(f"tiling {c[1]}: {solver}'s optimum {st.get('objective')} cycles is not what the "
@@ -255,7 +305,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                     b = (obj if status == "OPTIMAL" and obj is not None else
                          inc_obj if status == "INFEASIBLE" else
                          max(c[0], st.get("bound") or 0) if status == "TIME_LIMIT" else c[0])
-                    bounds.append(b)
+                    own[c[2].tie] = b
+                    if status == "TIME_LIMIT":
+                        limited.add(c[2].tie)
                     for o in todo:
                         if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
                             lbs[o[2].tie] = max(lbs[o[2].tie], b)
@@ -268,15 +320,20 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
-        timed_out |= bool(todo)  # tilings the deadline left unsolved
-        bounds += [lbs[c[2].tie] for c in todo]  # pruned (bound >= incumbent) or not reached before the deadline
+        for c in todo:  # not reached before the deadline
+            own[c[2].tie] = lbs[c[2].tie]
+            limited.add(c[2].tie)
+        bounds, timed_out = _settle([(c[1], c[2].tie) for c in cands], own, limited, inc_obj)
     if inc_obj == math.inf:
-        raise InfeasibleError(f"{solver} found no schedule of {what} within {time_limit:.0f} s")
+        raise InfeasibleError(f"{solver} found no schedule of {what} within {time_limit:g} s"
+                              + (" of CP-SAT deterministic time" if deterministic else "") + "; raise time_limit")
     bound = min([*bounds, inc_obj])
     status = ("FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else
               "TIME_LIMIT" if timed_out else "FEASIBLE")
     if solver == "cpsat" and status == "OPTIMAL":
         inc_prog = _polish(inc_prog, [c[2] for c in cands], hw, say)
+    if not isinstance(op, STaskGraph) and "depth" not in (fix or {}):  # a given graph or depth is the caller's
+        inc_prog = _deepen(inc_prog, hw, say, exclude)
     inc_prog = _relabel(inc_prog, solver, status)
     us = hw.cycles_to_us(inc_obj) + hw.launch_us
     return Result(program=inc_prog, solver=solver, status=status, objective=inc_obj, bound=bound,
@@ -299,6 +356,24 @@ def _polish(prog: SProgram, problems: list[Problem], hw: Hardware, say: Callable
     if claimed(new, hw) != claimed(prog, hw) or not replays(new, hw) or worse:
         say(f"polish of {prog.graph.tiling} kept the solver's schedule (the polished one did not replay the same)")
         return prog
+    return new
+
+
+def _deepen(prog: SProgram, hw: Hardware, say: Callable[[str], None], exclude: Sequence[dict[str, int]]) -> SProgram:
+    """The winner with a deeper ring where its operator's table asks for one (policies.model.deepen), none of the
+    ``exclude``d tilings: the same schedule and objective, so the answer and its proof stand; kept only if it
+    replays to them."""
+    from .policies.model import deepen
+
+    new = deepen(prog, hw, exclude)
+    if new is prog:
+        return prog
+    if claimed(new, hw) != claimed(prog, hw) or not replays(new, hw) or check_valid(new, hw).violations:
+        say(f"ring depth {new.graph.tiling['depth']} of {prog.graph.tiling} did not replay the same; kept "
+            f"{prog.graph.tiling['depth']}")
+        return prog
+    say(f"ring deepened {prog.graph.tiling['depth']} -> {new.graph.tiling['depth']} (same schedule; the table's "
+        "deep_ring_max)")
     return new
 
 
@@ -329,6 +404,21 @@ def answer_key(p: SProgram, hw: Hardware) -> tuple:
     """How answers rank, best first: kernel cycles, then the busiest slot's latency, then the tiling's tie key
     (policies.model.tie_key). The order search keeps its incumbent by; optimize and tune rank Results by it too."""
     return (*claimed(p, hw), tiling_tie(p.graph, hw))
+
+
+def _settle(tilings: list[tuple[dict[str, int], tuple]], own: dict[tuple, int], limited: set[tuple],
+            inc: float) -> tuple[list[int], bool]:
+    """(each tiling's bound, whether the time limit is why ``inc`` is unproven) once the solves are done.
+    ``tilings``: (tiling, tie key); ``own``: per tie key, the bound its solve proved, or its bound when pruned or
+    unreached; ``limited``: the tie keys the time limit stopped or left unsolved. A tiling's bound is the largest of
+    its own and its deeper twins' (a deeper ring's bound bounds the shallower one too, solved, pruned or unreached),
+    and the time limit counts only where a stopped tiling's bound is below ``inc``. Taken over all tilings at the end,
+    not as solves finish, so that a serial search (which prunes more) and a parallel one (which solves more, in any
+    order) agree on every bound below the answer, hence on the search's bound and status: a tiling one prunes and
+    the other solves either has its own bound >= ``inc`` or inherits one from a deeper twin."""
+    bounds = [max([own[k]] + [own[j] for u, j in tilings if _twin(u, t) and u.get("depth", 0) > t.get("depth", 0)])
+              for t, k in tilings]
+    return bounds, any(b < inc and k in limited for b, (_, k) in zip(bounds, tilings))
 
 
 def _twin(a: dict[str, int], b: dict[str, int]) -> bool:

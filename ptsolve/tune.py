@@ -54,25 +54,27 @@ def order_key(p: Any) -> tuple:
 
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
                check: bool = True, progress: Callable[[str], None] | None = None,
-               fix: dict[str, int] | None = None, per: Sequence[str] = ()) -> tuple[list[Candidate],
-                                                                              list[tuple[dict, str]]]:
+               fix: dict[str, int] | None = None, per: Sequence[str] = (),
+               deterministic: bool = False) -> tuple[list[Candidate], list[tuple[dict, str]]]:
     """The ``k`` best distinct compile-clean schedules of ``op`` (best predicted first) and the tilings the
     compiler rejected on the way, with why. ``solver``: one policy, or several comma-separated (each tiling then
     gives one schedule per distinct order, ``order_key``). ``check`` False (or no checker for ``hw.arch``) keeps
     every schedule, marked "not compile-checked". ``fix``: only the tilings with these values (as ``optimize``'s).
     ``per``: tiling keys that pick a kernel structure (GEMM: ``pingpong``): the ``k`` best of every combination of
-    their values, ranked together by prediction, so a structure the model ranks below another still gets timed."""
-    from .search import _fixed, answer_key, lower_bound
+    their values, ranked together by prediction, so a structure the model ranks below another still gets timed.
+    ``deterministic``: reproducible solves (ptsolve.optimize's), ``time_limit`` CP-SAT deterministic time per tiling."""
+    from .search import _fixed, answer_key, check_deterministic, lower_bound
 
     if per:
         opt = op.spec.optional
-        combos = sorted({tuple(t.get(x, opt.get(x)) for x in per) for t in _fixed(op, fix)},
+        combos = sorted({tuple(t.get(x, opt.get(x)) for x in per) for t in _fixed(op, fix, per)},
                         key=lambda v: tuple(-1 if x is None else x for x in v))
         got: list[Candidate] = []
         rej: list[tuple[dict, str]] = []
         for v in combos:
             try:
-                cs, rs = candidates(op, hw, k, solver, time_limit, check, progress, (fix or {}) | dict(zip(per, v)))
+                cs, rs = candidates(op, hw, k, solver, time_limit, check, progress, (fix or {}) | dict(zip(per, v)),
+                                    deterministic=deterministic)
             except InfeasibleError:
                 continue  # no tiling of this structure fits
             got += cs
@@ -85,6 +87,8 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
     if not all(solvers):
         raise PtsolveError(f"tune: solver {solver!r} names an empty policy; give e.g. cpsat or cpsat,greedy")
+    for pol in solvers:  # before any solve: a MILP among the policies refuses deterministic
+        check_deterministic(pol, "even", deterministic)
 
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise PtsolveError(f"top_k must be a positive integer, got {k!r}")
@@ -108,7 +112,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             break
         seen: set[tuple] = set()
         for pol in solvers:
-            r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check)
+            r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check, deterministic=deterministic)
             c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
             if c.status in ("rejected", "unsupported"):
                 rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
@@ -126,10 +130,13 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
 
 
-def key(op: Operator, hw: Hardware, top_k: int, solver: str, per: Sequence[str] = ()) -> str:
-    """The schedule-cache key of a measured selection (the measured best depends on the table's device)."""
+def key(op: Operator, hw: Hardware, top_k: int, solver: str, per: Sequence[str] = (),
+        deterministic: float | None = None) -> str:
+    """The schedule-cache key of a measured selection (the measured best depends on the table's device);
+    ``deterministic``: the time limit of deterministic candidate solves (their candidates are keyed apart)."""
     from . import cache
-    return cache.key("tune", op.to_json(), hw.to_dict(), top_k, solver, *((tuple(per),) if per else ()))
+    return cache.key("tune", op.to_json(), hw.to_dict(), top_k, solver, *((tuple(per),) if per else ()),
+                     *((f"deterministic={float(deterministic)!r}",) if deterministic is not None else ()))
 
 
 def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
@@ -149,20 +156,22 @@ def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
 
 def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
          solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
-         cache: bool = True, per: Sequence[str] = ()) -> Result:
+         cache: bool = True, per: Sequence[str] = (), deterministic: bool = False) -> Result:
     """The measured best of the model's ``top_k`` best compile-clean schedules. ``runner(programs, hw)`` returns
     their kernel times in µs (default: the code generator's, codegen.tune.runner, which needs a GPU). The Result
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
     time; the model's own first choice is candidate 0. A measured selection of the same shape, table, K and
-    policy already in the schedule cache is returned without timing anything (``cache`` False times again)."""
+    policy already in the schedule cache is returned without timing anything (``cache`` False times again).
+    ``deterministic``: the candidates are solved reproducibly (``candidates``); the timing is the GPU's."""
     from . import cache as store
 
     hw = load(hw)
-    k = key(op, hw, top_k, solver, per)
+    k = key(op, hw, top_k, solver, per, time_limit if deterministic else None)
     if cache and (hit := store.get(k, time_limit)) is not None and hit.measured_us is not None:
         return hit
     t0 = time.perf_counter()
-    cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress, per=per)
+    cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress, per=per,
+                                 deterministic=deterministic)
     if runner is None:
         runner = find_runner(hw)
         if runner is None:
@@ -189,5 +198,6 @@ def finish(op: Operator, hw: str | Hardware, doc: dict[str, Any]) -> Result:
     cands = [Result.from_json(c["result"]) for c in doc["candidates"]]
     r = choose(cands, doc["measured_us"], [c["check"] for c in doc["candidates"]],
                [(t, why) for t, why in doc.get("rejected", [])], 0.0)
-    store.put(key(op, hw, doc["top_k"], doc["solver"], doc.get("per", ())), doc["time_limit"], r)
+    store.put(key(op, hw, doc["top_k"], doc["solver"], doc.get("per", ()),
+                  doc["time_limit"] if doc.get("deterministic") else None), doc["time_limit"], r)
     return r

@@ -104,6 +104,26 @@ def test_gemm_pingpong(M, N, K, dtype, tiling):
     assert r["ok"], r
 
 
+CLUSTER_CASES = [  # 2-CTA clusters, B multicast: an odd M-tile count (an empty partner), ragged K, ping-pong with
+    # several tiles per CTA and odd N, cooperative warpgroups, a launched grid
+    (320, 1000, 1000, "fp16", {"BM": 64, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "cluster": 2}),
+    (4095, 4097, 1024, "fp16", {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1, "cluster": 2}),
+    (2000, 3000, 520, "bf16", {"BM": 64, "BN": 256, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1, "cluster": 2}),
+    (1000, 1000, 1000, "bf16", {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2, "cluster": 2,
+                                "persistent": 0}),
+    (777, 520, 4104, "fp16", {"BM": 128, "BN": 64, "BK": 64, "depth": 4, "groups": 2, "cluster": 2}),
+]
+
+
+@pytest.mark.parametrize("M,N,K,dtype,tiling", CLUSTER_CASES)
+def test_gemm_cluster(M, N, K, dtype, tiling):
+    """Clustered kernels against the float32 product (output poisoned with NaN), two fresh inputs each: a protocol
+    error (a slot refilled before the peer freed it, a partner that left early) shows as a wrong result or a hang."""
+    from codegen.bench import check_gemm
+    r = check_gemm(M, N, K, dtype, tiling, trials=2)
+    assert r["ok"], r
+
+
 def test_gemm_without_turns():
     from codegen.bench import check_gemm
     from codegen.cuda import emit

@@ -64,6 +64,7 @@ class KernelSource:
     # shape-generic: sizes are kernel arguments (``i32:<name>``, ``f32:<name>``), tensor maps and grid are made per
     # shape at launch (codegen.generic); ``grid`` and ``tensor_maps`` describe the representative shape only
     generic: bool = False
+    cluster: int = 1  # CTAs of a thread-block cluster (__cluster_dims__): the launched grid.x is a multiple of it
 
 
 def check_dtype(p: dict[str, Any]) -> None:
@@ -187,14 +188,44 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 """
 
 
-def setup(inits: str, maps: tuple[str, ...]) -> str:
+CLUSTER_FNS = r"""
+// ---- thread-block cluster (TMA multicast) ------------------------------------------------------
+// Every thread of every CTA of the cluster arrives and waits: the peers' barriers are initialised before anyone
+// multicasts into them or arrives on them, and no CTA leaves while a peer may still arrive on its barriers.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrive on the mbarrier at `bar`'s offset in each of the `n` CTAs of the cluster (this one included). The arrive
+// keeps the default .release.cta semantics: .release.cluster made every arrival a cluster-wide fence, and the GEMM
+// loops that release a slot per K step ran 2-3x slower (results/gemm_skinny); the slot's readers are wgmmas already
+// waited for, and the refill is the async proxy's, as in a single CTA.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, int n) {
+  for (int r = 0; r < n; ++r)
+    asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}"
+                 :: "r"(smem_u32(bar)), "r"(r) : "memory");
+}
+// A 2-D TMA box written to the same shared-memory offset of every CTA in `mask`, completing on each one's mbarrier
+// at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                               uint16_t mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%4, %5}], [%2], %3;"
+               :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(mask),
+                  "r"(c0), "r"(c1) : "memory");
+}
+"""
+
+
+def setup(inits: str, maps: tuple[str, ...], cluster: int = 1) -> str:
     """The kernel lines every emitter shares between the shared-memory carve-up and the role branches: thread 0
     runs ``inits`` (mbarrier initialisation, C++ lines indented four spaces), fences them for the async proxy
-    and prefetches the tensor maps ``tm_<name>``; then every thread learns its warpgroup ``wg`` and ``lane``."""
+    and prefetches the tensor maps ``tm_<name>``; then every thread learns its warpgroup ``wg`` and ``lane``.
+    ``cluster`` > 1: the CTAs of the cluster meet once the barriers are initialised (CLUSTER_FNS)."""
     prefetch = " ".join(f"tma_prefetch_desc(&tm_{m});" for m in maps)
     return ("  if (threadIdx.x == 0) {\n" + inits + "\n"
             '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");\n'
-            f"    {prefetch}\n  }}\n  __syncthreads();\n"
+            f"    {prefetch}\n  }}\n  __syncthreads();\n" + ("  cluster_sync();\n" if cluster > 1 else "") +
             "  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);\n"
             "  const int lane = threadIdx.x & 31;")
 

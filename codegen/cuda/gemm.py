@@ -8,6 +8,10 @@ boxes; ``mma@g``: wgmma from shared memory, both operands K-major; ``epilogue@g`
 Ping-pong (``KernelIR.pingpong``): each consumer warpgroup owns a whole BM×BN tile (``ROW0`` = 0), the CTA's tiles
 taken in turn; everything else (which tiles, the turns, the ring) is the skeleton's.
 
+Clusters (``cluster`` = 2): the two CTAs of a cluster run M-neighbour tiles with the same B columns (tile indices
+2i, 2i + 1 of the raster: GROUP_M and the padded TM are even); ``load_b`` loads this CTA's half of the B tile
+(``blockIdx.x % CLUSTER``) and multicasts it into both, so each receives the whole tile on its own full barrier.
+
 Split-K (``splits`` = S > 1): a work unit is (tile, split), split fastest; split s runs K steps
 [s·KT/S, (s+1)·KT/S) (ptsolve.ops.gemm.split_trips). ``partial@g`` stores the accumulators to the fp32 workspace
 ``ws`` in fragment order (each thread's registers as float4s, consecutive threads adjacent: coalesced), rows past M
@@ -24,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError
+from ptsolve.ops.base import cluster_of
 from ptsolve.ops.gemm import reduce_ctas
 
 from ..kernel_ir import KernelIR, Role
@@ -53,6 +58,9 @@ def _check(ir: KernelIR) -> None:
     if _splits(ir) > 1 and ir.persistent:
         raise CodegenError(f"gemm: splits={_splits(ir)} on persistent CTAs; the reduce CTAs wait for splits a "
                            "persistent CTA may not have run yet: use persistent=0")
+    if cluster_of(ir.tiling) > 1 and (_splits(ir) > 1 or GROUP_M % cluster_of(ir.tiling)):
+        raise CodegenError(f"gemm: cluster={cluster_of(ir.tiling)} pairs M-neighbour tiles of the raster; it takes "
+                           f"splits=1 (got {_splits(ir)})")
     if ir.generic and _splits(ir) > 1:
         raise CodegenError(f"gemm: splits={_splits(ir)} in a generic build; split-K kernels are built for one shape "
                            "(their workspace is sized by it): build it exact, or pick a tiling without splits")
@@ -63,7 +71,8 @@ SIZE_PARAMS = ("M", "N", "K")
 
 def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
     """The sizes a generic build takes at launch, NTILES (work units: output tiles × K splits) last."""
-    tm, tn = -(-p["M"] // t["BM"]), -(-p["N"] // t["BN"])
+    cl = cluster_of(t)
+    tm, tn = -(-p["M"] // t["BM"] // cl) * cl, -(-p["N"] // t["BN"])  # M tiles in whole clusters
     return {"M": p["M"], "N": p["N"], "K": p["K"], "TM": tm, "TN": tn, "KT": -(-p["K"] // 64),
             "NTILES": tm * tn * int(t.get("splits", 1))}
 
@@ -101,6 +110,11 @@ def _decls(ir: KernelIR, role: Role) -> str:
 def _body(t: Task) -> str:
     ir, b = t.ir, t.base
     dt = ir.params["dtype"]
+    if b == "load_b" and cluster_of(ir.tiling) > 1:  # this CTA's rows of the B tile, into every CTA of the cluster
+        half = ir.tiling["BN"] // cluster_of(ir.tiling)
+        return (f"  const int cr_ = blockIdx.x % CLUSTER;\n"
+                f"  tma_load_2d_mc(b_cur + cr_ * {half * 128}, &tm_b, fbar_, (K0 + it_) * 64, n0 + cr_ * {half}, "
+                f"(1 << CLUSTER) - 1);")
     if b in ("load_a", "load_b"):
         row0 = "m0" if b == "load_a" else "n0"
         return f"  tma_load_2d({b[-1]}_cur, &tm_{b[-1]}, fbar_, (K0 + it_) * 64, {row0});"
@@ -244,7 +258,7 @@ def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...
     """Tensor maps of A [M, K] and B [N, K] (innermost first; strides in bytes)."""
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     return (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, t["BM"])),
-            TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"])))
+            TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"] // cluster_of(t))))  # a cluster: one CTA's share
 
 
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:

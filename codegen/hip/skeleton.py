@@ -117,6 +117,9 @@ def check_target(ir: KernelIR) -> None:
     if ir.pingpong:
         raise CodegenError(f"{ir.op}: ping-pong (each consumer group its own tile, turns per tile) has no HIP build; "
                            "use pingpong=0")
+    if ir.multicast:
+        raise CodegenError(f"{ir.op}: a cluster's TMA multicast ({', '.join(ir.multicast)}) has no HIP build; "
+                           "use cluster=1")
 
 
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:

@@ -70,6 +70,10 @@ class Hardware:
     # an operator's measured preference (results/depth_tie), set in op_constants: deeper rings measured faster for
     # GEMM and ChunkState on the H200 and slower for split-KV decode at large batch, which the model does not separate
     deep_ring_ties: int = 0
+    # > 0: a search's winner whose loop streams memory gets the deepest ring up to this that fits, with its schedule
+    # unchanged (policies.model.deepen): the model's deterministic latency is hidden by the space's depths, but more
+    # bytes in flight measured faster past them (GEMM on the H200: results/gemm_skinny); set in op_constants
+    deep_ring_max: int = 0
 
     @property
     def hbm_bytes_per_clk(self) -> float:

@@ -71,6 +71,12 @@ def pingpong_of(tiling: dict[str, int]) -> bool:
     return bool(tiling.get("pingpong", 0))
 
 
+def cluster_of(tiling: dict[str, int]) -> int:
+    """CTAs of a thread-block cluster (tiling key ``cluster``, default 1; GEMM): the pair of M-neighbour tiles that
+    share their B tile, each loading half of it by TMA multicast into both."""
+    return int(tiling.get("cluster", 1))
+
+
 def slots_of(tiling: dict[str, int]) -> int:
     """Work units an SM runs at once, each one after another in its own slot (ptsolve.placement): the co-resident
     CTAs (``ctas``), times the two warpgroups of a ping-pong kernel, which run their tiles as two slots sharing
@@ -108,6 +114,10 @@ class OpSpec:
     # hand-known issue orders of the loop, by name: groups -> {role: [(loop task, stage)] in issue order, and "tc":
     # the tensor cores' cyclic turn order} (policy cpsat-orders pins them; codegen's hand plans are built from them)
     orders: Callable[[int], dict[str, dict[str, list[tuple[str, int]]]]] | None = None
+    # optional keys whose other values the search offers only when ``fix`` or tune's ``per`` names the key: structures
+    # the code generator builds and the model describes, but measured not to pay where the model ranks them level
+    # (GEMM's ``cluster``, results/gemm_skinny), so they are opt-in rather than picked on ties
+    opt_in: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, OpSpec] = {}

@@ -11,6 +11,14 @@ warpgroup's tile; the model runs it in two slots per SM that share the tensor co
 (``ops.base.slots_of``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
 consumer warpgroups (``ops.base.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
 
+Clusters (tiling key ``cluster`` = 2, default 1; not with split-K): the two CTAs of a thread-block cluster compute
+M-neighbour tiles with the same B columns; each loads half of the B tile and multicasts it into both (TMA
+multicast), so B is read from L2 once per pair. The M tiles are rounded up to pairs (an odd last one has a partner
+past M that loads zeros and stores nothing). ``STask.multicast`` marks load_b; the model charges it as before (each
+SM still receives the whole tile through its L2 share, which is what bounds these loops), and on an H200 clusters
+measured 3% slower than the same tilings without (15% faster only where K's rows are misaligned,
+results/gemm_skinny): an opt-in structure (OpSpec.opt_in), searched only when ``fix`` or tune's ``per`` names it.
+
 Split-K (tiling key ``splits`` = S, default 1): the K steps of a tile are divided into S contiguous ranges, one
 CTA each (S times the CTAs, each with ~1/S of the trips), for shapes with too few output tiles to fill the SMs
 (M of 1-128 with large K). Every split writes its fp32 partial tile to a global workspace (``partial@g``) and
@@ -47,6 +55,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
 # dividing K further cannot fill more SMs, it only adds partial tiles
+DEPTHS = (2, 3, 4, 5)  # ring depths searched; the winner's ring is then deepened where that pays (hw.deep_ring_max)
 SPLIT_DEPTHS = (3, 4)  # ring depths searched with split-K (short loops: 2 starves, 5 buys nothing; keeps the
 # space, and the search time, about 3x the unsplit one at most)
 
@@ -60,11 +69,15 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                     for splits in SPLITS:
                         if splits > 1 and (kt < MIN_SPLIT_TRIPS * splits or tiles * splits > MAX_UNITS):
                             continue
-                        for depth in (2, 3, 4, 5) if splits == 1 else SPLIT_DEPTHS:
+                        for depth in DEPTHS if splits == 1 else SPLIT_DEPTHS:
                             t = {"BM": rows * groups, "BN": bn, "BK": bk, "depth": depth, "groups": groups}
                             yield t | {"splits": splits}
                             if groups == 1 and splits == 1 and tiles > 1:  # two warpgroups, a tile each
                                 yield t | {"splits": 1, "pingpong": 1}
+                            if splits == 1 and cdiv(p["M"], rows * groups) > 1:  # M-neighbours share B
+                                yield t | {"splits": 1, "cluster": 2}
+                                if groups == 1 and tiles > 1:
+                                    yield t | {"splits": 1, "pingpong": 1, "cluster": 2}
 
 
 def reduce_ctas(M: int, N: int, t: dict[str, int], threads: int, sms: int) -> int:
@@ -95,6 +108,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                          f"(the warpgroups of one tile) and splits=1, got groups={W}, splits={S}")
     if pp:
         t["pingpong"] = 1
+    cl = t.pop("cluster", 1)
+    if cl not in (1, 2) or isinstance(cl, bool):
+        raise ShapeError(f"gemm tiling: cluster={cl!r} must be 1 (no cluster) or 2 (M-neighbour tiles share B)")
+    if cl > 1 and S != 1:
+        raise ShapeError(f"gemm tiling: cluster={cl} multicasts B to M-neighbour output tiles; split-K units "
+                         f"(splits={S}) are not paired that way: use splits=1 or cluster=1")
+    if cl > 1:
+        t["cluster"] = cl
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
@@ -105,13 +126,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
         raise ShapeError(f"gemm tiling: splits={S} exceeds the {trip} K steps of BK={BK}; use splits <= {trip}")
     e = DTYPE_BYTES[dt]
     tm, tn = cdiv(M, BM), cdiv(N, BN)
+    tm_units = cdiv(tm, cl) * cl  # a cluster's CTAs come in M-pairs: an odd last M tile gets an empty partner
     # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
     side = math.isqrt(sms_of(hw) * (2 if pp else 1))
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=BM * BK * e, reuse=min(tn, side), is_async=True,
              allocs=(smem("a", BM * BK * e),)),
         task("load_b", "load", tile=(BK, BN), dtype=dt, bytes=BK * BN * e, reuse=min(tm, side), is_async=True,
-             allocs=(smem("b", BK * BN * e),)),
+             multicast=cl, allocs=(smem("b", BK * BN * e),)),
     ]
     edges = []
     for g in range(W):
@@ -138,15 +160,17 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
         tasks.append(task("partial" + s, "store", phase="post", tile=(rows, BN), dtype="fp32",
                           bytes=2 * live * BN * 4, is_async=False, group=g, reads=("acc" + s,)))
         edges += [Edge("mma" + s, "partial" + s), Edge("partial" + s, "epilogue" + s)]
-    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else "") + ("_pingpong" if pp else ""),
+    return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else "") + ("_pingpong" if pp else "")
+                      + (f"_cluster{cl}" if cl > 1 else ""),
                       op="gemm", params=dict(p),
                       tiling=dict(t), tasks=tuple(tasks), edges=tuple(edges), row=split_trips(trip, S),
-                      rows=tm * tn, useful_flops=2 * M * N * K)
+                      rows=tm_units * tn, useful_flops=2 * M * N * K)
 
 
 REGISTRY["gemm"] = OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
-    optional={"splits": 1, "pingpong": 0},
+    optional={"splits": 1, "pingpong": 0, "cluster": 1},
+    opt_in=("cluster",),
 )

@@ -160,8 +160,12 @@ def _hint(M: _M, P: Problem, prog: SProgram) -> None:
 def cp_solver(cp_model: Any, workers: int, seed: int = 0, time_limit: float | None = None,
               det_time: float | None = None) -> Any:
     """A CP-SAT solver with ptsolve's settings: ``workers`` threads, ``seed``, a wall-clock ``time_limit`` (s) or a
-    reproducible ``det_time`` (CP-SAT's deterministic time). It leaves SIGINT to Python: OR-Tools' own handler
-    otherwise stays behind as SIG_DFL after the solve, and a later Ctrl-C kills the process without its cleanup."""
+    reproducible ``det_time`` (CP-SAT's deterministic time). With ``det_time`` alone the solve is a function of the
+    model, ``seed`` and ``det_time`` only, whatever the machine's load: one worker runs CP-SAT's sequential loop;
+    several interleave their strategies in fixed batches (``interleave_search``; without it the portfolio races its
+    threads and the answer depends on which finishes first, deterministic budget or not). It leaves SIGINT to
+    Python: OR-Tools' own handler otherwise stays behind as SIG_DFL after the solve, and a later Ctrl-C kills the
+    process without its cleanup."""
     sv = cp_model.CpSolver()
     sv.parameters.catch_sigint_signal = False
     sv.parameters.num_workers = int(workers)
@@ -170,15 +174,19 @@ def cp_solver(cp_model: Any, workers: int, seed: int = 0, time_limit: float | No
         sv.parameters.max_time_in_seconds = float(time_limit)
     if det_time is not None:
         sv.parameters.max_deterministic_time = float(det_time)
+        if time_limit is None and workers > 1:
+            sv.parameters.interleave_search = True
     return sv
 
 
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
           hint: SProgram | None = None, ii_max: int | None = None,
           pin: dict[str, list[tuple[str, int]]] | None = None,
-          cycle: list[str] | None = None) -> tuple[SProgram | None, dict[str, Any]]:
-    """Solve ``P`` exactly (within ``time_limit`` seconds). Returns (program or None, stats) where stats
-    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s.
+          cycle: list[str] | None = None, det_time: float | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+    """Solve ``P`` exactly (within ``time_limit`` seconds, or, given ``det_time``, within that much CP-SAT
+    deterministic time and no wall-clock limit: reproducible, cp_solver). Returns (program or None, stats) where stats
+    has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s; a solve the
+    limit stopped before its proof is TIME_LIMIT, never OPTIMAL.
 
     ``pin``: role -> [(loop task, stage)], the issue order of that role's loop tasks within one initiation
     interval (slots strictly increasing, as ``SProgram.streams`` reads them back) and their stages relative to
@@ -197,7 +205,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     m.minimize(obj)
     if hint is not None:
         _hint(M, P, hint)
-    sv = cp_solver(cp_model, num_workers, seed, time_limit=time_limit)
+    sv = cp_solver(cp_model, num_workers, seed, time_limit=None if det_time is not None else time_limit,
+                   det_time=det_time)
     st = sv.solve(m)
     name = sv.status_name(st)
     stats = {"solve_s": time.perf_counter() - t0, "bound": max(P.floor, int(sv.best_objective_bound)) * P.grain
@@ -217,6 +226,18 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
 
 
 POLISH_DET_S = 2.0  # CP-SAT deterministic time of one polish (its own unit, about seconds; reproducible)
+# CP-SAT deterministic time a deterministic search (ptsolve.search, deterministic=True) spends per second of its
+# time_limit, over all its tilings: each tiling gets an equal share (det_budget), so the whole search stays within
+# time_limit deterministic seconds however many tilings pruning skips. The unit is CP-SAT's, "as close as possible to
+# a second"; on the 2-core reference machine a second of it took 3-4 s of one core (small attention and decode models).
+SEARCH_DET_PER_S = 1.0
+
+
+def det_budget(time_limit: float, tilings: int) -> float:
+    """CP-SAT deterministic time of each of a deterministic search's ``tilings`` solves under ``time_limit`` (s):
+    time_limit · SEARCH_DET_PER_S / tilings. Fixed before any solve, so it does not depend on which tilings the
+    incumbent prunes (which differs between a serial and a parallel search) nor on the order solves finish in."""
+    return time_limit * SEARCH_DET_PER_S / max(1, tilings)
 
 
 def polish(P: Problem, prog: SProgram, det_time: float = POLISH_DET_S) -> SProgram:

@@ -17,6 +17,7 @@ milp and exhaustive read it, and check_valid / simulate verify what they return.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -24,7 +25,7 @@ from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_bu
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
-from ..ops.base import consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
+from ..ops.base import cluster_of, consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
 from ..placement import busiest, per_sm_pairs, per_sm_trips, shared_floor
 from ..program import SProgram, cta_time, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
@@ -118,6 +119,41 @@ def tie_key(tiling: dict[str, int], deep: bool) -> tuple:
     return tuple(sorted((k, -v if k == "depth" and deep else v) for k, v in tiling.items()))
 
 
+def deepen(prog: SProgram, hw: Hardware, skip: Sequence[dict[str, int]] = ()) -> SProgram:
+    """``prog`` with the deepest ring up to its operator's ``deep_ring_max`` (Hardware, 0: none) that fits, where its
+    loop streams memory (``streams_memory``); the same ii and start times, so the same objective: a deeper ring only
+    removes constraints (the producer may run further ahead), and the model, whose latency is deterministic, already
+    hides its loads at the space's depths. What the GPU gains is the extra bytes in flight (results/gemm_skinny).
+    ``prog`` itself where nothing deeper fits, the loop does not stream memory, or the table asks for nothing.
+    ``skip``: tilings not to take (the compiler rejected them): the deepening stops below the first."""
+    from .. import ops
+    from ..errors import PtsolveError
+
+    g = prog.graph
+    cap, d0 = hw.for_op(g.op).deep_ring_max, g.tiling.get("depth")
+    if not cap or d0 is None or d0 >= cap:
+        return prog
+    P = build(g, hw, registers=False)
+    if not streams_memory(P.tm, P.phase, ctas_of(g.tiling)):
+        return prog
+    q, op = P.grain, ops.make(g.op, **g.params)
+    start = {t: x // q for t, x in prog.start.items()}
+    obj = P.objective(prog.ii // q, *P.ends(start))
+    best = prog
+    for d in range(d0 + 1, cap + 1):
+        if dict(g.tiling) | {"depth": d} in skip:
+            break
+        try:
+            g2 = op.graph(dict(g.tiling) | {"depth": d}, hw)
+            P2 = build(g2, hw, registers=False)  # the registers do not depend on the ring depth
+        except PtsolveError:  # shared memory holds no deeper ring
+            break
+        if P2.objective(prog.ii // q, *P2.ends(start)) > obj:
+            break
+        best = P2.program(prog.ii // q, start, prog.policy)
+    return best
+
+
 def tiling_tie(g: STaskGraph, hw: Hardware) -> tuple:
     """``tie_key`` of a scheduled graph ``g`` on ``hw``: its Problem's ``tie`` (the register estimate aside: a
     solved tiling fits, by the estimate or by the compiler)."""
@@ -152,6 +188,9 @@ def fits(g: STaskGraph, hw: Hardware, registers: bool = True) -> str | None:
     if pingpong_of(g.tiling) and not (hw.has_wgmma and hw.has_tma):
         return (f"ping-pong consumer warpgroups take turns on asynchronous warpgroup MMAs fed by TMA, which {hw.name} "
                 "lacks (and no code generator builds them there); use pingpong=0")
+    if cluster_of(g.tiling) > 1 and not hw.has_tma:
+        return (f"a cluster of {cluster_of(g.tiling)} CTAs shares tiles by TMA multicast, which {hw.name} lacks (and "
+                "no code generator builds clusters there); use cluster=1")
     k = ctas_of(g.tiling)
     sm, names = smem_peak(g, rings, hw)
     if sm > smem_budget(hw, k):

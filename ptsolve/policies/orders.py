@@ -56,10 +56,11 @@ def one_copy(P: Problem) -> Problem:
     return replace(Q, slots=P.slots, floor=P.floor)
 
 
-def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0) -> tuple[SProgram | None,
-                                                                                            dict[str, Any]]:
+def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
+          det_time: float | None = None) -> tuple[SProgram | None, dict[str, Any]]:
     """The best pinned schedule of ``P`` (see the module doc); stats as cpsat's, status FEASIBLE (the other orders
-    are not searched) or INFEASIBLE / TIME_LIMIT when no pin gave a schedule."""
+    are not searched) or INFEASIBLE / TIME_LIMIT when no pin gave a schedule. ``det_time`` (CP-SAT deterministic
+    time, instead of ``time_limit`` seconds): each (order, rotation) gets an equal share, a reproducible solve."""
     from . import cpsat
     t0 = time.perf_counter()
     ps = pins(P)
@@ -68,11 +69,13 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     limited = False
     for i, (pin, cyc) in enumerate(ps):
         left = time_limit - (time.perf_counter() - t0)
-        if left <= 0:
+        if det_time is None and left <= 0:
             limited = True
             break
+        # a wall-clock share passes on what the earlier pins left; a deterministic one is fixed, so each pin's
+        # budget depends on nothing but P
         prog, st = cpsat.solve(P, time_limit=left / (len(ps) - i), num_workers=num_workers, seed=seed, pin=pin,
-                               cycle=cyc or None)
+                               cycle=cyc or None, det_time=None if det_time is None else det_time / len(ps))
         limited |= st["status"] == "TIME_LIMIT"
         if prog is not None and (best is None or (st["objective"], i) < best[:2]):
             best = (st["objective"], i, prog)
