@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -124,13 +125,21 @@ def report(runs: Path) -> None:
         print(f"\ngeomean cuBLAS / ours over {len(rn)} shapes: old {g(ro):.3f}, new {g(rn):.3f}")
 
 
-if __name__ == "__main__":
-    cmd = sys.argv[1]
+def main(emit_fn: Any, report_fn: Any, argv: list[str]) -> None:
+    """The scripts' command line over this harness: ``emit [args]`` (CPU: ``emit_fn(*args)``), ``compile`` (CPU),
+    ``run --out <json>`` (GPU: every source's kernels next to cuBLAS), ``report <json>`` (``report_fn``)."""
+    cmd = argv[1]
     if cmd == "emit":
-        emit(sys.argv[2])
+        emit_fn(*argv[2:])
     elif cmd == "compile":
         compile_all()
     elif cmd == "run":
-        run(Path(sys.argv[sys.argv.index("--out") + 1]))
+        run(Path(argv[argv.index("--out") + 1]))
     elif cmd == "report":
-        report(Path(sys.argv[2]))
+        report_fn(Path(argv[2]))
+    else:
+        raise SystemExit(f"unknown command {cmd!r}: emit, compile, run --out <json> or report <json>")
+
+
+if __name__ == "__main__":
+    main(emit, report, sys.argv)
