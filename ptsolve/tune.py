@@ -107,12 +107,18 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     found: list[Result] = []
     checks: list[KernelCheck] = []
     rejected: list[tuple[dict, str]] = []
+    deepened: dict[tuple, dict[str, int]] = {}  # deepened tiling -> the searched tiling it came from
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
         seen: set[tuple] = set()
         for pol in solvers:
             r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check, deterministic=deterministic)
+            if "depth" not in (fix or {}):  # the ring optimize gives an operator's winner (a graph keeps its own)
+                r = _deepened(r, hw, check)
+                tk = tuple(sorted(r.tiling.items()))
+                if deepened.setdefault(tk, g.tiling) != g.tiling:
+                    continue  # a shallower twin's ring deepened to one a better-ranked candidate has already
             c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
             if c.status in ("rejected", "unsupported"):
                 rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
@@ -128,6 +134,23 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
                                                      solvers.index(found[i].program.policy)
                                                      if found[i].program.policy in solvers else 0))[:k]
     return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
+
+
+def _deepened(r: Result, hw: Hardware, check: bool) -> Result:
+    """``r`` with its ring deepened as ``optimize`` deepens a search's winner (policies.model.deepen), its kernel
+    re-checked: the candidates are the kernels optimize would return. ``r`` where nothing deepens or the compiler
+    refuses the deeper ring."""
+    from .kernelcheck import checker
+    from .policies.model import deepen
+
+    p = deepen(r.program, hw)
+    if p is r.program:
+        return r
+    chk = checker(hw) if check else None
+    kc = chk(p, hw) if chk is not None else None
+    if kc is not None and kc.status in ("rejected", "unsupported"):
+        return r
+    return replace(r, program=p, tiling=dict(p.graph.tiling), **({"kernel_check": kc.to_dict()} if kc else {}))
 
 
 def key(op: Operator, hw: Hardware, top_k: int, solver: str, per: Sequence[str] = (),

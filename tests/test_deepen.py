@@ -50,3 +50,12 @@ def test_only_where_the_loop_streams_memory():
 def test_other_operators_untouched(op):
     r = search(op, H200, solver="greedy")
     assert deepen(r.program, H200) is r.program
+
+
+def test_tune_candidates_are_what_optimize_returns():
+    from ptsolve.tune import candidates
+    cs, _ = candidates(SQ, H200, 2, solver="greedy", check=False)
+    assert all(c.tiling["depth"] == 8 for c in cs if c.tiling.get("splits", 1) == 1 and c.tiling["BM"] == 64)
+    assert cs[0].tiling == search(SQ, H200, solver="greedy").tiling
+    fixed, _ = candidates(SQ, H200, 1, solver="greedy", check=False, fix={"depth": 5})
+    assert fixed[0].tiling["depth"] == 5
