@@ -29,7 +29,7 @@ from typing import Any
 
 from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
-from ptsolve.ops.gemm import reduce_ctas
+from ptsolve.ops.gemm import a_rows, reduce_ctas
 
 from ..kernel_ir import KernelIR, Role
 from .common import CTYPE, LD_ACQUIRE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_ss
@@ -257,7 +257,7 @@ def _entry(ir: KernelIR) -> str:
 def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
     """Tensor maps of A [M, K] and B [N, K] (innermost first; strides in bytes)."""
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
-    return (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, t["BM"])),
+    return (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, a_rows(M, t["BM"]))),  # rows past M are not loaded
             TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"] // cluster_of(t))))  # a cluster: one CTA's share
 
 
