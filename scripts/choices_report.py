@@ -59,6 +59,33 @@ def gemm() -> list[str]:
     return out
 
 
+def gemm_session11() -> list[str]:
+    """Clusters (opt-in) and the ring deepening: results/gemm_skinny's runs of them."""
+    sk = ROOT / "results/gemm_skinny"
+    cl = json.loads((sk / "device/cluster/cluster.json").read_text())
+    mg = [us[k] / us[k + "_cl2"] for r in cl["shapes"].values() for us in [r["us"]] for k in us
+          if k + "_cl2" in us]
+    flat = json.loads((sk / "cands_flat.json").read_text())["shapes"]
+    deep = json.loads((sk / "cands_deepen.json").read_text())["shapes"]
+    run = json.loads((sk / "device/deepen/gemm_space.json").read_text())
+    pg, dg, n = [], [], 0
+    for name, e in deep.items():
+        a, b = flat[name]["cands"]["flat"], e["cands"]["deepen"]
+        if a["tiling"] != b["tiling"]:
+            n += 1
+            pg.append(a["predicted_us"] / b["predicted_us"])
+            us = run["shapes"][name]["us"]
+            dg.append(us["flat"] / us["deepen"])
+    return [f"## GEMM: clusters and ring deepening (`results/gemm_skinny`; {run['device']})", "",
+            "| structure | first choice takes it on | shapes / tilings measured | predicted gain | measured gain "
+            "(geomean, range) |", "|---|---|---|---|---|",
+            f"| 2-CTA cluster, B multicast (vs the same tiling without) | 0 of 45 (opt-in: `--fix cluster=2`, `tune "
+            f"--per cluster`) | {len(mg)} tilings ({cl['date']}) | none (each SM still receives the whole tile) | "
+            f"{geo(mg):.3f} ({min(mg):.2f}-{max(mg):.2f}) |",
+            f"| ring deepened past the space's depths (vs the searched depth) | {n} of 45 | {n} ({run['date']}) | "
+            f"{geo(pg):.3f} (same schedule) | {geo(dg):.3f} ({min(dg):.2f}-{max(dg):.2f}) |"]
+
+
 def decode() -> list[str]:
     plans = {s["name"]: s for s in json.loads((ROOT / "results/decode_h200/plans.json").read_text())["shapes"]}
     run = json.loads((ROOT / "results/decode_h200/decode.json").read_text())
@@ -89,8 +116,10 @@ def main() -> None:
     print("Made by `python3 scripts/choices_report.py` from committed candidates and device logs (each section names "
           "its call). Attention: the exact schedule takes persistent CTAs on all eight paper configurations "
           "(`results/sched_polish`; measured against a grid launch in `results/orders_ab/`); ring depths on ties: "
-          "`results/depth_tie/README.md`. Clusters / TMA multicast are not in the space.\n")
+          "`results/depth_tie/README.md`.\n")
     print("\n".join(gemm()))
+    print()
+    print("\n".join(gemm_session11()))
     print()
     print("\n".join(decode()))
 
