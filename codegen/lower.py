@@ -167,9 +167,16 @@ def _loops(order: dict[str, dict[str, list[tuple[str, int]]]], roles: list[str])
 
 
 def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[str, LoopOrder],
-           order: dict[str, dict[str, list[tuple[str, int]]]], stream: dict[str, str]) -> tuple[Ring, ...]:
+           order: dict[str, dict[str, list[tuple[str, int]]]], stream: dict[str, str],
+           any_shape: bool = False) -> tuple[Ring, ...]:
     """The loop's ring groups (ptsolve.protocol.ring_groups) with each role's first reader and release points,
-    then the prologue's loads as one ring of depth 1 (released at the end of a tile)."""
+    then the prologue's loads as one ring of depth 1 (released at the end of a tile). A fill delivers its task's
+    bytes; in a generic build (``any_shape``) the whole tile it allocates: the shape's own box (e.g. GEMM's A of
+    fewer rows than the tile, ops.gemm.a_rows) would bake one shape into a kernel every shape of its class runs."""
+
+    def nbytes(t: str) -> int:
+        return sum(b.bytes for b in g.task[t].allocs if b.space == "smem") if any_shape else g.task[t].bytes
+
     out = []
     for grp in protocol.ring_groups(g, rings):
         rels, waiters = [], []
@@ -179,7 +186,7 @@ def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[s
                 waiters.append((r, _first(loops[r], mine)))
                 generic = any(g.task[t].kind != "mma" for t in mine)
                 rels += [Release(r, x.task, x.dist, x.mode, generic) for x in grp.releases if stream[x.freer] == r]
-        out.append(Ring(grp.name, "loop", grp.buffers, grp.depth, tuple((f, g.task[f].bytes) for f in grp.fills),
+        out.append(Ring(grp.name, "loop", grp.buffers, grp.depth, tuple((f, nbytes(f)) for f in grp.fills),
                         tuple(waiters), tuple(rels), WARPS * len({x.role for x in rels})))
     pre = tuple(sorted(b.name for t in g.phase("pre") if t.kind == "load" for b in t.allocs))
     if pre:
@@ -189,7 +196,7 @@ def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[s
             if readers:
                 waiters.append((r, next((n for n, _ in order["pre"][r] if n in readers), "")))
                 rels.append(Release(r, "", 0, "tile", any(g.task[t].kind != "mma" for t in readers)))
-        fills = tuple((t.name, t.bytes) for t in g.phase("pre") if t.kind == "load")
+        fills = tuple((t.name, nbytes(t.name)) for t in g.phase("pre") if t.kind == "load")
         out.append(Ring("pre", "pre", pre, 1, fills, tuple(waiters), tuple(rels), WARPS * len(rels)))
     return tuple(out)
 
@@ -349,7 +356,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
     ir = KernelIR(
         op=g.op, params=ops.make(g.op, **g.params).params,  # the operator's defaults for graphs that predate them
         tiling={k: v for k, v in plan.tiling.items() if k not in CODEGEN_KEYS} | {"ctas": ctas}, target=hwt.name,
-        roles=out_roles, tasks=_tasks(g, stream), rings=_rings(g, rings, roles, loops, order, stream),
+        roles=out_roles, tasks=_tasks(g, stream), rings=_rings(g, rings, roles, loops, order, stream, generic),
         waits={t: tuple(v) for t, v in protocol.waits(g, copies).items() if g.task[t].phase == "loop"},
         commits=tuple(sorted(t.name for t in g.phase("loop") if t.kind == "mma" and t.is_async)),
         tc_order=tuple(plan.tc_order), turns=enforce, turns_note=note,
