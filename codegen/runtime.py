@@ -20,7 +20,7 @@ from typing import Any
 
 from ptsolve.errors import CodegenError, DeviceError
 
-from .cuda.common import KernelSource
+from .cuda.common import KernelSource, persistent_grid
 
 _REPORT_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
@@ -169,8 +169,8 @@ class Loaded:
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count")
         g = self.ks.grid
         self.sms = int(sms)
-        cl = self.ks.cluster  # a persistent grid in whole clusters (the kernel pairs its tiles so)
-        self.grid = (min(self.ks.persistent_tiles, int(sms)) // cl * cl, g[1], g[2]) if self.ks.persistent_tiles else g
+        pt = self.ks.persistent_tiles
+        self.grid = (persistent_grid(pt, self.sms, self.ks.cluster), g[1], g[2]) if pt else g
         self.module = _check(driver.cuModuleLoadData(comp.cubin), "cuModuleLoadData")
         self.func = _check(driver.cuModuleGetFunction(self.module, self.ks.name.encode()), "cuModuleGetFunction")
         _check(driver.cuFuncSetAttribute(
@@ -217,7 +217,7 @@ class Loaded:
                     ptrs[name] = v
             keep.append(v)
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
-        gx = min(grid, self.sms) if self.ks.persistent_tiles else grid
+        gx = persistent_grid(grid, self.sms, self.ks.cluster) if self.ks.persistent_tiles else grid
         if not 1 <= gx < 1 << 31:
             raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
         if out and out not in ptrs:

@@ -137,13 +137,13 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
 
 
 def _deepened(r: Result, hw: Hardware, check: bool) -> Result:
-    """``r`` with its ring deepened as ``optimize`` deepens a search's winner (policies.model.deepen), its kernel
-    re-checked: the candidates are the kernels optimize would return. ``r`` where nothing deepens or the compiler
-    refuses the deeper ring."""
+    """``r`` with its ring deepened as ``optimize`` deepens a search's winner (search._deepen: the same replay
+    checks), its kernel re-checked: the candidates are the kernels optimize would return. ``r`` where nothing
+    deepens or the compiler refuses the deeper ring."""
     from .kernelcheck import checker
-    from .policies.model import deepen
+    from .search import _deepen
 
-    p = deepen(r.program, hw)
+    p = _deepen(r.program, hw, lambda s: None, ())
     if p is r.program:
         return r
     chk = checker(hw) if check else None

@@ -60,11 +60,18 @@ class KernelSource:
     args: tuple[str, ...]
     flags: tuple[str, ...] = NVCC_FLAGS
     info: dict[str, Any] = field(default_factory=dict)
-    persistent_tiles: int = 0  # > 0: grid.x = min(this, the device's SMs); the kernel loops over tiles
+    persistent_tiles: int = 0  # > 0: grid.x = persistent_grid(this, the device's SMs); the kernel loops over tiles
     # shape-generic: sizes are kernel arguments (``i32:<name>``, ``f32:<name>``), tensor maps and grid are made per
     # shape at launch (codegen.generic); ``grid`` and ``tensor_maps`` describe the representative shape only
     generic: bool = False
     cluster: int = 1  # CTAs of a thread-block cluster (__cluster_dims__): the launched grid.x is a multiple of it
+
+
+def persistent_grid(tiles: int, sms: int, cluster: int = 1) -> int:
+    """CTAs of a persistent launch: one per SM at most and no more than its tiles, in whole clusters (the kernel
+    pairs a cluster's tiles; a persistent kernel strides its tiles by gridDim.x). The one rule the emitter's grid
+    and the runtime's launch on the device's SM count use."""
+    return min(tiles, sms) // cluster * cluster
 
 
 def check_dtype(p: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from ptsolve.ops.base import cluster_of
 from ..kernel_ir import KernelIR, Ring, Role
 from ..protocol import check as check_protocol
 from ..protocol import loops, tile_turns, turns
-from .common import CLUSTER_FNS, PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, setup
+from .common import CLUSTER_FNS, PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, persistent_grid, setup
 from .schedule import emit_loop, wait_depths
 
 Body = Callable[["Task"], str]
@@ -400,7 +400,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
     sig += [c for _, c in extra]
     args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
-    grid_x = (min(ntiles, ir.sms) // cl * cl if ir.persistent else ntiles) if isinstance(ntiles, int) else 0
+    grid_x = (persistent_grid(ntiles, ir.sms, cl) if ir.persistent else ntiles) if isinstance(ntiles, int) else 0
     if cl > 1 and (ir.generic or not isinstance(ntiles, int) or ntiles % cl or opk.extra_ctas(ir)):
         raise CodegenError(f"{ir.op}: a cluster of {cl} CTAs needs an exact build whose work units come in whole "
                            f"clusters ({ntiles} units) and no CTAs after them; use cluster=1")

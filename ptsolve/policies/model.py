@@ -141,10 +141,11 @@ def deepen(prog: SProgram, hw: Hardware, skip: Sequence[dict[str, int]] = ()) ->
     obj = P.objective(prog.ii // q, *P.ends(start))
     best = prog
     for d in range(d0 + 1, cap + 1):
-        if dict(g.tiling) | {"depth": d} in skip:
+        t = dict(g.tiling) | {"depth": d}
+        if t in skip:
             break
         try:
-            g2 = op.graph(dict(g.tiling) | {"depth": d}, hw)
+            g2 = op.graph(t, hw)
             P2 = build(g2, hw, registers=False)  # the registers do not depend on the ring depth
         except PtsolveError:  # shared memory holds no deeper ring
             break
