@@ -1,10 +1,11 @@
 """Measured selection: the model's K best distinct schedules, timed on the GPU, the fastest kept.
 
-``candidates`` walks an operator's tilings in order of their lower bound, solves each (ptsolve.optimize on that
-tiling's graph, so solves are cached), drops those whose kernel the compiler rejects (ptsolve.kernelcheck) and stops
-once K compile-clean schedules are found and no remaining tiling's bound can beat the K-th: the K best distinct
-schedules. With several policies (``solver="cpsat,greedy"``) each tiling also contributes every policy's schedule
-whose order differs (the orders and stages that make a different kernel), so a measured selection can pick an order
+``candidates`` starts from ``optimize``'s own answer (the first choice, whatever its compiler in the loop kept),
+then walks an operator's tilings in order of their lower bound, solves each (ptsolve.optimize on that tiling's
+graph, so solves are cached), drops those whose kernel the compiler rejects (ptsolve.kernelcheck) and stops once K
+compile-clean schedules are found and no remaining tiling's bound can beat the K-th: the K best distinct schedules.
+With several policies (``solver="cpsat,greedy"``) each tiling also contributes every policy's schedule whose order
+differs (the orders and stages that make a different kernel), so a measured selection can pick an order
 the model ranks lower on the same tiling. ``tune`` times them with a ``runner`` (a code generator's:
 codegen.tune.runner compiles and times them in one process on this machine's GPU, or one worker per GPU) and returns
 the measured best as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table, K and
@@ -108,6 +109,28 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     checks: list[KernelCheck] = []
     rejected: list[tuple[dict, str]] = []
     deepened: dict[tuple, dict[str, int]] = {}  # deepened tiling -> the searched tiling it came from
+    have: set[tuple] = set()  # (tiling, order_key) of every candidate: the same kernel is timed once
+
+    def add(r: Result, c: KernelCheck) -> None:
+        have.add((tuple(sorted(r.tiling.items())), order_key(r.program)))
+        found.append(r)
+        checks.append(c)
+
+    # optimize's own answer is a candidate: its compiler in the loop may keep a tiling the walk below drops (the
+    # first rejected tiling with the operator's declared issue order, optimize._compiler_in_the_loop), and the first
+    # choice must be among what is timed
+    try:
+        first = optimize(op, hw, solver=solvers[0], time_limit=time_limit, compile_check=check, fix=fix,
+                         deterministic=deterministic)
+    except InfeasibleError:
+        first = None
+    if first is not None and first.kernel_check:
+        c = KernelCheck(**first.kernel_check)
+        if c.status not in ("rejected", "unsupported"):
+            add(first, c)
+            say(f"optimize's answer {first.tiling} {first.program.policy}: {first.predicted_us:.1f} µs predicted")
+    elif first is not None:
+        add(first, KernelCheck("not compile-checked", "check=False"))
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
@@ -127,8 +150,9 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
             if (ok := order_key(r.program)) in seen:
                 continue
             seen.add(ok)
-            found.append(r)
-            checks.append(c)
+            if (tuple(sorted(r.tiling.items())), ok) in have:
+                continue  # optimize's answer, already in
+            add(r, c)
             say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
     order = sorted(range(len(found)), key=lambda i: (answer_key(found[i].program, hw),
                                                      solvers.index(found[i].program.policy)

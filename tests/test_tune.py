@@ -28,6 +28,27 @@ def test_candidates_are_distinct_and_in_the_models_order():
 
 
 
+def test_candidate_0_is_optimizes_answer_when_the_compiler_keeps_a_declared_order(monkeypatch):
+    """The compiler rejects every free order and takes FlashAttention's declared (FA3) order: optimize keeps the first
+    rejected tiling with that order (optimize._compiler_in_the_loop), so measured selection must time it too, as
+    candidate 0; the per-tiling walk alone finds nothing (it drops rejected tilings)."""
+    import sys
+
+    from ptsolve.kernelcheck import KernelCheck
+    opt = sys.modules["ptsolve.optimize"]
+    op = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=128)
+    fix = {"BM": 128, "BN": 128, "depth": 2, "groups": 2, "persistent": 1}
+
+    def fake(program, hw):
+        ok = program.policy.startswith("cpsat-orders")
+        return KernelCheck("ok", kernel="k") if ok else KernelCheck("rejected", "serialised")
+    monkeypatch.setattr(opt, "checker", lambda hw: fake)
+    first = ptsolve.optimize(op, hw="h200", cache=False, compile_check=True, jobs=1, fix=fix, time_limit=10)
+    cands, rejected = candidates(op, "h200", 2, time_limit=10, fix=fix)
+    assert [c.rank for c in cands] == [0] and cands[0].result.program == first.program
+    assert cands[0].result.status == "FEASIBLE" and cands[0].check.status == "ok" and rejected
+
+
 def test_candidates_rank_ties_as_search_does():
     """GEMM1's ring depths 3, 4 and 5 tie in kernel time; search breaks the tie by the busiest slot's latency, then the
     tiling's tie key (search.answer_key), and the measured selection's rank 0 is the same schedule."""
