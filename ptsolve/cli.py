@@ -396,15 +396,17 @@ def cmd_placement(a: argparse.Namespace) -> int:
              "Kernel latency (µs, busiest SM + launch) of the CP-SAT schedule of each configuration whose CTAs have "
              "unequal trip counts, placed four ways over the SM slots (SMs × resident CTAs). `dynamic`: launch "
              "order, each CTA to the slot that frees first (the GPU's block scheduler); `exact`: CP-SAT over how "
-             f"many CTAs of each latency each slot runs ({a.time_limit:.0f} s limit), proven = optimal; `bound`: "
-             "max(average slot load, longest CTA). With co-resident CTAs every column is at least the SMs' shared-unit "
-             "floor.", "",
+             f"many CTAs of each latency each slot runs ({a.time_limit:.0f} "
+             + ("units of CP-SAT deterministic time" if a.deterministic else "s")
+             + " limit), proven = optimal; `bound`: max(average slot load, longest CTA). With co-resident CTAs every "
+             "column is at least the SMs' shared-unit floor.", "",
              "| config | CTAs | even µs | dynamic µs | lpt µs | exact µs | exact proven | bound µs | even / lpt |",
              "|---|---|---|---|---|---|---|---|---|"]
     path = out / f"placement_{_safe(hw.name)}.md"
     for c in SUITES[a.suite]():
         op = operator(c)
-        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs, compile_check=False)
+        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs, compile_check=False,
+                     deterministic=a.deterministic)
         g, p = r.program.graph, r.program
         if len(set(g.row)) < 2:
             continue
@@ -413,7 +415,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
         fl = {x: unit_floor(g, hw, x) for x in ("even", "dynamic", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, dyn, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "dynamic", "lpt"))
-        ex, proven = exact_loads(costs, g.rows, slots, time_limit=a.time_limit)
+        ex, proven = exact_loads(costs, g.rows, slots, time_limit=a.time_limit, deterministic=a.deterministic)
         us = [hw.cycles_to_us(x) + hw.launch_us for x in (even, dyn, lpt, max(floor, int(ex.max())),
                                                           max(floor, lower_bound(costs, g.rows, slots)))]
         lines.append(f"| {c['name']} | {g.n_ctas} | {us[0]:.2f} | {us[1]:.2f} | {us[2]:.2f} | {us[3]:.2f} | {proven} "
@@ -585,7 +587,7 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")
         q.add_argument("--out", default=None, metavar="DIR",
                        help="output folder (default: $PTSOLVE_OUT_DIR or ~/ptsolve-out)")
-    for q in (o, c):
+    for q in (o, c, pl):
         q.add_argument("--deterministic", action="store_true", help=DETERMINISTIC_HELP)
     o.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
     o.add_argument("--placement", default="even", choices=PLACEMENTS,

@@ -132,11 +132,13 @@ def per_sm_pairs(row: list[int] | tuple[int, ...], rows: int, sms: int, policy: 
 
 
 def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
-                time_limit: float = 10.0) -> tuple[np.ndarray, bool]:
+                time_limit: float = 10.0, deterministic: bool = False) -> tuple[np.ndarray, bool]:
     """Makespan-optimal placement of the CTAs on identical SMs: (loads per SM, proven optimal).
 
     LPT first; if it meets lower_bound it is optimal. Otherwise CP-SAT over how many CTAs of each
     distinct latency each SM runs (SMs sorted by load to break their symmetry), LPT as the hint.
+    ``deterministic``: ``time_limit`` is CP-SAT deterministic time, one worker (policies.cpsat.cp_solver): the same
+    answer and proof under any load; else wall-clock seconds, two workers.
     """
     lpt = sm_loads(row_cycles, rows, sms, "lpt")
     lb = lower_bound(list(row_cycles), rows, sms)
@@ -161,7 +163,7 @@ def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
     m.add_hint(cap, int(lpt.max()))
     from .policies.cpsat import cp_solver  # here: policies.model imports this module
 
-    sv = cp_solver(cp_model, 2, time_limit=time_limit)
+    sv = cp_solver(cp_model, 1, det_time=time_limit) if deterministic else cp_solver(cp_model, 2, time_limit=time_limit)
     st = sv.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or sv.objective_value >= lpt.max():
         return lpt, st == cp_model.OPTIMAL

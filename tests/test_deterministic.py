@@ -176,3 +176,36 @@ def test_cli_flag_reaches_search(tmp_path, monkeypatch: pytest.MonkeyPatch, caps
     assert "solver 'milp' cannot run deterministically" in capsys.readouterr().err and not calls
     assert main(["optimize", *args, "--solver", "milp-cbc", "--deterministic"]) == 2
     assert "'milp-cbc' cannot run deterministically" in capsys.readouterr().err and not calls
+
+
+def test_exact_placement_runs_deterministically(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """``exact_loads(deterministic=True)``: one CP-SAT worker under deterministic time, the same proven placement as
+    the wall-clock solve; ``ptsolve placement --deterministic`` passes the mode to both its searches and its exact
+    placements (the suite stubbed to one causal configuration, whose CTAs are unequal)."""
+    import numpy as np
+
+    import ptsolve.placement as pl
+    import ptsolve.policies.cpsat as cps
+    import ptsolve.suites as suites
+    seen: list[tuple] = []
+    real = cps.cp_solver
+    monkeypatch.setattr(cps, "cp_solver", lambda m, w, seed=0, time_limit=None, det_time=None:
+                        (seen.append((w, time_limit, det_time)), real(m, w, seed, time_limit, det_time))[1])
+    a = pl.exact_loads([5, 4, 3, 3, 3], 1, 2, time_limit=2.0, deterministic=True)
+    b = pl.exact_loads([5, 4, 3, 3, 3], 1, 2, time_limit=2.0)
+    assert seen == [(1, None, 2.0), (2, 2.0, None)]
+    assert a[1] and b[1] and sorted(a[0].tolist()) == sorted(b[0].tolist()) == [9, 9]
+    placed: list[bool] = []
+    searched: list[bool] = []
+    monkeypatch.setattr(pl, "exact_loads", lambda *x, deterministic=False, **k: (placed.append(deterministic),
+                                                                                   (np.array([1]), True))[1])
+    opt = ptsolve.optimize
+    monkeypatch.setattr(ptsolve, "optimize", lambda *x, deterministic=False, **k: (searched.append(deterministic),
+                                                                                  opt(*x, deterministic=deterministic,
+                                                                                      **k))[1])
+    cfg = {"name": "T0c", "op": "flash_attention", "params": {"batch": 1, "heads": 2, "seq": 512, "head_dim": 64,
+                                                             "causal": True}}
+    monkeypatch.setitem(suites.SUITES, "paper", lambda: [cfg])
+    assert main(["placement", "--hw", "h200", "--time-limit", "0.5", "--deterministic", "--no-cache",
+                 "--out", str(tmp_path)]) == 0
+    assert searched == [True] and placed == [True]
