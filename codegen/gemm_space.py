@@ -41,8 +41,27 @@ SHAPES: tuple[tuple[str, int, int, int, str], ...] = (
 )
 
 
+# held out ("heldout"): GEMMs of neither the paper nor shapes.md, for checking what was tuned on SHAPES (results/
+# gemm_heldout); only run when named (--only)
+HELDOUT: tuple[tuple[str, int, int, int, str], ...] = tuple((f"H_{m}x{n}x{k}", m, n, k, "heldout") for m, n, k in (
+    (512, 11008, 4096),    # Llama-2-7B up-projection, 512 tokens
+    (4096, 3072, 768),     # BERT-base FFN in, 32 x 128 tokens
+    (4096, 768, 3072),     # BERT-base FFN out
+    (77, 4096, 14336),     # Mistral-7B down-projection, 77 tokens (ragged)
+    (333, 4608, 3584),     # Qwen2.5-7B fused QKV, 333 tokens
+    (1024, 50304, 768),    # GPT-2 LM head (vocabulary padded to 64)
+    (3000, 3000, 3000),    # odd square
+    (2048, 2048, 8192),    # deep K
+    (8, 8192, 8192),       # skinny, batch-8 decode projection
+    (257, 1024, 1024),     # ragged small
+    (96, 12288, 12288),    # GPT-3-size projection, 96 tokens
+    (6144, 6144, 2048),    # wide, shallow K
+))
+
+
 def shapes(only: tuple[str, ...] = ()) -> list[tuple[str, int, int, int, str]]:
-    return [s for s in SHAPES if not only or s[0] in only]
+    """SHAPES, or the shapes of SHAPES and HELDOUT named in ``only``."""
+    return [s for s in (*SHAPES, *HELDOUT) if s[0] in only] if only else list(SHAPES)
 
 
 def prepare(out: Path, tag: str, hw: str = "h200", only: tuple[str, ...] = (), base: bool = True,
