@@ -146,6 +146,19 @@ def span(events: list[MEvent]) -> float:
     return float(statistics.median(s)) if s else float("nan")
 
 
+def task_means(p: Profile, base: bool = False) -> dict[str, tuple[float, float]]:
+    """``role:task`` -> (mean cycles waiting, mean cycles working) over the steady-loop instances of every sampled
+    CTA; ``base``: tasks by their base name (``exp2@0`` counted as ``exp2``)."""
+    acc: dict[str, list[int]] = {}
+    for e in p.events:
+        if e.phase == "loop":
+            w = acc.setdefault(f"{e.role}:{e.task.split('@')[0] if base else e.task}", [0, 0, 0])
+            w[0] += e.wait
+            w[1] += e.busy
+            w[2] += 1
+    return {k: (w[0] / w[2], w[1] / w[2]) for k, w in sorted(acc.items())}
+
+
 def timeline(p: Profile, cta: int = 0) -> Any:
     """One sampled CTA as a ptsolve.simulate.Timeline (holds: the role's stream from t1 to t2; a wait shows as a gap),
     so ``ptsolve.report.gantt`` draws it."""

@@ -201,6 +201,20 @@ def check(run: Any, p: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"max_err": err, "lowprec_err": base, "repeat_equal": bool(torch.equal(o1, o2)), "ok": ok}
 
 
+def timing_sets(p: dict[str, Any], min_sets: int = 1) -> tuple[list[Any], int]:
+    """Inputs for timing a decode shape: (q, k, v, o) fp16 sets (BSHD; o poisoned with NaN), as many as keep K/V
+    from staying in the 50 MB L2 when the timing rotates over them (at least ``min_sets``, at most 16), and the bytes
+    of K and V of one set."""
+    import torch
+    B, Sq, Skv, H, Hkv, D = (p[x] for x in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"))
+    kv_bytes = 2 * B * Skv * Hkv * D * 2
+    n = max(min_sets, min(16, math.ceil(200e6 / kv_bytes)))
+    return [(torch.randn(B, Sq, H, D, device="cuda", dtype=torch.float16),
+             torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
+             torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
+             torch.full((B, Sq, H, D), float("nan"), device="cuda", dtype=torch.float16)) for _ in range(n)], kv_bytes
+
+
 def sdpa_fns(p: dict[str, Any], sets: list[Any], nc: bool = False) -> dict[str, tuple[Any, Any]]:
     """name -> (fn(i), context) for the SDPA backends that accept the shape (GQA through enable_gqa; a causal
     decode with seq_q < seq_kv through causal_lower_right, which cuDNN may refuse). ``nc``: for such a shape also
@@ -278,14 +292,8 @@ def run(plans: Path, out: Path, only: str | None, nc: bool = False) -> None:
                                           **check(runners[label], p, seed=len(results))}
             except Exception as e:  # noqa: BLE001  (reported per shape; the others still run)
                 rec["variants"][label] = {"tiling": v["tiling"], "ok": False, "error": repr(e)[:300]}
-        # timing: CUDA graphs, inputs rotating over enough sets that K/V do not stay in the 50 MB L2
-        B, Sq, Skv, H, Hkv, D = (p[x] for x in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"))
-        kv_bytes = 2 * B * Skv * Hkv * D * 2
-        nsets = max(1, min(16, math.ceil(200e6 / kv_bytes)))
-        sets = [(torch.randn(B, Sq, H, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.full((B, Sq, H, D), float("nan"), device="cuda", dtype=torch.float16)) for _ in range(nsets)]
+        sets, kv_bytes = timing_sets(p)  # timing: CUDA graphs, inputs rotating past the 50 MB L2
+        nsets = len(sets)
         fns, ctxs = {}, {}
         for label, r in runners.items():
             if rec["variants"][label].get("ok"):

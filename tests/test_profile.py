@@ -14,7 +14,7 @@ from codegen.cuda import emit_ir
 from codegen.cuda.skeleton import PHASE_CODE, PROF_CTAS, PROF_HDR, PROF_REC, prof_cap, prof_words
 from codegen.lower import lower
 from codegen.plan import default_plan, fa3_order_plan
-from codegen.profile import MEvent, Profile, measured_ii, parse, span, timeline
+from codegen.profile import MEvent, Profile, measured_ii, parse, span, task_means, timeline
 from ptsolve.errors import CodegenError
 
 FA = {"batch": 1, "heads": 4, "kv_heads": 2, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": False,
@@ -108,6 +108,18 @@ def test_profile_json_round_trip():
     p = Profile("k", ir.op, tuple(ev), measured_ii(ev), span(ev), 10.0, 10.5, tuple(sm))
     q = Profile.from_json(p.to_json())
     assert q == p and abs(json.loads(p.to_json())["overhead"] - 0.05) < 1e-12
+
+
+def test_task_means_average_the_loop_instances():
+    """Waits and bodies averaged per role and task over the steady loop only (the prologue's instance is left out);
+    ``base`` merges the warpgroups' copies of a task."""
+    ev = (MEvent(0, "wg0", "exp2@0", "pre", 0, 0, 100, 900),
+          MEvent(0, "wg0", "exp2@0", "loop", 0, 0, 10, 30), MEvent(1, "wg0", "exp2@0", "loop", 1, 0, 30, 40),
+          MEvent(0, "wg1", "exp2@1", "loop", 0, 0, 0, 60), MEvent(0, "producer", "load_k", "loop", 0, 5, 6, 9))
+    p = Profile("k", "flash_attention", ev, 0.0, 0.0, 1.0, 1.0, (0, 1))
+    assert task_means(p) == {"producer:load_k": (1.0, 3.0), "wg0:exp2@0": (20.0, 15.0), "wg1:exp2@1": (0.0, 60.0)}
+    assert task_means(p, base=True) == {"producer:load_k": (1.0, 3.0), "wg0:exp2": (20.0, 15.0),
+                                        "wg1:exp2": (0.0, 60.0)}
 
 
 @pytest.mark.skipif(not (DATA / "profile_fa_h200.npz").exists(), reason="no recorded device buffer yet")

@@ -133,7 +133,7 @@ def run(out: Path) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from decode_bench import refs, sdpa_fns
+    from decode_bench import refs, sdpa_fns, timing_sets
 
     from codegen.bench import time_many
     from codegen.runtime import load
@@ -144,14 +144,9 @@ def run(out: Path) -> None:
            "torch": torch.__version__, "shapes": {}}
     for name, row in src.items():
         p = row["params"]
-        B, Sq, Skv, H, Hkv, D = (p[x] for x in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"))
-        kv_bytes = 2 * B * Skv * Hkv * D * 2
-        nsets = max(1, min(16, math.ceil(200e6 / kv_bytes)))
         torch.manual_seed(0)
-        sets = [(torch.randn(B, Sq, H, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.full((B, Sq, H, D), float("nan"), device="cuda", dtype=torch.float16)) for _ in range(nsets)]
+        sets, kv_bytes = timing_sets(p, 1)
+        nsets = len(sets)
         ptrs = [{"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()} for q, k, v, o in sets]
         hi, lo = refs(*sets[0][:3], p["causal"])
         base = float((lo.float() - hi).abs().max())

@@ -141,7 +141,7 @@ def run(out: Path, src_path: Path = SRC, keys: tuple[str, ...] = (), profile: bo
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from decode_bench import refs, sdpa_fns
+    from decode_bench import refs, sdpa_fns, timing_sets
 
     from codegen import profile as prof
     from codegen.bench import time_many
@@ -155,14 +155,9 @@ def run(out: Path, src_path: Path = SRC, keys: tuple[str, ...] = (), profile: bo
            "torch": torch.__version__, "shapes": {}, "profiles": {}}
     for name, row in src.items():
         p = row["params"]
-        B, Sq, Skv, H, Hkv, D = (p[x] for x in ("batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"))
-        kv_bytes = 2 * B * Skv * Hkv * D * 2
-        nsets = max(2, min(16, math.ceil(200e6 / kv_bytes)))
         torch.manual_seed(0)
-        sets = [(torch.randn(B, Sq, H, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.randn(B, Skv, Hkv, D, device="cuda", dtype=torch.float16),
-                 torch.full((B, Sq, H, D), float("nan"), device="cuda", dtype=torch.float16)) for _ in range(nsets)]
+        sets, kv_bytes = timing_sets(p, 2)
+        nsets = len(sets)
         ptrs = [{"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()} for q, k, v, o in sets]
         hi, lo = refs(*sets[0][:3], p["causal"])
         base = float((lo.float() - hi).abs().max())
@@ -202,17 +197,10 @@ def run(out: Path, src_path: Path = SRC, keys: tuple[str, ...] = (), profile: bo
             try:
                 ir = KernelIR.from_json(row["ir"])
                 pr, _ = prof.measure(ir, "h200")
-                waits: dict = {}
-                for e in pr.events:
-                    if e.phase == "loop":
-                        w = waits.setdefault(f"{e.role}:{e.task.split('@')[0]}", [0, 0, 0])
-                        w[0] += e.wait
-                        w[1] += e.busy
-                        w[2] += 1
                 res["profiles"][f"{name}/{key}"] = {"ii": pr.ii, "predicted_ii": ir.predicted_ii,
                                                     "kernel_us": pr.kernel_us, "overhead": pr.overhead,
-                                                    "per_task": {k: {"wait": w[0] / w[2], "busy": w[1] / w[2]}
-                                                                 for k, w in sorted(waits.items())}}
+                                                    "per_task": {k: {"wait": w, "busy": b} for k, (w, b)
+                                                                 in prof.task_means(pr, base=True).items()}}
                 print("  profile", key, json.dumps(res["profiles"][f"{name}/{key}"]), flush=True)
             except Exception as e:  # noqa: BLE001
                 print("  profile", key, "failed:", type(e).__name__, str(e)[:200], flush=True)

@@ -55,15 +55,8 @@ def run(out: Path) -> None:
         ir = KernelIR.from_json(v["ir"])
         pr, _ = prof.measure(ir, "h200")
         (out / f"{k.replace('/', '_')}.profile.json").write_text(pr.to_json())
-        per: dict = {}
-        for e in pr.events:
-            if e.phase == "loop":
-                w = per.setdefault(f"{e.role}:{e.task}", [0, 0, 0])
-                w[0] += e.wait
-                w[1] += e.busy
-                w[2] += 1
         res[k] = {"ii": pr.ii, "predicted_ii": ir.predicted_ii, "kernel_us": pr.kernel_us, "overhead": pr.overhead,
-                  "per_task": {t: [round(w[0] / w[2]), round(w[1] / w[2])] for t, w in sorted(per.items())}}
+                  "per_task": {t: [round(w), round(b)] for t, (w, b) in prof.task_means(pr).items()}}
         print(k, json.dumps(res[k]), flush=True)
     (out / "profile_orders.json").write_text(json.dumps(res, indent=1, sort_keys=True))
 
