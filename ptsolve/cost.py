@@ -61,7 +61,7 @@ def stream_of(t: STask) -> str:
     return "producer" if t.group < 0 else f"wg{t.group}"
 
 
-def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
+def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = False, busy_sms: int = 0) -> int:
     """Copy-engine occupancy of one global->shared tile load, cycles.
 
     occ = max(DRAM bytes / DRAM share, bytes / L2 share), where DRAM bytes = bytes / reuse (the other
@@ -69,17 +69,29 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware) -> int:
     and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share. A TMA multicast
     (``STask.multicast``) is charged the same: each SM still receives the whole tile, and its share of L2 -> SM
     bandwidth is what bounds it (clusters sharing B by multicast measured no faster, results/gemm_skinny).
+    ``misaligned`` rows (STask.misaligned) get misaligned_share(hw, busy_sms) of it.
     """
     dram = nbytes / max(reuse, 1.0)
-    return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / hw.l2_bytes_per_clk)))
+    l2 = hw.l2_bytes_per_clk * (misaligned_share(hw, busy_sms) if misaligned else 1.0)
+    return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / l2)))
 
 
-def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
+def misaligned_share(hw: Hardware, busy_sms: int = 0) -> float:
+    """Fraction of an SM's L2 share that loads of misaligned rows get when ``busy_sms`` SMs run the launch (0: all).
+    The L2 serves misaligned rows at hw.misaligned_l2_factor of its rate over the whole chip (3000³, every SM
+    loading: 0.45; results/gemm_heldout), so a launch that keeps fewer SMs busy splits that among fewer (1000³'s
+    64 ping-pong CTAs lost 33%, its 48 128×192 CTAs 4%), up to the aligned share."""
+    busy = hw.sms if busy_sms <= 0 else min(busy_sms, hw.sms)
+    return min(1.0, hw.misaligned_l2_factor * hw.sms / busy)
+
+
+def task_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1,
+                busy_sms: int = 0) -> Timing:
     """Occupancy and latency of one task on ``hw`` (see _raw_timing), every number rounded up to GRAIN; ``turns``:
     the graph's consumer warpgroups take turns on the tensor cores; ``ctas``: CTAs resident on one SM; ``op``: the
     graph's operator (its own fitted constants, Hardware.for_op, and the key of hw.task_extra) and ``groups`` its
-    consumer warpgroups."""
-    r = _raw_timing(t, hw.for_op(op), turns, ctas, op, groups)
+    consumer warpgroups; ``busy_sms``: SMs the launch keeps busy (0: all; misaligned loads share the L2 among them)."""
+    r = _raw_timing(t, hw.for_op(op), turns, ctas, op, groups, busy_sms)
     return Timing(r.stream, tuple((x, grain(o) if o else 0, grain(n)) for x, o, n in r.uses), grain(r.latency))
 
 
@@ -101,7 +113,8 @@ def task_extra_of(hw: Hardware, op: str, t: STask, groups: int) -> int:
     return have[max(below)] if below else have[min(have)]
 
 
-def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1) -> Timing:
+def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: str = "", groups: int = 1,
+                busy_sms: int = 0) -> Timing:
     """Occupancy and latency of one task on ``hw``.
 
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
@@ -120,7 +133,7 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
     """
     s = stream_of(t)
     if t.kind in ("load", "store"):
-        occ = load_cycles(t.bytes, t.reuse if t.kind == "load" else 1.0, hw)
+        occ = load_cycles(t.bytes, t.reuse if t.kind == "load" else 1.0, hw, t.misaligned, busy_sms)
         issue = hw.issue_cycles + (0 if hw.has_tma else math.ceil(t.bytes / 2048))
         return Timing(s, ((s, 0, issue), ("tma", 0, occ)), occ + hw.mem_latency)
     if t.kind == "mma":
@@ -144,10 +157,12 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
 def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
     """Timing of every task of ``g`` on ``hw`` (the graph says whether warpgroups take turns on the tensor cores and
     how many CTAs share an SM)."""
+    from .ops.base import slots_of
     turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
     ctas = int(g.tiling.get("ctas", 1))
+    busy = -(-g.n_ctas // slots_of(g.tiling))  # SMs the launch keeps busy (task_timing caps it at hw.sms)
     hw = hw.for_op(g.op)  # once, not per task
-    return {t.name: task_timing(t, hw, turns, ctas, g.op, g.groups) for t in g.tasks}
+    return {t.name: task_timing(t, hw, turns, ctas, g.op, g.groups, busy) for t in g.tasks}
 
 
 def edge_delay(tm: dict[str, Timing], src: str, dst: str, hw: Hardware) -> int:

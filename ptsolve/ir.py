@@ -47,6 +47,8 @@ class STask:
     reuse: how many CTAs read the same global tile (L2 reuse; 1 = no reuse).
     multicast: CTAs of a cluster that receive this load's tile from one L2 read (TMA multicast; 1 = none): each
     issues 1/multicast of the tile and receives all of it, so ``bytes`` stays what lands in its shared memory.
+    misaligned: the load's rows start off the L2's 32-byte sectors (its global row pitch is not a multiple of 32
+    bytes: GEMM with K = 8 mod 16), which the L2 delivers at ``Hardware.misaligned_l2_factor`` of its rate.
     group: consumer warpgroup that issues the task, or -1 for the producer / shared work.
     allocs / reads / frees: buffer names; a buffer is allocated by exactly one task.
     """
@@ -66,12 +68,17 @@ class STask:
     reads: tuple[str, ...] = ()
     frees: tuple[str, ...] = ()
     multicast: int = 1
+    misaligned: bool = False
 
     @property
     def units(self) -> tuple[str, ...]:
         """sEU kinds that can execute this task (the issuing stream is always used too)."""
         return {"load": ("tma",), "store": ("tma",), "mma": ("tc",), "barrier": ()}.get(
             self.kind, ("sfu", "cuda") if self.sfu else ("cuda",))
+
+
+# STask fields the JSON leaves out at their defaults (they came after graphs were first written)
+OPTIONAL_TASK_FIELDS: dict[str, Any] = {"multicast": 1, "misaligned": False}
 
 
 @dataclass(frozen=True)
@@ -224,9 +231,10 @@ class STaskGraph:
     # -- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for t in d["tasks"]:  # the graphs written before multicast existed read back, and hash, the same
-            if t["multicast"] == 1:
-                del t["multicast"]
+        for t in d["tasks"]:  # the graphs written before these fields existed read back, and hash, the same
+            for k, default in OPTIONAL_TASK_FIELDS.items():
+                if t[k] == default:
+                    del t[k]
         return d
 
     def to_json(self) -> str:
@@ -238,8 +246,8 @@ class STaskGraph:
         try:
             seq = {"tile": tuple, "reads": tuple, "frees": tuple,
                    "allocs": lambda bs: tuple(_build(Buffer, b) for b in bs)}
-            tasks = tuple(_build(STask, {"multicast": 1} | {k: seq[k](v) if k in seq else v for k, v in t.items()})
-                          for t in d["tasks"])  # to_dict leaves multicast out where it is 1
+            tasks = tuple(_build(STask, OPTIONAL_TASK_FIELDS | {k: seq[k](v) if k in seq else v for k, v in t.items()})
+                          for t in d["tasks"])  # to_dict leaves these out at their defaults
             edges = tuple(_build(Edge, e) for e in d["edges"])
             return cls(name=d["name"], op=d["op"], params=dict(d["params"]), tiling=dict(d["tiling"]),
                        tasks=tasks, edges=edges, row=tuple(int(n) for n in d["row"]), rows=int(d["rows"]),
@@ -300,6 +308,9 @@ def _check_task(t: STask) -> None:
     if not _count(t.multicast) or t.multicast < 1 or (t.multicast > 1 and t.kind != "load"):
         raise GraphError(f"task {t.name!r}: multicast={t.multicast!r} must be an integer >= 1, and > 1 only for a "
                          "load (a TMA multicast to the CTAs of a cluster)")
+    if not isinstance(t.misaligned, bool) or (t.misaligned and t.kind != "load"):
+        raise GraphError(f"task {t.name!r}: misaligned={t.misaligned!r} must be true or false, and true only for a "
+                         "load (rows off the L2's 32-byte sectors)")
     if not all(_count(x) and x > 0 for x in t.tile):
         raise GraphError(f"task {t.name!r}: tile={t.tile!r} must be positive integers")
     if t.dtype not in DTYPE_BYTES:

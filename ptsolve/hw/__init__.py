@@ -74,6 +74,9 @@ class Hardware:
     # unchanged (policies.model.deepen): the model's deterministic latency is hidden by the space's depths, but more
     # bytes in flight measured faster past them (GEMM on the H200: results/gemm_skinny); set in op_constants
     deep_ring_max: int = 0
+    # the L2 -> SM rate of loads whose global rows start off the L2's 32-byte sectors (STask.misaligned), as a
+    # fraction of l2_bytes_per_clk (1: no difference); a property of the memory system, measured per table
+    misaligned_l2_factor: float = 1.0
 
     @property
     def hbm_bytes_per_clk(self) -> float:
@@ -204,6 +207,9 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
                 raise HardwareError(f"hardware table {where}: op_constants[{op!r}] entry {k!r}: {v!r} must name a "
                                     f"numeric field of the table ({', '.join(sorted(numeric))}) with a value >= 0 "
                                     "of its type")
+    if not 0 < vals.get("misaligned_l2_factor", 1.0) <= 1:
+        raise HardwareError(f"hardware table {where}: field 'misaligned_l2_factor' must be in (0, 1], got "
+                            f"{vals['misaligned_l2_factor']} (the fraction of the L2 rate misaligned rows get)")
     for k in ("sms", "clock_ghz", "tc_flops_per_clk", "hbm_bytes_per_s", "smem_per_block", "regs_per_sm"):
         if not vals[k] > 0:
             raise HardwareError(f"hardware table {where}: field {k!r} must be > 0, got {vals[k]}")

@@ -138,12 +138,13 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     tm_units = cdiv(tm, cl) * cl  # a cluster's CTAs come in M-pairs: an odd last M tile gets an empty partner
     # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
     side = math.isqrt(sms_of(hw) * (2 if pp else 1))
+    off = K * e % 32 != 0  # A's and B's rows (K-major) start off the L2's 32-byte sectors: results/gemm_heldout
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=a_rows(M, BM) * BK * e, reuse=min(tn, side),
-             is_async=True,
+             is_async=True, misaligned=off,
              allocs=(smem("a", BM * BK * e),)),
         task("load_b", "load", tile=(BK, BN), dtype=dt, bytes=BK * BN * e, reuse=min(tm, side), is_async=True,
-             multicast=cl, allocs=(smem("b", BK * BN * e),)),
+             multicast=cl, misaligned=off, allocs=(smem("b", BK * BN * e),)),
     ]
     edges = []
     for g in range(W):
