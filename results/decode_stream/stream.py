@@ -226,6 +226,8 @@ def report(runs: Path) -> None:
     (predicted.json; two CTAs per SM and ring depth 6 are outside the space: none) and cuDNN's time over it."""
     res = json.loads(runs.read_text())
     pred = json.loads((HERE / "predicted.json").read_text())
+    pv = res.get("provenance", {})
+    print(f"Run {runs.name}: {res['device']}, {res['date']}, commit {pv.get('commit', '?')}; µs per call.\n")
     print("| shape | kernel (BN, ring depth, splits, CTAs per SM) | ring KB per CTA | model µs | µs | KV GB/s | "
           "cuDNN / it |")
     print("|---|---|---|---|---|---|---|")

@@ -104,7 +104,12 @@ def pick(select: Path) -> None:
 def report(select: Path, confirm: Path) -> None:
     """Markdown: per shape the choice and the pick (tiling, predicted and confirmed µs) next to cuDNN, and each
     candidate's time in the select run."""
-    sel, con = (json.loads(p.read_text())["shapes"] for p in (select, confirm))
+    docs = [json.loads(p.read_text()) for p in (select, confirm)]
+    sel, con = (d["shapes"] for d in docs)
+    for p, d in zip((select, confirm), docs):
+        print(f"Run {p.name}: {d['device']}, {d['date']}, commit {d.get('provenance', {}).get('commit', '?')}; "
+              "µs per call.")
+    print()
     info = json.loads((HERE / "candidates.json").read_text())
     picks = json.loads((HERE / "picks.json").read_text())
     print("| shape | choice (what) | pick (rank) | predicted µs choice / pick | confirm µs choice / pick / cuDNN | "
