@@ -79,8 +79,9 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = Fa
 def misaligned_share(hw: Hardware, busy_sms: int = 0) -> float:
     """Fraction of an SM's L2 share that loads of misaligned rows get when ``busy_sms`` SMs run the launch (0: all).
     The L2 serves misaligned rows at hw.misaligned_l2_factor of its rate over the whole chip (3000³, every SM
-    loading: 0.45; results/gemm_heldout), so a launch that keeps fewer SMs busy splits that among fewer (1000³'s
-    64 ping-pong CTAs lost 33%, its 48 128×192 CTAs 4%), up to the aligned share."""
+    loading: 0.45; results/gemm_heldout), so a launch that keeps fewer SMs busy splits that among fewer (1000³ at
+    64×128 ping-pong, 64 CTAs: 33% slower than at K = 1008; at 128×192 ping-pong, 24 CTAs: 4%), up to the aligned
+    share."""
     busy = hw.sms if busy_sms <= 0 else min(busy_sms, hw.sms)
     return min(1.0, hw.misaligned_l2_factor * hw.sms / busy)
 
