@@ -21,6 +21,7 @@ from . import checks
 from .errors import ConfigError
 from .hw import Hardware
 from .ir import STask, STaskGraph
+from .ops.base import slots_of
 
 # An invalid PTSOLVE_GRAIN must not break ``import ptsolve`` (the CLI could not print its one-line error): it is
 # kept here and raised by grain(), which every duration of the cost model goes through.
@@ -158,7 +159,6 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
 def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
     """Timing of every task of ``g`` on ``hw`` (the graph says whether warpgroups take turns on the tensor cores and
     how many CTAs share an SM)."""
-    from .ops.base import slots_of
     turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
     ctas = int(g.tiling.get("ctas", 1))
     busy = -(-g.n_ctas // slots_of(g.tiling))  # SMs the launch keeps busy (task_timing caps it at hw.sms)

@@ -111,10 +111,11 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     deepened: dict[tuple, dict[str, int]] = {}  # deepened tiling -> the searched tiling it came from
     have: set[tuple] = set()  # (tiling, order_key) of every candidate: the same kernel is timed once
 
-    def add(r: Result, c: KernelCheck) -> None:
-        have.add((tuple(sorted(r.tiling.items())), order_key(r.program)))
-        found.append(r)
-        checks.append(c)
+    def ident(r: Result) -> tuple:
+        return tuple(sorted(r.tiling.items())), order_key(r.program)
+
+    def check_of(r: Result) -> KernelCheck:
+        return KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
 
     # optimize's own answer is a candidate: its compiler in the loop may keep a tiling the walk below drops (the
     # first rejected tiling with the operator's declared issue order, optimize._compiler_in_the_loop), and the first
@@ -124,35 +125,30 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
                          deterministic=deterministic)
     except InfeasibleError:
         first = None
-    if first is not None and first.kernel_check:
-        c = KernelCheck(**first.kernel_check)
-        if c.status not in ("rejected", "unsupported"):
-            add(first, c)
-            say(f"optimize's answer {first.tiling} {first.program.policy}: {first.predicted_us:.1f} µs predicted")
-    elif first is not None:
-        add(first, KernelCheck("not compile-checked", "check=False"))
+    if first is not None and (c := check_of(first)).status not in ("rejected", "unsupported"):
+        have.add(ident(first))
+        found.append(first)
+        checks.append(c)
+        say(f"optimize's answer {first.tiling} {first.program.policy}: {first.predicted_us:.1f} µs predicted")
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
-        seen: set[tuple] = set()
         for pol in solvers:
             r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check, deterministic=deterministic)
             if "depth" not in (fix or {}):  # the ring optimize gives an operator's winner (a graph keeps its own)
                 r = _deepened(r, hw, check)
-                tk = tuple(sorted(r.tiling.items()))
-                if deepened.setdefault(tk, g.tiling) != g.tiling:
+                if deepened.setdefault(tuple(sorted(r.tiling.items())), g.tiling) != g.tiling:
                     continue  # a shallower twin's ring deepened to one a better-ranked candidate has already
-            c = KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
+            c = check_of(r)
             if c.status in ("rejected", "unsupported"):
                 rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
                 say(f"tiling {g.tiling}: {c.status} ({c.reason})")
                 break  # the compiler judges the tiling's kernel, whichever policy ordered it
-            if (ok := order_key(r.program)) in seen:
-                continue
-            seen.add(ok)
-            if (tuple(sorted(r.tiling.items())), ok) in have:
-                continue  # optimize's answer, already in
-            add(r, c)
+            if (i := ident(r)) in have:
+                continue  # another policy's same kernel, or optimize's answer
+            have.add(i)
+            found.append(r)
+            checks.append(c)
             say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
     order = sorted(range(len(found)), key=lambda i: (answer_key(found[i].program, hw),
                                                      solvers.index(found[i].program.policy)
