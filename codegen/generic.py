@@ -1,11 +1,15 @@
 """Shape-generic kernels: one schedule and one binary per shape class, launched on any shape of that class.
 
 A *shape class* is what changes the schedule or the binary: the operator, the dtype and, for attention, head_dim,
-causal and the GQA ratio's bucket; for Mamba2's chunk kernels head_dim, d_state and chunk (``ShapeClass``). The
+causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``) head_dim, causal and the
+consumer warpgroups its packed query tile needs; for Mamba2's chunk kernels head_dim, d_state and chunk
+(``ShapeClass``). The
 sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq, heads and ngroups) are
 kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The class's
 schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
-interval and stages do not depend on the trip count. The solved schedules ship as a table
+interval and stages do not depend on the trip count. What does not change the binary but the kernel's speed, split-KV
+decode's pieces per query tile, is chosen per shape by the cost model: the class's solved program re-timed on the
+shape's graph for every piece count (``decode_splits``). The solved schedules ship as a table
 (``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
 solvers); a class the table lacks is solved on first use where OR-Tools is installed, else it is a PtsolveError
 naming the class and the command. The generic kernel is compiled once: its cubin is cached on disk by source hash
@@ -46,6 +50,7 @@ GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
 MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
 MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 SOLVE_TIME_LIMIT = 60.0  # seconds per class
+DECODE_REP_SPLITS = 16  # pieces of the decode classes' representative (1 batch x 8 kv heads: 128 piece CTAs)
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,14 @@ class ShapeClass:
     gqa: str = ""
     d_state: int = 0
     chunk: int = 0
+    groups: int = 0
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk))
+            h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
+                      self.groups))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -81,6 +88,8 @@ class ShapeClass:
             return f"gemm/{self.dtype}"
         if self.op in MAMBA_OPS:
             return f"{self.op}/{self.dtype}/p{self.head_dim}/n{self.d_state}/q{self.chunk}"
+        if self.op == "flash_decode":
+            return f"flash_decode/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/wg{self.groups}"
         return f"{self.op}/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/gqa{self.gqa}"
 
 
@@ -105,6 +114,20 @@ def attention_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_head
         raise ShapeError(f"head_dim={head_dim}: ptsolve's attention kernels cover head_dim {HEAD_DIMS}; pad the "
                          "head dimension or use another backend for this layer")
     return ShapeClass("flash_attention", dtype, int(head_dim), bool(causal), gqa_bucket(heads, kv_heads))
+
+
+DECODE_MAX_SEQ_Q = 16  # query positions up to which attention runs the split-KV decode kernel
+
+
+def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, seq_q: int) -> ShapeClass:
+    """The split-KV decode class of a shape (seq_q <= DECODE_MAX_SEQ_Q): one consumer warpgroup when a query tile
+    packs at most 64 rows (the GQA group's heads times the positions), else two; ShapeError for a head_dim or dtype
+    the kernels do not cover."""
+    attention_class(dtype, head_dim, causal, heads, kv_heads)  # the same checks
+    if not 1 <= seq_q <= DECODE_MAX_SEQ_Q:
+        raise ShapeError(f"seq_q={seq_q}: the split-KV decode kernel takes 1..{DECODE_MAX_SEQ_Q} query positions")
+    groups = 1 if heads // kv_heads * seq_q <= 64 else 2
+    return ShapeClass("flash_decode", dtype, int(head_dim), bool(causal), groups=groups)
 
 
 def gemm_class(dtype: str) -> ShapeClass:
@@ -132,6 +155,8 @@ def classes() -> list[ShapeClass]:
             for causal in (False, True):
                 for _, name, _ in GQA_BUCKETS:
                     out.append(ShapeClass("flash_attention", d, hd, causal, name))
+                for w in (1, 2):
+                    out.append(ShapeClass("flash_decode", d, hd, causal, groups=w))
     return out
 
 
@@ -142,6 +167,10 @@ def representative(c: ShapeClass) -> dict[str, Any]:
     if c.op in MAMBA_OPS:  # Mamba2-1.3b's heads at batch 4, seq 8k
         return {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
                 "chunk": c.chunk, "groups": 1, "dtype": c.dtype}
+    if c.op == "flash_decode":  # a long cache few (batch, kv head) rows share, so the class's program splits keys
+        heads, kv, sq = (32, 8, 4 if c.causal else 1) if c.groups == 1 else (71, 1, 2 if c.causal else 1)
+        return {"batch": 1, "heads": heads, "kv_heads": kv, "seq_q": sq, "seq_kv": 16384, "head_dim": c.head_dim,
+                "causal": c.causal, "dtype": c.dtype}
     ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
     return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
             "causal": c.causal, "dtype": c.dtype}
@@ -161,12 +190,18 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
     # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out; an
     # attention class launches a grid (persistent CTAs pay off by the shape's tile count, and the generic persistent
     # kernel is not tested)
-    fix = {"splits": 1} if c.op == "gemm" else {"persistent": 0} if c.op == "flash_attention" else None
+    # split-KV decode: the class's warpgroups, and pieces, so the program has the several-piece epilogue the generic
+    # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``)
+    fix = ({"splits": 1} if c.op == "gemm" else {"persistent": 0} if c.op == "flash_attention" else
+           {"groups": c.groups, "splits": DECODE_REP_SPLITS} if c.op == "flash_decode" else None)
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
                            time_limit=time_limit, compile_check=compile_check, fix=fix)
     plan = plan_from_program(res.program)
-    return {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
-            "solve_s": round(res.solve_s, 2), "representative": representative(c)}
+    out = {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
+           "solve_s": round(res.solve_s, 2), "representative": representative(c)}
+    if c.op == "flash_decode":  # re-timed per shape to choose its pieces
+        out["program"] = json.loads(res.program.to_json())
+    return out
 
 
 def table_path() -> Path:
@@ -190,7 +225,7 @@ def load_table(path: Path | None = None) -> dict[str, Any]:
                            "`python3 -m codegen.generic table`") from e
 
 
-_SOLVED: dict[ShapeClass, KernelPlan] = {}
+_SOLVED: dict[ShapeClass, dict[str, Any]] = {}
 _TABLE: list[dict[str, Any]] = []
 
 
@@ -205,20 +240,82 @@ def solvers_installed() -> bool:
     return importlib.util.find_spec("ortools") is not None
 
 
-def schedule(c: ShapeClass, table: dict[str, Any] | None = None) -> KernelPlan:
-    """The class's schedule: the shipped table's, else solved here (OR-Tools installed; ptsolve's schedule cache
+def _class_entry(c: ShapeClass, table: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The class's table entry: the shipped table's, else solved here (OR-Tools installed; ptsolve's schedule cache
     keeps it for the next process), else a PtsolveError naming the class and how to get one."""
     t = _table() if table is None else table
     entry = t["classes"].get(c.key)
     if entry is not None:
-        return KernelPlan.from_json(json.dumps(entry["plan"]))
+        return entry
     if c not in _SOLVED:
         if not solvers_installed():
             raise PtsolveError(f"no schedule for shape class {c.key}: it is not in {TABLE.name} and OR-Tools is not "
                                "installed to solve it here; run `python3 -m codegen.generic table` where the solvers "
                                "are (pip install ortools) and ship the file")
-        _SOLVED[c] = KernelPlan.from_json(json.dumps(solve(c)["plan"]))
+        _SOLVED[c] = solve(c)
     return _SOLVED[c]
+
+
+def schedule(c: ShapeClass, table: dict[str, Any] | None = None) -> KernelPlan:
+    """The class's schedule (``_class_entry``)."""
+    return KernelPlan.from_json(json.dumps(_class_entry(c, table)["plan"]))
+
+
+_PROGRAMS: dict[ShapeClass, Any] = {}
+
+
+def class_program(c: ShapeClass) -> Any:
+    """The SProgram a decode class's schedule came from (its table entry's ``program``)."""
+    if c not in _PROGRAMS:
+        from ptsolve.program import SProgram
+
+        e = _class_entry(c)
+        if "program" not in e:
+            raise PtsolveError(f"the schedule table's entry {c.key} has no program to choose a shape's pieces with; "
+                               "rebuild it with `python3 -m codegen.generic table --only flash_decode`")
+        _PROGRAMS[c] = SProgram.from_dict(e["program"])
+    return _PROGRAMS[c]
+
+
+def _kv_bucket(blocks: int) -> int:
+    """The key-block count a decode shape's pieces are chosen at: the next of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14,
+    16, 20, 24, 28, 32, 40, ... (four steps per doubling), so a cache that grows by a token per call is re-timed once
+    every ~20% of length, not every call."""
+    if blocks <= 8:
+        return blocks
+    step = 1 << (blocks.bit_length() - 3)  # a quarter of the power of two at or below blocks
+    return -(-blocks // step) * step
+
+
+_SPLITS: dict[tuple[Any, ...], int] = {}
+
+
+def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
+    """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters): the piece count
+    (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the shape's graph
+    (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and units allow),
+    predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to
+    ``_kv_bucket`` and kept per (class, shape without seq_kv, bucket)."""
+    from ptsolve.ops import make
+    from ptsolve.ops.decode import split_counts
+    from ptsolve.simulate import simulate
+
+    prog = class_program(c)
+    t = prog.graph.tiling
+    bucket = _kv_bucket(-(-p["seq_kv"] // t["BN"]))
+    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], bucket)
+    got = _SPLITS.get(key)
+    if got is None:
+        q = dict(p, seq_kv=max(p["seq_kv"], bucket * t["BN"]))
+        op = make("flash_decode", **q)
+        best = None
+        for s in split_counts(q, t["BM"], t["BN"]):
+            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), HW)), HW).kernel_us
+            if best is None or us < best[0] - 1e-9:
+                best = (us, s)
+        assert best is not None
+        got = _SPLITS[key] = best[1]
+    return got
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -345,6 +442,61 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q:
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
             "scale_log2": scale * math.log2(math.e), **sz}
     return ck.module().prepare(vals, maps, sz["NTILES"], out="o")
+
+
+def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float) -> None:
+    """Launch decode class ``c``'s split-KV kernel: q [B, Sq, H, D] (Sq <= DECODE_MAX_SEQ_Q), k/v [B, Skv, Hkv, D],
+    ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). The launch's scratch
+    (partial results and counters) is shared by every decode launch of the class on the device: launches on one
+    stream at a time."""
+    decode_launch(q, k, v, c, scale)(current_stream(q.get_device()), out.data_ptr())
+
+
+def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Any:
+    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale); call it
+    with the stream and the output's address."""
+    key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           scale)
+    ln = _LAUNCHES.get(key)
+    if ln is None:
+        ln = _remember(key, _decode_launch(q, k, v, c, scale))
+    return ln
+
+
+_SCRATCH: dict[tuple[int, str, str], list[Any]] = {}
+
+
+def _scratch(device: Any, kernel_name: str, name: str, nbytes: int) -> int:
+    """A zero-filled device buffer of at least ``nbytes`` for scratch ``name`` of a kernel, shared by its launches
+    (the kernel leaves its counters at zero). Grown by allocating a larger one; the smaller ones are kept, since a
+    prepared launch (or a captured CUDA graph) may still point into them."""
+    import torch
+
+    held = _SCRATCH.setdefault((device.index or 0, kernel_name, name), [])
+    if not held or held[-1].numel() < nbytes:
+        held.append(torch.zeros(max(nbytes, 2 * held[-1].numel() if held else 0, 1 << 12), dtype=torch.uint8,
+                                device=device))
+    return held[-1].data_ptr()
+
+
+def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Any:
+    from .cuda import decode as cd
+
+    ck = kernel(c)
+    (B, sq, H, D), skv, Hkv = q.shape, k.shape[1], k.shape[2]
+    p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
+         "dtype": c.dtype}
+    mod = ck.module()
+    t = dict(ck.ir.tiling, splits=decode_splits(c, p))
+    err = cd.index_error(p, t)
+    if err:
+        raise ShapeError(err + ": split the batch")
+    sz = cd.sizes(p, t, mod.sms)
+    maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
+    ws = {n: _scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
+    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
+            "scale_log2": scale * math.log2(math.e), **sz}
+    return mod.prepare(vals, maps, cd.grid(sz), out="o")
 
 
 def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:

@@ -10,12 +10,14 @@ out = pt.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)   # mamba_ssm's layou
 ``flash_attention`` (dense) and ``flash_attention_varlen`` (packed [total, H, D] with int32 ``cu_seqlens``, as
 flash-attn's) run FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
 bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is zeros, as FlashAttention returns),
-GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. ``gemm(a, b)`` is a · bᵀ with K and N multiples of
-8. Each call picks its shape class's schedule (``codegen.generic``: the shipped table, or solved on first use where
-OR-Tools is installed), compiles that class's kernel once (the cubin is cached on disk, so a second process runs
-no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are registered as ``torch.ops.ptsolve.*``
-with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and CUDA-graph capture work. Forward
-only (no autograd): an output never requires grad.
+GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. Dense attention of at most 16 query positions (decode,
+speculative verification) runs the split-KV decode kernel: a query tile packs the GQA group's heads with the
+positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
+a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``codegen.generic``: the shipped
+table, or solved on first use where OR-Tools is installed), compiles that class's kernel once (the cubin is cached
+on disk, so a second process runs no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are
+registered as ``torch.ops.ptsolve.*`` with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and
+CUDA-graph capture work. Forward only (no autograd): an output never requires grad.
 
 This is the one module of ``ptsolve`` that imports ``codegen``, lazily, inside the ops' CUDA implementations: the
 rest of ptsolve stays the solver that never depends on its code generator; this module is where a PyTorch user
@@ -120,6 +122,22 @@ def _attn_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
     return c
 
 
+def _decodes(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Does dense attention of these shapes run the split-KV decode kernel: at most DECODE_MAX_SEQ_Q query positions
+    (the GQA group's heads and the positions share one packed query tile, the keys are split across CTAs), every one
+    of which sees a key?"""
+    return q.shape[1] <= _gen().DECODE_MAX_SEQ_Q and not (causal and q.shape[1] > k.shape[1])
+
+
+def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
+    key = ("fd", q.dtype, q.shape[-1], causal, q.shape[-2], k.shape[-2], q.shape[1])
+    c = _CLASSES.get(key)
+    if c is None:
+        c = _CLASSES[key] = _gen().decode_class(_DT[q.dtype], q.shape[-1], causal, q.shape[-2], k.shape[-2],
+                                                q.shape[1])
+    return c
+
+
 def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                           softmax_scale: float) -> torch.Tensor:
     key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
@@ -142,7 +160,10 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     if k.shape[1] == 0:
         return out.zero_()  # no key at all: every row is zeros
     q2, k2, v2 = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
+    if _decodes(q, k, causal):
+        ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale)
+    else:
+        ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v:
         _fast_put(key, ln)

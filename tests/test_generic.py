@@ -50,14 +50,23 @@ def test_class_keys():
     with pytest.raises(ShapeError, match="d_state=96"):
         generic.mamba_class("mamba2_chunk_scan", "fp16", 64, 96, 256)
     keys = [c.key for c in generic.classes()]
-    # gemm, attention (dtype x head_dim x causal x GQA bucket), Mamba2 (op x dtype x d_state x chunk)
-    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 3
+    d = generic.decode_class("bf16", 128, False, 32, 8, 1)
+    assert d.key == "flash_decode/bf16/d128/full/wg1"
+    assert generic.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
+    assert generic.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
+    assert generic.decode_class("fp16", 64, True, 32, 8, 16) != generic.decode_class("fp16", 64, False, 32, 8, 16)
+    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups),
+    # Mamba2 (op x dtype x d_state x chunk)
+    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 * 2 * 3
     for c in generic.classes():  # every class's representative is its own class
         r = generic.representative(c)
         if c.op == "gemm":
             assert generic.gemm_class(r["dtype"]) == c
         elif c.op in generic.MAMBA_OPS:
             assert generic.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
+        elif c.op == "flash_decode":
+            assert generic.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
+                                        r["seq_q"]) == c
         else:
             assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
 
@@ -72,6 +81,15 @@ def test_class_errors_name_the_value(args, words):
         generic.attention_class(*args)
     for w in words:
         assert w in str(e.value)
+    with pytest.raises(ShapeError) as e:
+        generic.decode_class(*args, 1)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_decode_class_takes_up_to_16_positions():
+    with pytest.raises(ShapeError, match="seq_q=17"):
+        generic.decode_class("fp16", 128, False, 32, 8, 17)
 
 
 def _src(plan):
@@ -109,10 +127,76 @@ def test_generic_refuses_ops_without_sizes_and_profiling():
     from ptsolve.errors import CodegenError
     with pytest.raises(CodegenError, match="profiler"):
         emit_ir(lower(fa3_order_plan(_fa(1, 8, 8, 256, 256), FA), "h200", generic=True, profile=True))
-    dp = {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 1, "seq_kv": 4096}
-    plan = default_plan("flash_decode", dp, {"BM": 64, "BN": 128, "depth": 2, "groups": 1, "splits": 4})
-    with pytest.raises(CodegenError, match="generic"):  # split-KV's sizes are compile-time constants
-        emit_ir(lower(plan, "h200", generic=True))
+    with pytest.raises(CodegenError, match="profiler"):
+        emit_ir(lower(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC), "h200", generic=True, profile=True))
+
+
+DEC = {"BM": 64, "BN": 128, "depth": 2, "groups": 1, "splits": 4}
+
+
+def _dp(B, H, Hkv, Sq, Skv, D=128, causal=False, dtype="fp16"):
+    return _fa(B, H, Hkv, Sq, Skv, D, causal, dtype)
+
+
+def test_generic_decode_source_is_one_per_class():
+    a = _src(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC))
+    b = _src(default_plan("flash_decode", _dp(5, 28, 4, 3, 777), DEC | {"splits": 2}))  # pieces are a launch's
+    assert a.source == b.source and a.name == b.name and a.generic and a.grid == (0, 1, 1)
+    for name in ("B_", "H", "HKV", "SQ", "SKV", "GB", "SB", "NQT", "NSP", "CHUNK", "MRR", "NMU", "NTILES"):
+        assert f"i32:{name}" in a.args
+    assert "f32:scale_log2" in a.args and "dec_work" not in a.source  # no baked work table
+    assert "mbar_expect_tx(pre_full, PR * D * 2)" in a.source  # the shape's query box, not the whole tile
+    exact = emit_ir(lower(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC), "h200"))
+    assert "dec_work" in exact.source and not exact.generic
+
+
+@pytest.mark.parametrize("p,t", [
+    (_dp(2, 32, 8, 1, 32768), DEC | {"splits": 16}),
+    (_dp(1, 71, 1, 2, 5000, 64, True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 12}),
+    (_dp(3, 14, 2, 5, 777, 64, True), DEC | {"splits": 3}),
+    (_dp(1, 8, 1, 16, 300, causal=True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 2}),
+    (_dp(1, 128, 1, 3, 1000, causal=True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 4}),
+])
+def test_generic_decode_sizes_cut_pieces_as_the_model(p, t):
+    """The generic kernel's cut (its C, ``codegen.cuda.decode._tiles``: tile qt visits TT key blocks, ns = ceil(TT /
+    CHUNK) pieces, piece k = [k·TT/ns, (k+1)·TT/ns)) from ``sizes`` gives the CTAs ``ptsolve.ops.decode.pieces``
+    does, and the merge grid covers every row of a split tile with fewer merge CTAs than SMs."""
+    from codegen.cuda.decode import sizes
+    from ptsolve.ops.decode import pieces, tile_rows, trip_counts
+    sz = sizes(p, t, 132)
+    trips = trip_counts(p, t["BM"], t["BN"])
+    got = []
+    for qt in range(sz["NQT"]):
+        TT = trips[qt]
+        ns = -(-TT // sz["CHUNK"])
+        assert ns <= sz["NSP"]
+        got += [(qt, k * TT // ns, (k + 1) * TT // ns - k * TT // ns, ns, k) for k in range(ns)]
+    assert sorted(got) == sorted(pieces(p, t["BM"], t["BN"], t["splits"]))
+    assert sz["NTILES"] == p["batch"] * p["kv_heads"] * sz["NQT"] * sz["NSP"]
+    if max(g[3] for g in got) > 1:
+        assert sz["MRR"] * sz["NMU"] >= max(tile_rows(p, t["BM"], q) for q in range(sz["NQT"]))
+        assert p["batch"] * p["kv_heads"] * sz["NQT"] * sz["NMU"] < 132
+
+
+def test_kv_bucket_steps_a_fifth_at_most():
+    prev = 0
+    for n in range(1, 5000):
+        b = generic._kv_bucket(n)
+        assert b >= n and b < n * 1.26 + 1 and b >= prev
+        prev = b
+    assert len({generic._kv_bucket(n) for n in range(1, 5000)}) < 60
+
+
+def test_decode_splits_fill_the_gpu_from_the_class_program():
+    """The class's program re-timed per shape: a long cache of 8 (batch, kv head) rows splits; 512 rows do not."""
+    c = generic.decode_class("fp16", 128, False, 32, 8, 1)
+    long1 = generic.decode_splits(c, _dp(1, 32, 8, 1, 32768))
+    assert long1 >= 8
+    assert generic.decode_splits(c, _dp(64, 32, 8, 1, 4096)) == 1
+    assert generic.decode_splits(c, _dp(1, 32, 8, 1, 32768 - 5)) == long1  # the same bucket, kept
+    # a causal speculative step on a long cache is no prefill: few distinct trip counts to replay, no size refusal
+    cc = generic.decode_class("fp16", 128, True, 32, 8, 4)
+    assert generic.decode_splits(cc, _dp(1, 32, 8, 4, 200_000, causal=True)) > 1
 
 
 MAMBA = {"mamba2_chunk_scan": {"BM": 64, "BK": 64, "depth": 3, "groups": 1, "ctas": 2},

@@ -19,10 +19,19 @@ results meet in shared memory) and stores them; the tile's last merge CTA resets
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping
+from typing import Any
 
 from ptsolve.errors import CodegenError
-from ptsolve.ops.decode import MERGE_PIECES, merge_units, packing, pieces, query_tiles
+from ptsolve.ops.decode import (
+    MERGE_PIECES,
+    merge_grid,
+    merge_units,
+    packing,
+    piece_blocks,
+    pieces,
+    query_tiles,
+)
 
 from ..kernel_ir import KernelIR
 from . import attention
@@ -48,7 +57,8 @@ def _work(ir: KernelIR) -> list[tuple[int, int, int, int, int]]:
 
 
 def _nmax(ir: KernelIR) -> int:
-    return max(w[3] for w in _work(ir))
+    """The most pieces of a query tile (a generic build always has the several-piece epilogue)."""
+    return 2 if ir.generic else max(w[3] for w in _work(ir))
 
 
 def _merges(ir: KernelIR) -> list[tuple[int, int, int, int]]:
@@ -77,14 +87,54 @@ def _check(ir: KernelIR) -> None:
     if _nmax(ir) > 1 and ir.persistent:
         raise CodegenError(f"{OP}: splits={t['splits']} on persistent CTAs; the merge CTAs wait for pieces a "
                            "persistent CTA may not have run yet: use persistent=0")
-    # TMA coordinates and the per-tensor row counts stay 32-bit; element offsets are 64-bit
-    if max(p["batch"] * p["seq_q"], p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"]), p["seq_kv"]) >= 1 << 31:
-        raise CodegenError(f"{OP}: batch·seq_q, batch·kv_heads·query tiles and seq_kv must stay below 2^31")
+    err = index_error(p, t)
+    if err:
+        raise CodegenError(err)
+
+
+def index_error(p: Mapping[str, Any], t: Mapping[str, int]) -> str:
+    """Why the kernel's 32-bit indices cannot take shape ``p`` ("" when they can): TMA coordinates and the per-tensor
+    row counts stay 32-bit (element offsets are 64-bit), and so does the grid."""
+    n = p["batch"] * p["kv_heads"] * query_tiles(p, t["BM"])
+    if max(p["batch"] * p["seq_q"], n * t["splits"] * 2, p["seq_kv"]) >= 1 << 31:
+        return (f"{OP}: batch·seq_q = {p['batch'] * p['seq_q']}, twice batch·kv_heads·query tiles·pieces = "
+                f"{n * t['splits'] * 2} and seq_kv = {p['seq_kv']} must stay below 2^31")
+    return ""
+
+
+SIZE_PARAMS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv")
+
+
+def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132) -> dict[str, int]:
+    """What a generic build takes at launch for shape ``p`` and tiling ``t`` (its ``splits`` chosen per shape,
+    ``codegen.generic``): the sizes, the query-tile packing (``packing``), NSP pieces of the longest tile, CHUNK key
+    blocks per piece at most (``piece_blocks``: the kernel cuts each tile as ``pieces`` does), the merge grid
+    (``merge_grid``: MRR rows per merge CTA, NMU merge CTAs per query tile, fewer than ``sms`` in all), NTILES piece
+    CTAs last; the grid is NTILES + B_·HKV·NQT·NMU."""
+    BM, BN, W = t["BM"], t["BN"], t["groups"]
+    gbox, sbox = packing(p, BM)
+    nqt = query_tiles(p, BM)
+    mrr, nmu = merge_grid(p, BM, BN, t["splits"], 128 * (W + 1), sms)
+    return {"B_": p["batch"], "H": p["heads"], "HKV": p["kv_heads"], "SQ": p["seq_q"], "SKV": p["seq_kv"],
+            "GB": gbox, "SB": sbox, "NGT": -(-(p["heads"] // p["kv_heads"]) // gbox), "NQT": nqt,
+            "NSP": t["splits"], "CHUNK": piece_blocks(p, BM, BN, t["splits"]), "MRR": mrr, "NMU": nmu,
+            "NTILES": p["batch"] * p["kv_heads"] * nqt * t["splits"]}
+
+
+def grid(sz: Mapping[str, int]) -> int:
+    """CTAs of a generic launch with sizes ``sz``: the pieces, then the merge CTAs."""
+    return sz["NTILES"] + sz["B_"] * sz["HKV"] * sz["NQT"] * sz["NMU"]
 
 
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     D, BM = p["head_dim"], t["BM"]
+    if ir.generic:
+        return (f"  constexpr int D = {D}, DCH = D / 64, BM = {BM}, BN = {t['BN']};\n"
+                "  const int G = H / HKV, PR = GB * SB, NE = NQT * NSP, NSLOT = NE, TILES_ = B_ * HKV * NQT;\n"
+                f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
+                "  const int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
+                "  (void)G; (void)PR; (void)NSLOT; (void)TILES_; (void)OFF;")
     gbox, sbox = packing(p, BM)
     G = p["heads"] // p["kv_heads"]
     return (f"  constexpr int H = {p['heads']}, HKV = {p['kv_heads']}, G = {G}, SQ = {p['seq_q']}, "
@@ -103,6 +153,9 @@ def _consts(ir: KernelIR) -> str:
 
 
 def _device(ir: KernelIR) -> str:
+    if ir.generic:
+        return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
+                + DEVICE + LD_ACQUIRE)
     table = ", ".join(f"{{{q}, {kb}, {n}, {ns | (k << 16)}}}" for q, kb, n, ns, k in _work(ir))
     bases = _bases(ir)[0]
     nsp = {q: ns for q, _, _, ns, _ in _work(ir)}
@@ -119,8 +172,28 @@ def _device(ir: KernelIR) -> str:
             f"__device__ const int4 dec_merge[{max(1, len(_merges(ir)))}] = {{{merge}}};\n")
 
 
-def _tiles(ir: KernelIR) -> tuple[int, str]:
+def _tile_blocks() -> str:
+    """C++ (generic build): the key blocks ``TT`` query tile ``qt`` visits and its pieces ``ns``, as
+    ``ptsolve.ops.decode.trip_counts`` and ``pieces``."""
+    return ("  int TT = (SKV + BN - 1) / BN;\n"
+            "  if (CAUSAL) { const int last_ = min(SQ, (qt / NGT + 1) * SB) - 1; "
+            "TT = min(TT, (last_ + OFF + BN) / BN); }\n"
+            "  const int ns = (TT + CHUNK - 1) / CHUNK;")
+
+
+def _tiles(ir: KernelIR) -> tuple[int | str, str]:
     p = ir.params
+    if ir.generic:  # tile = ((batch, kv head), query tile from the last (the most keys, causal), piece)
+        return "NTILES", ("  const int e_ = tile % NE, row_ = tile / NE;\n"
+                          "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
+                          "  const int qt = NQT - 1 - e_ / NSP, piece = e_ % NSP;\n"
+                          "  const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB;\n" + _tile_blocks() + "\n"
+                          "  if (piece >= ns) skip_ = true;  // the tile has fewer pieces than the longest\n"
+                          "  const int kb0 = (int)((long long)piece * TT / ns);\n"
+                          "  const int T = (int)((long long)(piece + 1) * TT / ns) - kb0;\n"
+                          "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's counter of pieces done\n"
+                          "  const int base_ = qt * NSP;  // its first workspace slot\n"
+                          "  (void)ns; (void)piece; (void)ctr; (void)base_;")
     n = len(_work(ir)) * p["batch"] * p["kv_heads"]  # the merge CTAs come after them (``_entry``)
     return n, ("  const int e_ = tile % NE, row_ = tile / NE;  // row_: (batch, kv head)\n"
                "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
@@ -209,13 +282,25 @@ def _entry(ir: KernelIR) -> str:
     if _nmax(ir) == 1:
         return ""
     dt, W = ir.params["dtype"], ir.tiling["groups"]
+    if ir.generic:  # merge CTA u of every query tile: rows u·MRR.. (none: it still counts in the reset)
+        head = ["  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
+                "    const int m_ = blockIdx.x - NTILES, row_ = m_ / (NQT * NMU);",
+                "    const int hkv = row_ % HKV, bz = row_ / HKV;",
+                "    const int qt = (m_ % (NQT * NMU)) / NMU, u_ = m_ % NMU;",
+                _tile_blocks(),
+                "    if (ns <= 1) return;  // one piece stored O itself",
+                "    const int rows_ = min(GB, G - (qt % NGT) * GB) * min(SB, SQ - (qt / NGT) * SB);",
+                "    const int r0 = u_ * MRR, nr = min(MRR, rows_ - r0), nu = NMU;",
+                "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = qt * NSP;"]
+    else:
+        head = ["  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
+                "    const int m_ = blockIdx.x - NTILES, row_ = m_ / NM;",
+                "    const int hkv = row_ % HKV, bz = row_ / HKV;",
+                "    const int4 mu_ = dec_merge[m_ % NM];",
+                "    const int qt = mu_.x, r0 = mu_.y, nr = mu_.z, nu = mu_.w, ns = dec_nsp[qt];",
+                "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = dec_base[qt];"]
     return "\n".join([
-        "  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
-        "    const int m_ = blockIdx.x - NTILES, row_ = m_ / NM;",
-        "    const int hkv = row_ % HKV, bz = row_ / HKV;",
-        "    const int4 mu_ = dec_merge[m_ % NM];",
-        "    const int qt = mu_.x, r0 = mu_.y, nr = mu_.z, nu = mu_.w, ns = dec_nsp[qt];",
-        "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = dec_base[qt];",
+        *head,
         "    const long long ctr = (long long)row_ * NQT + qt;",
         f"    if (threadIdx.x == 0) while (ld_acquire(&cnt[ctr]) < ns * {W}) __nanosleep(64);  // every warpgroup",
         "    __syncthreads();",
@@ -288,16 +373,27 @@ def _entry(ir: KernelIR) -> str:
         "  }"])
 
 
-def _maps(ir: KernelIR) -> tuple[TensorMapSpec, ...]:
-    p, t = ir.params, ir.tiling
+def maps(p: Mapping[str, Any], t: Mapping[str, int], strides: Mapping[str, tuple[int, int, int]] | None = None
+         ) -> tuple[TensorMapSpec, ...]:
+    """Tensor maps of q [B, Sq, H, D] and k, v [B, Skv, Hkv, D] with element ``strides`` per tensor (batch,
+    position, head; the last dim contiguous), contiguous where not given."""
     B, H, Hkv, SQ, SKV, D, dt = (p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "dtype"))
     G, e = H // Hkv, 2
     gbox, sbox = packing(p, t["BM"])
-    kv = TensorMapSpec("k", dt, (D, Hkv, SKV, B), (D * e, Hkv * D * e, SKV * Hkv * D * e), (64, 1, t["BN"], 1))
+    st = {"q": (SQ * H * D, H * D, D), "k": (SKV * Hkv * D, Hkv * D, D), "v": (SKV * Hkv * D, Hkv * D, D)}
+    st |= strides or {}
+    kv = {n: TensorMapSpec(n, dt, (D, Hkv, SKV, B), (st[n][2] * e, st[n][1] * e, st[n][0] * e), (64, 1, t["BN"], 1))
+          for n in ("k", "v")}
+    sb, ss, sh = st["q"]
     # q as (d, head in group, kv head, position, batch): one box is a packed query tile
-    return (TensorMapSpec("q", dt, (D, G, Hkv, SQ, B), (D * e, G * D * e, H * D * e, SQ * H * D * e),
-                          (64, gbox, 1, sbox, 1)),
-            kv, replace(kv, tensor="v"))
+    return (TensorMapSpec("q", dt, (D, G, Hkv, SQ, B), (sh * e, G * sh * e, ss * e, sb * e), (64, gbox, 1, sbox, 1)),
+            kv["k"], kv["v"])
+
+
+def generic_workspace(p: Mapping[str, Any], sz: Mapping[str, int]) -> dict[str, int]:
+    """``workspace`` of a generic launch with sizes ``sz``: a slot per (batch, kv head, query tile, piece)."""
+    rows = sz["B_"] * sz["HKV"] * sz["NQT"] * sz["NSP"] * sz["GB"] * sz["SB"]
+    return {"ws": 4 * rows * p["head_dim"], "lse": 4 * rows, "cnt": 2 * 4 * sz["B_"] * sz["HKV"] * sz["NQT"]}
 
 
 def workspace(ir: KernelIR) -> dict[str, int]:
@@ -310,13 +406,29 @@ def workspace(ir: KernelIR) -> dict[str, int]:
     return {"ws": 4 * rows * p["head_dim"], "lse": 4 * rows, "cnt": 2 * 4 * tiles}
 
 
+def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
+    out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"), ("ptr:ws", "float* __restrict__ ws"),
+           ("ptr:lse", "float* __restrict__ lse"), ("ptr:cnt", "int* __restrict__ cnt"))
+    return out + (("f32:scale_log2", "const float SCALE_LOG2"),) if ir.generic else out
+
+
+def _fill_bytes(ir: KernelIR, task: str) -> str | None:
+    """A generic build's query tile is the shape's packed box (``packing``: PR rows), not the whole tile."""
+    return "PR * D * 2" if ir.generic and task == "load_q" else None
+
+
+def _info(ir: KernelIR) -> dict[str, Any]:
+    if ir.generic:  # the launcher sizes the workspace and the grid per shape (codegen.generic)
+        return {"pieces": "per shape"}
+    return {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir)),
+            "merge_ctas_per_row": len(_merges(ir))}
+
+
 REGISTRY[OP] = OpKernel(
-    op=OP, check=_check, device=_device, consts=_consts, maps=_maps,
-    signature=lambda ir: (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),
-                          ("ptr:ws", "float* __restrict__ ws"), ("ptr:lse", "float* __restrict__ lse"),
-                          ("ptr:cnt", "int* __restrict__ cnt")),
-    tiles=_tiles, decls=attention._decls, body=_body, entry=_entry,
-    extra_ctas=lambda ir: len(_merges(ir)) * ir.params["batch"] * ir.params["kv_heads"],
-    min_trips=1,  # every piece has at least one key block
-    info=lambda ir: {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir)),
-                    "merge_ctas_per_row": len(_merges(ir))})
+    op=OP, check=_check, device=_device, consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling),
+    signature=_signature, tiles=_tiles, decls=attention._decls, body=_body, entry=_entry,
+    # a generic launch adds its merge CTAs to the grid itself (``grid``)
+    extra_ctas=lambda ir: 0 if ir.generic else len(_merges(ir)) * ir.params["batch"] * ir.params["kv_heads"],
+    min_trips=1,  # every piece that runs has at least one key block
+    info=_info, sizes=sizes, size_params=SIZE_PARAMS, launch_tiling=("splits",), exact_consts=True,
+    fill_bytes=_fill_bytes)

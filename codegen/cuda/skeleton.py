@@ -87,6 +87,9 @@ class OpKernel:
     shared_base: bool = False
     sizes: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, int]] | None = None
     size_params: tuple[str, ...] = ()
+    # tiling keys a generic build takes per launch through its sizes (flash_decode's pieces): out of its plan id and
+    # name, so the class's kernel is one binary whatever its representative's value
+    launch_tiling: tuple[str, ...] = ()
     # an exact-shape build's sizes (and NTILES) are written by the operator's ``consts`` in its own layout, not by
     # ``size_decls``: the Mamba2 kernels' exact-shape sources (and so their cached cubins) stay what they were before
     # they had a generic build
@@ -95,6 +98,9 @@ class OpKernel:
     # persistent CTAs): flash_decode's merge CTAs and split-K's reduce CTAs run no pipeline and leave in ``entry``
     entry: Callable[[KernelIR], str] = lambda ir: ""
     extra_ctas: Callable[[KernelIR], int] = lambda ir: 0
+    # (ir, load task) -> a C++ expression of the bytes its fill delivers where that is the launch's (a generic
+    # flash_decode's query box), else None: the KernelIR ring's bytes
+    fill_bytes: Callable[[KernelIR, str], str | None] = lambda ir, task: None
 
 
 def size_decls(ir: KernelIR, opk: OpKernel) -> str:
@@ -117,6 +123,7 @@ def generic_id(ir: KernelIR, opk: OpKernel) -> str:
     """The plan id of a generic build: the IR's hash without the sizes a generic kernel takes at launch."""
     d = json.loads(ir.to_json())
     d["params"] = {k: v for k, v in d["params"].items() if k not in opk.size_params}
+    d["tiling"] = {k: v for k, v in d["tiling"].items() if k not in opk.launch_tiling}
     d.pop("trips", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
@@ -245,7 +252,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     # ---- producer
     def prod_body(name: str, it: str, parity: int | None, waits: Any) -> str:
         r = fill_of[name]
-        nbytes = dict(r.fills)[name]
+        nbytes = opk.fill_bytes(ir, name) or dict(r.fills)[name]
         lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
                  probe("p0_"), f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);", probe("p1_"),
                  f"  mbar_expect_tx(&{r.name}_full[s_], {nbytes});",
@@ -260,8 +267,9 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                         f"{', '.join(pre.buffers)}")
         for name, _ in prod.pre:
             if name in dict(pre.fills):
+                nbytes = opk.fill_bytes(ir, name) or dict(pre.fills)[name]
                 prod_pre.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
-                                      f"  mbar_expect_tx(pre_full, {dict(pre.fills)[name]});",
+                                      f"  mbar_expect_tx(pre_full, {nbytes});",
                                       "  uint64_t* const fbar_ = pre_full;",
                                       opk.body(Task(name, prod, "0", None, "pre", ir)), record(name, "pre", "0"),
                                       "}"))
@@ -543,5 +551,6 @@ def release_pre(pre: Ring, role: str) -> str:
 
 def _kernel_name(ir: KernelIR, pid: str) -> str:
     """pts_<op>_<dtype>_<tiling>_<plan id>: only ints and known words reach the source."""
-    t = "_".join(f"{k.lower()}{int(v)}" for k, v in sorted(ir.tiling.items()))
+    skip = REGISTRY[ir.op].launch_tiling if ir.generic else ()
+    t = "_".join(f"{k.lower()}{int(v)}" for k, v in sorted(ir.tiling.items()) if k not in skip)
     return f"pts_{ir.op}_{ir.params.get('dtype', 'fp16')}_{t}{'_p' if ir.persistent else ''}_{pid}"

@@ -65,8 +65,11 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
                          "with no key; use seq_q <= seq_kv")
     T = cdiv(p["seq_kv"], WG_ROWS)
     rows = p["heads"] // p["kv_heads"] * p["seq_q"]  # query rows of one (batch, kv head)
+    # simulate replays one CTA per distinct trip count: a query tile's pieces take at most two lengths (as even as
+    # whole blocks allow), so at most twice the query tiles' distinct counts of at most T blocks each
+    distinct = min(T, 2 * query_tiles(p, WG_ROWS)) if p["causal"] else 2
     checks.size("flash_decode", p["batch"] * p["kv_heads"] * max(SPLITS) * cdiv(rows, WG_ROWS),
-                "batch·kv_heads·seq_q·heads/kv_heads", 30 * T * (T + 1) // 2 if p["causal"] else 30 * T,
+                "batch·kv_heads·seq_q·heads/kv_heads", 30 * T * distinct,
                 "seq_kv" + (" (causal)" if p["causal"] else ""))
     return p
 
@@ -98,12 +101,25 @@ def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
     return out
 
 
+def piece_blocks(p: dict[str, Any], BM: int, BN: int, splits: int) -> int:
+    """Key blocks of the longest piece: ceil(T_max / splits)."""
+    return cdiv(max(trip_counts(p, BM, BN)), splits)
+
+
+def split_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
+    """The distinct piece counts of the longest query tile that SPLITS gives (a count the tile's key blocks cannot
+    make, e.g. 64 pieces of 40 blocks, is the count it does make)."""
+    tmax = max(trip_counts(p, BM, BN))
+    return sorted({cdiv(tmax, cdiv(tmax, s)) for s in SPLITS})
+
+
 def pieces(p: dict[str, Any], BM: int, BN: int, splits: int) -> list[tuple[int, int, int, int, int]]:
     """The CTAs of one (batch, kv head), in launch order (longest first): (query tile, first key block, key blocks,
-    pieces of that tile, piece index). A tile of T blocks gets ceil(T / ceil(T_max / splits)) pieces, as even as
-    whole blocks allow. The one rule the graph (trip counts) and the kernel (its work table) share."""
+    pieces of that tile, piece index). A tile of T blocks gets ceil(T / piece_blocks) pieces, as even as whole
+    blocks allow. The one rule the graph (trip counts) and the kernel (its work table; the shape-generic kernel
+    computes the same split from ``piece_blocks``, ``codegen.cuda.decode``) share."""
     trips = trip_counts(p, BM, BN)
-    chunk = cdiv(max(trips), splits)
+    chunk = piece_blocks(p, BM, BN, splits)
     out = []
     for q, T in enumerate(trips):
         n = cdiv(T, chunk)
@@ -150,19 +166,29 @@ def merge_units(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int,
     return out
 
 
+def merge_grid(p: dict[str, Any], BM: int, BN: int, splits: int, threads: int, sms: int) -> tuple[int, int]:
+    """The shape-generic kernel's merge CTAs (``codegen.cuda.decode``): (rows each merges, merge CTAs per query
+    tile), the same for every tile: ``merge_units``' rule (a CTA merges ``merge_rows`` rows at a time, as many
+    rounds as keep the kernel's merge CTAs fewer than ``sms``) applied to the longest tile's pieces and the most
+    rows of a tile. (0, 0) where no tile has several pieces."""
+    trips = trip_counts(p, BM, BN)
+    chunk = piece_blocks(p, BM, BN, splits)
+    if max(cdiv(T, chunk) for T in trips) <= 1:
+        return 0, 0
+    R = merge_rows(p["head_dim"], splits, threads)
+    rows = max(tile_rows(p, BM, q) for q in range(len(trips)))
+    tiles = p["batch"] * p["kv_heads"] * len(trips)
+    k = next((k for k in range(1, cdiv(rows, R) + 1) if tiles * cdiv(rows, k * R) < sms), cdiv(rows, R))
+    return k * R, cdiv(rows, k * R)
+
+
 def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
     rows = (p["heads"] // p["kv_heads"]) * p["seq_q"]
     for groups in (1, 2) if rows > WG_ROWS else (1,):  # a second warpgroup only when one tile has > 64 rows
         for bn in BNS:
-            tmax = max(trip_counts(p, WG_ROWS * groups, bn))
-            seen = set()
-            for splits in SPLITS:
-                eff = cdiv(tmax, cdiv(tmax, splits))  # pieces the longest tile really gets
-                if eff in seen:
-                    continue
-                seen.add(eff)
+            for splits in split_counts(p, WG_ROWS * groups, bn):
                 for depth in DEPTHS:
-                    yield {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": eff}
+                    yield {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": splits}
 
 
 def partial_bytes(rows: int, D: int) -> int:

@@ -1,59 +1,127 @@
-"""What a PyTorch user gets for a decode step today: ``ptsolve.torch.flash_attention`` (the shape-generic
-flash_attention kernels; decode shapes are not routed to the split-KV operator, which exists only as exact-shape
-kernels) next to SDPA-cuDNN, on decode shapes of results/decode_h200 (whose split-KV times are there), in one
-process (CUDA graphs, inputs rotating past the L2, output checked against float32 first).
+"""What a PyTorch user gets for a decode step: ``ptsolve.torch.flash_attention`` on decode shapes (seq_q <= 16 runs
+the shape-generic split-KV kernel, its pieces chosen per shape by the cost model: ``codegen.generic.decode_splits``)
+next to SDPA in one process (CUDA graphs, inputs rotating past the L2, each output checked against float32 first).
 
-    python3 results/torch_decode/torch_decode.py --out $OUT/torch_decode.json     # GPU (nvcc runs on first use)
+Shapes: the 54 decode shapes of results/decode_h200 (``scripts/decode_bench.shapes``) and the 11 held out in
+results/decode_tune (``HELDOUT``), none of them tuned for here.
+
+    python3 results/torch_decode/torch_decode.py --out $OUT/torch_decode.json [--only <text>]   # GPU
+    python3 results/torch_decode/torch_decode.py --report results/torch_decode/device/torch_decode.json  # table
+
+The target is SDPA-cuDNN; where cuDNN refuses a causal decode with seq_q < seq_kv (bottom-right mask), the cuDNN
+call without the mask (``sdpa_cudnn_nc``: the same bytes, a lower bound on what a masked one costs) stands in.
 """
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-
-SHAPES = {"dec_llama3-8b_b1_q1_k4097": (1, 32, 8, 4097, 128), "dec_llama3-8b_b16_q1_k4097": (16, 32, 8, 4097, 128),
-          "dec_llama3-8b_b1_q1_k32768": (1, 32, 8, 32768, 128), "dec_qwen2.5-0.5b_b1_q1_k32768": (1, 14, 2, 32768, 64),
-          "dec_falcon-7b_b16_q1_k4097": (16, 71, 1, 4097, 64)}
+sys.path.insert(0, str(ROOT / "results/decode_tune"))
 
 
-def main(out: Path) -> None:
+def shapes() -> dict[str, dict[str, Any]]:
+    """name -> decode_bench parameters (fp16)."""
+    from decode_bench import shapes as bench_shapes
+    from decode_tune import HELDOUT
+    out = {s["name"]: s["params"] for s in bench_shapes() if s["kind"] == "decode"}
+    return out | {n: p for n, p in HELDOUT.items() if n not in out}
+
+
+def target(us: dict[str, float]) -> tuple[str, float]:
+    """The SDPA time a shape is measured against: cuDNN's, else cuDNN's without the mask."""
+    for n in ("sdpa_cudnn", "sdpa_cudnn_nc"):
+        if n in us:
+            return n, us[n]
+    raise KeyError("no cuDNN time")
+
+
+def main(out: Path, only: str) -> None:
     import torch
     from decode_bench import refs, sdpa_fns, timing_sets
 
     import ptsolve.torch as pt
+    from codegen import generic
     from codegen.bench import time_many
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
-    for name, (B, H, Hkv, Skv, D) in SHAPES.items():
-        p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": 1, "seq_kv": Skv, "head_dim": D, "causal": False}
+    for name, p in shapes().items():
+        if only and only not in name:
+            continue
         torch.manual_seed(0)
         sets, kv_bytes = timing_sets(p)
-        hi, lo = refs(*sets[0][:3], False)
+        q, k, v = sets[0][:3]
+        hi, lo = refs(q, k, v, p["causal"])
         t0 = time.time()
-        o = pt.flash_attention(*sets[0][:3])
+        o = pt.flash_attention(q, k, v, causal=p["causal"])
         torch.cuda.synchronize()
         first_s = time.time() - t0
         err, base = float((o.float() - hi).abs().max()), float((lo.float() - hi).abs().max())
-        fns = {"pt.flash_attention": lambda i, s=sets: pt.flash_attention(*s[i][:3])}
+        del hi, lo
+        routed = pt._decodes(q, k, p["causal"])
+        splits = generic.decode_splits(pt._decode_class(q, k, p["causal"]), p | {"dtype": "fp16"}) if routed else 0
+        fns = {"pt.flash_attention": lambda i, s=sets, c=p["causal"]: pt.flash_attention(*s[i][:3], causal=c)}
         ctxs = {}
-        for n, (fn, ctx) in sdpa_fns(p, sets).items():
-            if fn is not None and n == "sdpa_cudnn":
+        for n, (fn, ctx) in sdpa_fns(p, sets, nc=True).items():
+            if fn is not None and n in ("sdpa_cudnn", "sdpa_cudnn_nc", "sdpa_default"):
                 fns[n], ctxs[n] = fn, ctx
         ms = time_many(fns, len(sets), ctxs=ctxs, graphs=True, rounds=11, block_ms=1.0)
         rec = {"params": p, "kv_bytes": kv_bytes, "first_call_s": first_s, "max_err": err, "fp16_err": base,
-               "us": {k: v * 1e3 for k, v in ms.items()}}
+               "ok": math.isfinite(err) and err <= 2 * base + 1e-3, "decode_kernel": routed, "splits": splits,
+               "us": {n: v * 1e3 for n, v in ms.items()}}
         res["shapes"][name] = rec
-        print(name, {k: round(v, 1) for k, v in rec["us"].items()}, f"err {err:.2g} (fp16 {base:.2g})",
-              f"first call {first_s:.1f} s", flush=True)
+        tn, tu = target(rec["us"])
+        ratio = tu / rec["us"]["pt.flash_attention"]
+        print(name, {n: round(v, 1) for n, v in rec["us"].items()}, f"{tn}/pt {ratio:.3f}",
+              f"splits {splits} err {err:.2g} (fp16 {base:.2g}) ok {rec['ok']}", f"first call {first_s:.2f} s",
+              flush=True)
         out.write_text(json.dumps(res, indent=1, sort_keys=True))
+        del sets, q, k, v, o
+        torch.cuda.empty_cache()
+    print(report(res))
+
+
+def best(us: dict[str, float]) -> tuple[str, float]:
+    """The fastest SDPA call measured (for a causal decode with seq_q > 1 that may be one without the mask)."""
+    return min(((n, t) for n, t in us.items() if n.startswith("sdpa")), key=lambda x: x[1])
+
+
+def _summary(what: str, ratios: list[float]) -> str:
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return (f"{what} / ptsolve over {len(ratios)} shapes: geomean {geo:.3f}, min {min(ratios):.3f}, "
+            f"{sum(x >= 0.9 for x in ratios)} at >= 0.9, {sum(x >= 1.0 for x in ratios)} at >= 1.0")
+
+
+def report(res: dict[str, Any]) -> str:
+    """The markdown table (shape, ptsolve µs, cuDNN µs and ratio, the fastest SDPA call and ratio, pieces) and the
+    summary lines."""
+    rows, rc, rb = [], [], []
+    for name, r in sorted(res["shapes"].items()):
+        tn, tu = target(r["us"])
+        bn, bu = best(r["us"])
+        us = r["us"]["pt.flash_attention"]
+        rc.append(tu / us)
+        rb.append(bu / us)
+        rows.append(f"| {name} | {us:.1f} | {tu:.1f}{' (no mask)' if tn.endswith('_nc') else ''} | {tu / us:.3f} | "
+                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']} | {'yes' if r['ok'] else 'NO'} |")
+    return "\n".join([
+        "| shape | `pt.flash_attention` µs | SDPA-cuDNN µs | cuDNN / ptsolve | fastest SDPA µs | fastest / ptsolve "
+        "| pieces | output ok |",
+        "|---|---|---|---|---|---|---|---|", *rows, "",
+        _summary("cuDNN", rc) + "  ", _summary("the fastest SDPA call", rb) + "  ",
+        f"outputs within FlashAttention's rule: {sum(r['ok'] for r in res['shapes'].values())}/{len(rc)}"])
 
 
 if __name__ == "__main__":
-    o = Path(sys.argv[sys.argv.index("--out") + 1])
-    o.parent.mkdir(parents=True, exist_ok=True)
-    main(o)
+    if "--report" in sys.argv:
+        print(report(json.loads(Path(sys.argv[sys.argv.index("--report") + 1]).read_text())))
+    else:
+        o = Path(sys.argv[sys.argv.index("--out") + 1])
+        o.parent.mkdir(parents=True, exist_ok=True)
+        main(o, sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else "")

@@ -1,0 +1,124 @@
+"""GPU tests of decode through ``ptsolve.torch.flash_attention``: seq_q <= 16 runs the shape-generic split-KV
+kernel (``codegen.generic.decode_launch``): GQA groups that are not powers of two (a query box of 7 or 71 heads),
+several query tiles, causal speculative steps, one piece and many (the merge CTAs), strided caches as transformers
+hands them over, a cache growing call by call, CUDA-graph capture. Accuracy: FlashAttention's rule
+(``test_torch_gpu.check``), the output's memory NaN-filled first."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hopper import require_hopper
+from test_torch_gpu import check, poison
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return require_hopper()
+
+
+@pytest.fixture(scope="module")
+def pt(torch):
+    import ptsolve.torch as pt
+    return pt
+
+
+def _params(q, k, causal):
+    return {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2], "seq_q": q.shape[1],
+            "seq_kv": k.shape[1], "head_dim": q.shape[3], "causal": causal, "dtype": "fp16"}
+
+
+def _qkv(torch, B, Sq, Skv, H, Hkv, D, dt, seed):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(B, s, h, D, device="cuda", dtype=dtype, generator=g)
+                 for s, h in ((Sq, H), (Skv, Hkv), (Skv, Hkv)))
+
+
+SHAPES = [  # B, Sq, Skv, H, Hkv, D, causal, dtype, pieces: ">1" / "1" / None (either)
+    (1, 1, 1, 1, 1, 64, False, "fp16", "1"),
+    (1, 1, 65, 8, 8, 128, False, "bf16", None),        # MHA, one key past a block
+    (1, 1, 32768, 32, 8, 128, False, "fp16", ">1"),    # Llama-3-8B, long cache: split, merged
+    (4, 1, 8192, 28, 4, 128, False, "bf16", ">1"),     # Qwen2.5-7B: groups of 7 heads
+    (2, 1, 4097, 71, 1, 64, False, "fp16", ">1"),      # Falcon-7B MQA: 71 rows, two warpgroups
+    (1, 16, 3000, 32, 8, 128, True, "bf16", ">1"),     # speculative: 16 positions x 4 heads, causal
+    (3, 5, 777, 14, 2, 64, True, "fp16", None),        # 5 positions x 7 heads
+    (1, 2, 5000, 71, 1, 64, True, "bf16", ">1"),       # two query tiles of 71 rows, causal
+    (2, 16, 16, 8, 1, 128, True, "fp16", None),        # 128 rows, seq_q == seq_kv
+    (64, 1, 1000, 32, 8, 128, False, "fp16", "1"),     # a large batch fills the GPU unsplit
+]
+
+
+@pytest.mark.parametrize("B,Sq,Skv,H,Hkv,D,causal,dt,split", SHAPES)
+def test_decode_matrix(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt, split):
+    from codegen import generic
+    q, k, v = _qkv(torch, B, Sq, Skv, H, Hkv, D, dt, B * 1000 + Sq + Skv)
+    assert pt._decodes(q, k, causal)
+    c = pt._decode_class(q, k, causal)
+    s = generic.decode_splits(c, _params(q, k, causal) | {"dtype": dt})
+    if split is not None:
+        assert (s > 1) == (split == ">1"), s
+    poison(torch, q.shape, q.dtype)
+    out = pt.flash_attention(q, k, v, causal=causal)
+    check(torch, out, q, k, v, causal, 1 / math.sqrt(D))
+    again = pt.flash_attention(q, k, v, causal=causal)  # the counters were left at zero: the same merge
+    torch.testing.assert_close(again, out, atol=0, rtol=0)
+
+
+def test_strided_cache_and_scale(torch, pt):
+    """transformers' layout: [B, H, S, D] tensors handed over transposed."""
+    B, H, Hkv, S, D = 2, 32, 8, 3000, 128
+    q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    check(torch, pt.flash_attention(q, k, v, softmax_scale=0.05), q, k, v, False, 0.05)
+
+
+def test_growing_cache(torch, pt):
+    """A decode loop: one preallocated cache, each step attends to one more key (a new piece count at times)."""
+    B, H, Hkv, D, cap = 1, 32, 8, 128, 1600
+    kc, vc = (torch.randn(B, cap, Hkv, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    for n in range(1000, cap, 61):
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.float16)
+        check(torch, pt.flash_attention(q, kc[:, :n], vc[:, :n], causal=True), q, kc[:, :n], vc[:, :n], True,
+              1 / math.sqrt(D))
+
+
+def test_decode_graph_capture(torch, pt):
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 20000, 8, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pt.flash_attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pt.flash_attention(q, k, v)
+    for _ in range(3):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(torch, out, q, k, v, False, 1 / math.sqrt(128))
+
+
+def test_one_decode_binary_per_class(torch, pt):
+    from codegen import generic, runtime
+    q, k, v = _qkv(torch, 1, 1, 100, 32, 8, 128, "fp16", 1)
+    pt.flash_attention(q, k, v)
+    runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    for B, Sq, Skv, H, Hkv in ((7, 1, 9000, 32, 8), (1, 3, 50, 16, 16), (2, 1, 70000, 8, 2)):
+        q, k, v = _qkv(torch, B, Sq, Skv, H, Hkv, 128, "fp16", B)
+        check(torch, pt.flash_attention(q, k, v), q, k, v, False, 1 / math.sqrt(128))
+    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+
+
+def test_causal_seq_q_beyond_keys_runs_attention(torch, pt):
+    """Causal rows that see no key (seq_q > seq_kv) are FlashAttention's zeros: the generic attention kernel's."""
+    q, k, v = _qkv(torch, 1, 8, 3, 4, 4, 64, "fp16", 3)
+    assert not pt._decodes(q, k, True)
+    out = pt.flash_attention(q, k, v, causal=True)
+    check(torch, out, q, k, v, True, 1 / 8)
+    assert out[:, :5].abs().max().item() == 0
