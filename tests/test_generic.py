@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from codegen import generic
 from codegen.cuda import emit_ir
@@ -165,17 +167,39 @@ def test_generic_decode_sizes_cut_pieces_as_the_model(p, t):
     from ptsolve.ops.decode import pieces, tile_rows, trip_counts
     sz = sizes(p, t, 132)
     trips = trip_counts(p, t["BM"], t["BN"])
-    got = []
-    for qt in range(sz["NQT"]):
+
+    def fdiv(n, name):  # the kernel's division by a launch divisor (codegen.cuda.common.FAST_DIV)
+        d = sz["NQT"] * sz["NSP"] if name == "NE" else sz[name]  # NE: the kernel's product
+        m, sh = sz[name + "_M"] & 0xFFFFFFFF, sz[name + "_S"]
+        return n if d == 1 else (n * m >> 32) >> sh
+
+    got = set()
+    for tile in range(sz["NTILES"]):  # the C of _tiles, line by line
+        row = fdiv(tile, "NE")
+        e = tile - row * sz["NQT"] * sz["NSP"]
+        qq = fdiv(e, "NSP")
+        piece, qt = e - qq * sz["NSP"], sz["NQT"] - 1 - qq
         TT = trips[qt]
-        ns = -(-TT // sz["CHUNK"])
+        ns = -(-TT // sz["CHUNK"]) if p["causal"] else sz["NS0"]
         assert ns <= sz["NSP"]
-        got += [(qt, k * TT // ns, (k + 1) * TT // ns - k * TT // ns, ns, k) for k in range(ns)]
+        if piece < ns and row == 0:
+            kb0 = piece * TT // ns if p["causal"] else fdiv(piece * TT, "NS0")
+            end = (piece + 1) * TT // ns if p["causal"] else fdiv((piece + 1) * TT, "NS0")
+            got.add((qt, kb0, end - kb0, ns, piece))
     assert sorted(got) == sorted(pieces(p, t["BM"], t["BN"], t["splits"]))
     assert sz["NTILES"] == p["batch"] * p["kv_heads"] * sz["NQT"] * sz["NSP"]
     if max(g[3] for g in got) > 1:
         assert sz["MRR"] * sz["NMU"] >= max(tile_rows(p, t["BM"], q) for q in range(sz["NQT"]))
         assert p["batch"] * p["kv_heads"] * sz["NQT"] * sz["NMU"] < 132
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, (1 << 31) - 1), st.one_of(st.integers(1, 4096), st.integers(1, (1 << 31) - 1)))
+def test_fast_div_is_exact(n, d):
+    from codegen.cuda.common import fast_div
+    m, sh = fast_div(d)
+    assert (n if d == 1 else (n * (m & 0xFFFFFFFF) >> 32) >> sh) == n // d
+    assert -(1 << 31) <= m < 1 << 31  # an i32 argument
 
 
 def test_kv_bucket_steps_a_fifth_at_most():

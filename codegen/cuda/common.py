@@ -185,6 +185,27 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 }
 """
 
+FAST_DIV = r"""
+// n / d for 0 <= n < 2^31 by a launch's divisor d, with (m, s) = codegen.cuda.common.fast_div(d): a multiply-high
+// and a shift, not the ~20 dependent instructions of a division by a run-time value
+__device__ __forceinline__ int fdiv(int n, int d, int m, int s) {
+  return d == 1 ? n : static_cast<int>(__umulhi(static_cast<unsigned>(n), static_cast<unsigned>(m)) >> s);
+}
+"""
+
+
+def fast_div(d: int) -> tuple[int, int]:
+    """(m, s) for ``fdiv`` (Granlund-Montgomery, round-up multiplier): n / d == umulhi(n, m) >> s for every
+    0 <= n < 2^31 and 1 < d < 2^31; ``m`` as a signed 32-bit value (an ``i32`` kernel argument's bits)."""
+    if not 1 <= d < 1 << 31:
+        raise ValueError(f"divisor {d} outside 1 .. 2^31 - 1")
+    if d == 1:
+        return 0, 0
+    p = 31 + (d - 1).bit_length()  # 32 + ceil(log2 d) - 1
+    m = ((1 << p) + d - 1) // d
+    return (m - (1 << 32) if m >= 1 << 31 else m), p - 32
+
+
 BULK = r"""
 // 1-D bulk copy global -> shared, completing on an mbarrier (16-byte aligned, size a multiple of 16)
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError
+from ptsolve.ops.base import cdiv
 from ptsolve.ops.decode import (
     MERGE_PIECES,
     merge_grid,
@@ -35,7 +36,7 @@ from ptsolve.ops.decode import (
 
 from ..kernel_ir import KernelIR
 from . import attention
-from .common import CTYPE, LD_ACQUIRE, PACK2, TensorMapSpec, wgmma_rs, wgmma_ss
+from .common import CTYPE, FAST_DIV, LD_ACQUIRE, PACK2, TensorMapSpec, fast_div, wgmma_rs, wgmma_ss
 from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "flash_decode"
@@ -99,6 +100,8 @@ def index_error(p: Mapping[str, Any], t: Mapping[str, int]) -> str:
     if max(p["batch"] * p["seq_q"], n * t["splits"] * 2, p["seq_kv"]) >= 1 << 31:
         return (f"{OP}: batch·seq_q = {p['batch'] * p['seq_q']}, twice batch·kv_heads·query tiles·pieces = "
                 f"{n * t['splits'] * 2} and seq_kv = {p['seq_kv']} must stay below 2^31")
+    if t["splits"] * -(-p["seq_kv"] // t["BN"]) >= 1 << 31:  # the generic kernel's piece bounds, 32-bit
+        return f"{OP}: {t['splits']} pieces of seq_kv = {p['seq_kv']} overflow the kernel's 32-bit key-block bounds"
     return ""
 
 
@@ -115,10 +118,17 @@ def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132) -> dict[st
     gbox, sbox = packing(p, BM)
     nqt = query_tiles(p, BM)
     mrr, nmu = merge_grid(p, BM, BN, t["splits"], 128 * (W + 1), sms)
-    return {"B_": p["batch"], "H": p["heads"], "HKV": p["kv_heads"], "SQ": p["seq_q"], "SKV": p["seq_kv"],
-            "GB": gbox, "SB": sbox, "NGT": -(-(p["heads"] // p["kv_heads"]) // gbox), "NQT": nqt,
-            "NSP": t["splits"], "CHUNK": piece_blocks(p, BM, BN, t["splits"]), "MRR": mrr, "NMU": nmu,
-            "NTILES": p["batch"] * p["kv_heads"] * nqt * t["splits"]}
+    chunk = piece_blocks(p, BM, BN, t["splits"])
+    sz = {"B_": p["batch"], "H": p["heads"], "HKV": p["kv_heads"], "SQ": p["seq_q"], "SKV": p["seq_kv"],
+          "GB": gbox, "SB": sbox, "NGT": -(-(p["heads"] // p["kv_heads"]) // gbox), "NQT": nqt,
+          "NSP": t["splits"], "CHUNK": chunk, "MRR": mrr, "NMU": nmu,
+          # without causal every tile visits all key blocks: its pieces, the same for all
+          "NS0": 1 if p["causal"] else cdiv(cdiv(p["seq_kv"], BN), chunk)}
+    # the tile decode's divisors (``FAST_DIV``), so the producer reaches its first load without division routines
+    for name, d in (("NE", nqt * t["splits"]), ("HKV", p["kv_heads"]), ("NSP", t["splits"]), ("NGT", sz["NGT"]),
+                    ("NS0", sz["NS0"]), ("GB", gbox)):
+        sz[f"{name}_M"], sz[f"{name}_S"] = fast_div(d)
+    return sz | {"NTILES": p["batch"] * p["kv_heads"] * nqt * t["splits"]}
 
 
 def grid(sz: Mapping[str, int]) -> int:
@@ -155,7 +165,7 @@ def _consts(ir: KernelIR) -> str:
 def _device(ir: KernelIR) -> str:
     if ir.generic:
         return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
-                + DEVICE + LD_ACQUIRE)
+                + DEVICE + LD_ACQUIRE + FAST_DIV)
     table = ", ".join(f"{{{q}, {kb}, {n}, {ns | (k << 16)}}}" for q, kb, n, ns, k in _work(ir))
     bases = _bases(ir)[0]
     nsp = {q: ns for q, _, _, ns, _ in _work(ir)}
@@ -173,24 +183,27 @@ def _device(ir: KernelIR) -> str:
 
 
 def _tile_blocks() -> str:
-    """C++ (generic build): the key blocks ``TT`` query tile ``qt`` visits and its pieces ``ns``, as
-    ``ptsolve.ops.decode.trip_counts`` and ``pieces``."""
-    return ("  int TT = (SKV + BN - 1) / BN;\n"
-            "  if (CAUSAL) { const int last_ = min(SQ, (qt / NGT + 1) * SB) - 1; "
-            "TT = min(TT, (last_ + OFF + BN) / BN); }\n"
-            "  const int ns = (TT + CHUNK - 1) / CHUNK;")
+    """C++ (generic build): for query tile ``qt`` (``qg_``: its position group ``qt / NGT``), its head tile and
+    position ``j0``, ``s0``, the key blocks ``TT`` it visits and its pieces ``ns``, as ``ptsolve.ops.decode
+    .trip_counts`` and ``pieces``."""
+    return ("  const int j0 = (qt - qg_ * NGT) * GB, s0 = qg_ * SB;\n"
+            "  int TT = (SKV + BN - 1) / BN;\n"
+            "  if (CAUSAL) { const int last_ = min(SQ, (qg_ + 1) * SB) - 1; TT = min(TT, (last_ + OFF + BN) / BN); }\n"
+            "  const int ns = CAUSAL ? (TT + CHUNK - 1) / CHUNK : NS0;")
 
 
 def _tiles(ir: KernelIR) -> tuple[int | str, str]:
     p = ir.params
     if ir.generic:  # tile = ((batch, kv head), query tile from the last (the most keys, causal), piece)
-        return "NTILES", ("  const int e_ = tile % NE, row_ = tile / NE;\n"
-                          "  const int hkv = row_ % HKV, bz = row_ / HKV;\n"
-                          "  const int qt = NQT - 1 - e_ / NSP, piece = e_ % NSP;\n"
-                          "  const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB;\n" + _tile_blocks() + "\n"
+        return "NTILES", ("  const int row_ = fdiv(tile, NE, NE_M, NE_S), e_ = tile - row_ * NE;\n"
+                          "  const int bz = fdiv(row_, HKV, HKV_M, HKV_S), hkv = row_ - bz * HKV;\n"
+                          "  const int qq_ = fdiv(e_, NSP, NSP_M, NSP_S), piece = e_ - qq_ * NSP, qt = NQT - 1 - qq_;\n"
+                          "  const int qg_ = fdiv(qt, NGT, NGT_M, NGT_S);\n" + _tile_blocks() + "\n"
                           "  if (piece >= ns) skip_ = true;  // the tile has fewer pieces than the longest\n"
-                          "  const int kb0 = (int)((long long)piece * TT / ns);\n"
-                          "  const int T = (int)((long long)(piece + 1) * TT / ns) - kb0;\n"
+                          # 32-bit: piece < NSP <= 64 and TT < 2^25 (index_error)
+                          "  const int kb0 = CAUSAL ? piece * TT / ns : fdiv(piece * TT, NS0, NS0_M, NS0_S);\n"
+                          "  const int T = (CAUSAL ? (piece + 1) * TT / ns : fdiv((piece + 1) * TT, NS0, NS0_M, NS0_S))"
+                          " - kb0;\n"
                           "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's counter of pieces done\n"
                           "  const int base_ = qt * NSP;  // its first workspace slot\n"
                           "  (void)ns; (void)piece; (void)ctr; (void)base_;")
@@ -205,10 +218,16 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
                "  (void)ns; (void)piece; (void)ctr; (void)base_;")
 
 
-def _rows() -> list[str]:
+def _by_gb(ir: KernelIR, x: str) -> str:
+    """C++: ``x / GB`` (a launch's divisor in a generic build: ``fdiv``)."""
+    return f"fdiv({x}, GB, GB_M, GB_S)" if ir.generic else f"({x}) / GB"
+
+
+def _rows(ir: KernelIR) -> list[str]:
     """Per thread and row half ``hh``: the tile row, whether it holds a query, its head and position."""
-    return ["    const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
-            "    const int jq = j0 + r % GB, sq = s0 + r / GB;",
+    pos = ([f"    const int rq_ = {_by_gb(ir, 'r')}, jq = j0 + r - rq_ * GB, sq = s0 + rq_;"] if ir.generic else
+           ["    const int jq = j0 + r % GB, sq = s0 + r / GB;"])
+    return ["    const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;", *pos,
             "    const bool valid = r < PR && jq < G && sq < SQ;"]
 
 
@@ -243,9 +262,10 @@ def _body(t: Task) -> str:
         return "\n".join([
             f"  fence_regs({S});", "  const int kb = (kb0 + it_) * BN;",
             # the warpgroup's first row has the smallest position: no key of the block is masked for any row
-            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + ROW0 / GB + OFF)) {  // the block crosses a mask edge",  # noqa: E501
+            f"  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + {_by_gb(ir, 'ROW0') if ir.generic else 'ROW0 / GB'}"
+            " + OFF)) {  // the block crosses a mask edge",
             "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
-            "      const int sq = s0 + (ROW0 + w * 16 + (lane >> 2) + 8 * hh) / GB;",
+            f"      const int sq = s0 + {_by_gb(ir, 'ROW0 + w * 16 + (lane >> 2) + 8 * hh')};",
             "#pragma unroll", "      for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
             "        for (int c = 0; c < 2; ++c) {",
             "          const int key = kb + 8 * j + 2 * (lane & 3) + c;",
@@ -255,10 +275,10 @@ def _body(t: Task) -> str:
     if b in ("init", "mma_qk", "exp2", "rowsum", "rescale", "mma_pv", "normalize"):
         return attention._body(t)
     if b == "store" and _nmax(ir) == 1:
-        return "\n".join(["#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(), *_store_o(dt), "}"])
+        return "\n".join(["#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(ir), *_store_o(dt), "}"])
     if b == "store":  # a tile of one piece stores O; of several, this piece's O / l and log-sum-exp
         return "\n".join([
-            "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(),
+            "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {", *_rows(ir),
             "  if (ns == 1) {", *_store_o(dt), "  } else if (r < PR) {",
             f"    const long long sl = {_slot('piece')};",
             "    lse[sl] = inv_l[hh] > 0.f ? m_r[hh] - __log2f(inv_l[hh]) : -INFINITY;",
@@ -286,12 +306,11 @@ def _entry(ir: KernelIR) -> str:
         head = ["  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
                 "    const int m_ = blockIdx.x - NTILES, row_ = m_ / (NQT * NMU);",
                 "    const int hkv = row_ % HKV, bz = row_ / HKV;",
-                "    const int qt = (m_ % (NQT * NMU)) / NMU, u_ = m_ % NMU;",
+                "    const int qt = (m_ % (NQT * NMU)) / NMU, u_ = m_ % NMU, qg_ = qt / NGT;",
                 _tile_blocks(),
                 "    if (ns <= 1) return;  // one piece stored O itself",
-                "    const int rows_ = min(GB, G - (qt % NGT) * GB) * min(SB, SQ - (qt / NGT) * SB);",
-                "    const int r0 = u_ * MRR, nr = min(MRR, rows_ - r0), nu = NMU;",
-                "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = qt * NSP;"]
+                "    const int rows_ = min(GB, G - (qt - qg_ * NGT) * GB) * min(SB, SQ - s0);",
+                "    const int r0 = u_ * MRR, nr = min(MRR, rows_ - r0), nu = NMU, base_ = qt * NSP;"]
     else:
         head = ["  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
                 "    const int m_ = blockIdx.x - NTILES, row_ = m_ / NM;",
