@@ -115,6 +115,8 @@ def report(res: dict[str, Any]) -> str:
         "| pieces | output ok |",
         "|---|---|---|---|---|---|---|---|", *rows, "",
         _summary("cuDNN", rc) + "  ", _summary("the fastest SDPA call", rb) + "  ",
+        _summary("seq_q = 1 only: cuDNN", [x for x, r in zip(rc, sorted(res["shapes"].items()))
+                                            if r[1]["params"]["seq_q"] == 1]) + "  ",
         f"outputs within FlashAttention's rule: {sum(r['ok'] for r in res['shapes'].values())}/{len(rc)}"])
 
 
