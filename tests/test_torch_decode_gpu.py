@@ -122,3 +122,44 @@ def test_causal_seq_q_beyond_keys_runs_attention(torch, pt):
     out = pt.flash_attention(q, k, v, causal=True)
     check(torch, out, q, k, v, True, 1 / 8)
     assert out[:, :5].abs().max().item() == 0
+
+
+def test_transformers_llama_decode_steps(torch, pt):
+    """A Hugging Face Llama (random weights, bf16) through ``attn_implementation="ptsolve"``: a 300-token prefill (the
+    generic attention kernel), then 6 decode steps against its growing cache (transposed [B, S, Hkv, D] views, new
+    addresses every step: the split-KV kernel), each step's logits within twice SDPA's error of a float32 model."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from codegen import generic
+    name = pt.register_transformers()
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    m32 = LlamaForCausalLM(cfg).to("cuda").eval()
+    m16 = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    m16.load_state_dict(m32.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, 300), device="cuda")
+    steps = torch.randint(0, cfg.vocab_size, (2, 6), device="cuda")
+
+    def run(model, impl):
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(impl)
+        else:
+            model.config._attn_implementation = impl
+        out = model(ids, use_cache=True)
+        cache, logits = out.past_key_values, [out.logits[:, -1].float()]
+        for i in range(steps.shape[1]):
+            out = model(steps[:, i:i + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[:, -1].float())
+        return torch.stack(logits)
+
+    with torch.no_grad():
+        ref, sdpa = run(m32, "sdpa"), run(m16, "sdpa")
+        before = sum(k[0] == "fd" for k in generic._LAUNCHES)
+        ours = run(m16, name)
+    # every decode step of every layer prepared a split-KV launch (the cache moved)
+    assert sum(k[0] == "fd" for k in generic._LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
+    e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
+    assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
