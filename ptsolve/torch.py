@@ -435,14 +435,44 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                  scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """An attention function for transformers' ``AttentionInterface``: query [B, H, Sq, D], key / value
     [B, Hkv, Skv, D] → ([B, Sq, H, D], None). Causal when the module is (bottom-right aligned, which is also what
-    a KV cache's prefill-then-decode needs); a padding mask is not applied: batch padded sequences through
-    ``flash_attention_varlen`` instead. No dropout (inference)."""
+    a KV cache's prefill, chunked prefill, speculative steps and decode need). The mask transformers built (its SDPA
+    mask, ``register_transformers``) must be none or exactly that causal mask (``_mask_is_causal``); a padded batch
+    or a static cache's unfilled slots make another one, a ShapeError (run padded batches through
+    ``flash_attention_varlen``, decode with a dynamic cache). No dropout (inference)."""
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    if attention_mask is not None and not _mask_is_causal(attention_mask, causal, query.shape[2], key.shape[2]):
+        raise ShapeError(f"attn_implementation='ptsolve': the model's attention mask {tuple(attention_mask.shape)} "
+                         "masks more than the causal mask (a padded batch or a static cache's unfilled slots); "
+                         "ptsolve's kernels apply none: use a dynamic cache and unpadded batches, or "
+                         "ptsolve.torch.flash_attention_varlen for padded ones")
     o = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                         softmax_scale=scaling)
     return o, None
+
+
+_MASKS: dict[tuple[Any, ...], bool] = {}
+
+
+def _mask_is_causal(mask: Any, causal: bool, sq: int, skv: int) -> bool:
+    """Is a transformers attention mask ([B or 1, 1 or H, Sq, Skv]; bool, True attends, or additive float, 0 attends)
+    what the kernel applies anyway: every key, or with ``causal`` keys j <= i + Skv - Sq? Checked on the device once
+    per mask tensor (transformers builds one per forward and every layer passes it): one synchronisation a step."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (sq, skv):
+        return False
+    key = (mask.data_ptr(), tuple(mask.shape), mask.stride(), mask._version, causal)
+    ok = _MASKS.get(key)
+    if ok is None:
+        keep = mask if mask.dtype == torch.bool else mask == 0
+        i = torch.arange(sq, device=mask.device)[:, None]
+        j = torch.arange(skv, device=mask.device)[None, :]
+        want = j <= i + (skv - sq) if causal else torch.ones(sq, skv, dtype=torch.bool, device=mask.device)
+        ok = bool((keep == want).all())
+        if len(_MASKS) >= 1024:
+            _MASKS.clear()
+        _MASKS[key] = ok
+    return ok
 
 
 def _check_mamba(name: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> None:
@@ -493,12 +523,14 @@ def mamba_chunk_state(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cum
 
 
 def register_transformers(name: str = "ptsolve") -> str:
-    """Register ``hf_attention`` with transformers under ``name`` (then ``attn_implementation=name``); a mask
-    function that builds no mask is registered beside it where transformers has one. Returns ``name``."""
+    """Register ``hf_attention`` with transformers under ``name`` (then ``attn_implementation=name``), with
+    transformers' SDPA mask builder beside it where transformers has the mask interface: it builds no mask where
+    none is needed (decode, unpadded prefill), and one that ``hf_attention`` checks otherwise. Returns ``name``."""
     import transformers
 
     transformers.AttentionInterface.register(name, hf_attention)
     masks = getattr(transformers, "AttentionMaskInterface", None)
     if masks is not None:
-        masks.register(name, lambda *args, **kw: None)
+        from transformers.masking_utils import sdpa_mask
+        masks.register(name, sdpa_mask)
     return name

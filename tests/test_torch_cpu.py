@@ -46,6 +46,28 @@ def test_hf_attention_refuses_dropout(pt):
         pt.hf_attention(None, q, q, q, None, dropout=0.1)
 
 
+def test_hf_attention_takes_only_the_causal_mask(pt):
+    """transformers' mask must be what the kernel applies anyway (bottom-right causal); a padding or static-cache mask
+    is a ShapeError, not a silently unmasked result."""
+    sq, skv = 3, 7
+    i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+    causal = (j <= i + skv - sq).expand(2, 1, sq, skv)
+    assert pt._mask_is_causal(causal, True, sq, skv)
+    assert pt._mask_is_causal(torch.where(causal, 0.0, float("-inf")), True, sq, skv)  # additive float masks
+    assert not pt._mask_is_causal(causal, False, sq, skv)
+    assert pt._mask_is_causal(torch.ones(1, 1, sq, skv, dtype=torch.bool), False, sq, skv)
+    assert not pt._mask_is_causal(causal[..., :-1], True, sq, skv - 1)  # top-left, not bottom-right
+    padded = causal.clone()
+    padded[1, :, :, :2] = False  # the second sequence is left-padded by two
+    assert not pt._mask_is_causal(padded, True, sq, skv)
+    static = (j <= i + 3).expand(2, 1, sq, skv)  # a static cache: slots past the filled ones masked
+    assert not pt._mask_is_causal(static, True, sq, skv)
+    q, k = torch.zeros(2, 4, sq, 64, dtype=torch.float16), torch.zeros(2, 4, skv, 64, dtype=torch.float16)
+    for bad in (padded, static):
+        with pytest.raises(ShapeError, match="flash_attention_varlen"):
+            pt.hf_attention(None, q, k, k, bad)
+
+
 class _FakeModule:
     """A class kernel's loaded module without a GPU: ``prepare`` counts the launches it prepares and returns a real
     ``runtime.Launch`` whose driver call records the output address and grid."""

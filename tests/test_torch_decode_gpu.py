@@ -132,6 +132,7 @@ def test_transformers_llama_decode_steps(torch, pt):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from codegen import generic
+    from ptsolve.errors import ShapeError
     name = pt.register_transformers()
     cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
@@ -142,24 +143,33 @@ def test_transformers_llama_decode_steps(torch, pt):
     ids = torch.randint(0, cfg.vocab_size, (2, 300), device="cuda")
     steps = torch.randint(0, cfg.vocab_size, (2, 6), device="cuda")
 
-    def run(model, impl):
+    def use(model, impl):
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(impl)
         else:
             model.config._attn_implementation = impl
+
+    def run(model, impl):
+        use(model, impl)
         out = model(ids, use_cache=True)
         cache, logits = out.past_key_values, [out.logits[:, -1].float()]
         for i in range(steps.shape[1]):
             out = model(steps[:, i:i + 1], past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             logits.append(out.logits[:, -1].float())
+        # a speculative step: 4 tokens against the cache (transformers' mask: bottom-right causal, checked)
+        logits += list(model(steps[:, :4], past_key_values=cache, use_cache=True).logits.float().unbind(1))
         return torch.stack(logits)
 
     with torch.no_grad():
         ref, sdpa = run(m32, "sdpa"), run(m16, "sdpa")
         before = sum(k[0] == "fd" for k in generic._LAUNCHES)
         ours = run(m16, name)
-    # every decode step of every layer prepared a split-KV launch (the cache moved)
-    assert sum(k[0] == "fd" for k in generic._LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
-    e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
-    assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
+        # every decode step of every layer prepared a split-KV launch (the cache moved)
+        assert sum(k[0] == "fd" for k in generic._LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
+        e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
+        assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
+        pad = torch.ones_like(ids)
+        pad[1, :5] = 0  # a left-padded second sequence: a mask the kernels do not apply
+        with pytest.raises(ShapeError, match="flash_attention_varlen"):
+            m16(ids, attention_mask=pad)
