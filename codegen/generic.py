@@ -50,6 +50,9 @@ GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
 MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
 MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 SOLVE_TIME_LIMIT = 60.0  # seconds per class
+# iterations of a piece replayed when a decode shape is re-timed, each further one adds the loop's period (a 128k
+# cache re-timed in ~10 ms instead of ~0.5 s; the same prediction, tests/test_generic.py)
+DECODE_REPLAY_TRIPS = 16
 DECODE_REP_SPLITS = 16  # pieces of the decode classes' representative (1 batch x 8 kv heads: 128 piece CTAs)
 
 
@@ -293,7 +296,8 @@ _SPLITS: dict[tuple[Any, ...], int] = {}
 def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
     """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters): the piece count
     (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the shape's graph
-    (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and units allow),
+    (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and units allow; a
+    piece replayed for DECODE_REPLAY_TRIPS iterations and extended by the loop's period),
     predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to
     ``_kv_bucket`` and kept per (class, shape without seq_kv, bucket)."""
     from ptsolve.ops import make
@@ -310,7 +314,8 @@ def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
         op = make("flash_decode", **q)
         best = None
         for s in split_counts(q, t["BM"], t["BN"]):
-            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), HW)), HW).kernel_us
+            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), HW)), HW,
+                          max_trips=DECODE_REPLAY_TRIPS).kernel_us
             if best is None or us < best[0] - 1e-9:
                 best = (us, s)
         assert best is not None

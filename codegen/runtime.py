@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -173,6 +174,8 @@ class Loaded:
         self.grid = (persistent_grid(pt, self.sms, self.ks.cluster), g[1], g[2]) if pt else g
         self.module = _check(driver.cuModuleLoadData(comp.cubin), "cuModuleLoadData")
         self.func = _check(driver.cuModuleGetFunction(self.module, self.ks.name.encode()), "cuModuleGetFunction")
+        # the parameters' layout, once: (kind, name, struct format of a scalar) per argument
+        self._spec = tuple((k, n, _SCALAR.get(k)) for k, n in (a.split(":") for a in self.ks.args))
         _check(driver.cuFuncSetAttribute(
             self.func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             self.ks.smem_bytes), "cuFuncSetAttribute(max dynamic smem)")
@@ -200,22 +203,26 @@ class Loaded:
         (``Launch(stream, out_address)``)."""
         driver = _drv()
         spec = {m.tensor: m for m in maps}
-        keep: list[Any] = []
+        # the scalars in one buffer, 8 bytes each (a ptr argument stays re-pointable through its c_uint64 view); a
+        # new shape or address prepares a launch, as every layer of a model's forward does: kept cheap
+        buf = ctypes.create_string_buffer(8 * len(self._spec))
+        base = ctypes.addressof(buf)
+        keep: list[Any] = [buf]
         addrs = []
         ptrs: dict[str, Any] = {}
-        for arg in self.ks.args:
-            kind, name = arg.split(":")
-            if name not in values:
-                raise DeviceError(f"launch of {self.ks.name} needs a value for {name!r}")
-            if kind == "tmap":
-                v: Any = tensor_map(spec[name], int(values[name]))
-                addrs.append(v.getPtr())
-            else:
-                v = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}[kind](values[name])
-                addrs.append(ctypes.addressof(v))
+        try:
+            for i, (kind, name, fmt) in enumerate(self._spec):
+                if fmt is None:  # tmap
+                    tm = tensor_map(spec[name], int(values[name]))
+                    keep.append(tm)
+                    addrs.append(tm.getPtr())
+                    continue
+                struct.pack_into(fmt, buf, 8 * i, values[name])
+                addrs.append(base + 8 * i)
                 if kind == "ptr":
-                    ptrs[name] = v
-            keep.append(v)
+                    ptrs[name] = ctypes.c_uint64.from_buffer(buf, 8 * i)
+        except KeyError as e:
+            raise DeviceError(f"launch of {self.ks.name} needs a value for {e.args[0]!r}") from None
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         gx = persistent_grid(grid, self.sms, self.ks.cluster) if self.ks.persistent_tiles else grid
         if not 1 <= gx < 1 << 31:
@@ -286,6 +293,7 @@ def _cu_stream(handle: int) -> Any:
     return s
 
 
+_SCALAR = {"ptr": "Q", "i32": "i", "f32": "f"}  # struct formats of the scalar kernel parameters
 _TMAPS: dict[tuple[Any, int], Any] = {}
 
 

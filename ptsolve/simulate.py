@@ -110,11 +110,13 @@ def replay(p: SProgram, hw: Hardware, trip: int, mode: str = "timed",
 
 
 def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
-             placement: str | None = None) -> Timeline:
+             placement: str | None = None, max_trips: int = 0) -> Timeline:
     """Replay ``p`` for every distinct trip count of its grid and place the CTAs on the SMs.
 
     Returns the timeline of the longest CTA, the cycles of each CTA kind, and the kernel latency:
-    busiest SM's cycles (placement ``p.placement`` unless given) + hw.launch_us.
+    busiest SM's cycles (placement ``p.placement`` unless given) + hw.launch_us. ``max_trips`` (> 0): a CTA of more
+    iterations is replayed for ``max_trips`` of them and each further one adds ``p.ii`` (the loop's period; what a
+    long cache's CTAs cost without replaying every iteration), and ``events`` is that shortened replay.
     """
     hw = load(hw or p.hw)
     tm = timings(p.graph, hw)
@@ -123,8 +125,9 @@ def simulate(p: SProgram, hw: Hardware | str | None = None, mode: str = "timed",
     late = 0
     events: list[Event] = []
     for n in sorted(set(g.row)):
-        ev, lt = replay(p, hw, n, mode, tm)
-        cta[n] = max(e.end for e in ev)
+        m = min(n, max_trips) if max_trips > 0 else n
+        ev, lt = replay(p, hw, m, mode, tm)
+        cta[n] = max(e.end for e in ev) + (n - m) * p.ii
         late += lt
         if n == g.trip_count:
             events = ev

@@ -202,6 +202,29 @@ def test_fast_div_is_exact(n, d):
     assert -(1 << 31) <= m < 1 << 31  # an i32 argument
 
 
+@pytest.mark.parametrize("key,shape", [
+    (("fp16", 128, False, 32, 8, 1), (16, 32, 8, 1, 33000)),
+    (("fp16", 64, True, 71, 1, 2), (1, 71, 1, 2, 20000)),
+    (("fp16", 64, True, 14, 2, 5), (3, 14, 2, 5, 4000)),
+])
+def test_decode_retiming_replays_a_few_iterations_exactly(key, shape):
+    """decode_splits' shortened replay (DECODE_REPLAY_TRIPS iterations, then the loop's period) predicts what the
+    full replay does, for every piece count of the shape."""
+    import dataclasses
+
+    from ptsolve.ops import make
+    from ptsolve.ops.decode import split_counts
+    from ptsolve.simulate import simulate
+    c = generic.decode_class(*key)
+    prog = generic.class_program(c)
+    t = prog.graph.tiling
+    p = _dp(*shape, D=key[1], causal=key[2])
+    op = make("flash_decode", **p)
+    for s in split_counts(p, t["BM"], t["BN"]):
+        q = dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), "h200"))
+        assert simulate(q, "h200", max_trips=generic.DECODE_REPLAY_TRIPS).kernel_us == simulate(q, "h200").kernel_us
+
+
 def test_kv_bucket_steps_a_fifth_at_most():
     prev = 0
     for n in range(1, 5000):
