@@ -319,6 +319,8 @@ def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
             if best is None or us < best[0] - 1e-9:
                 best = (us, s)
         assert best is not None
+        if len(_SPLITS) >= 4096:
+            _SPLITS.clear()
         got = _SPLITS[key] = best[1]
     return got
 
