@@ -158,6 +158,8 @@ def test_generic_decode_source_is_one_per_class():
     (_dp(3, 14, 2, 5, 777, 64, True), DEC | {"splits": 3}),
     (_dp(1, 8, 1, 16, 300, causal=True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 2}),
     (_dp(1, 128, 1, 3, 1000, causal=True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 4}),
+    (_dp(2, 28, 4, 1, 4097), DEC | {"splits": 17}),  # a ragged cache: 33 blocks, the last partial
+    (_dp(16, 32, 8, 4, 4097, causal=True), DEC | {"splits": 2}),  # 128 tiles: merge CTAs take two rounds of rows
 ])
 def test_generic_decode_sizes_cut_pieces_as_the_model(p, t):
     """The generic kernel's cut (its C, ``codegen.cuda.decode._tiles``: tile qt visits TT key blocks, ns = ceil(TT /
