@@ -26,6 +26,7 @@ comes in. ``register_transformers()`` adds ``attn_implementation="ptsolve"`` to 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -452,26 +453,27 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     return o, None
 
 
-_MASKS: dict[tuple[Any, ...], bool] = {}
+_MASKS: dict[tuple[int, bool], tuple[Any, bool]] = {}
 
 
 def _mask_is_causal(mask: Any, causal: bool, sq: int, skv: int) -> bool:
     """Is a transformers attention mask ([B or 1, 1 or H, Sq, Skv]; bool, True attends, or additive float, 0 attends)
     what the kernel applies anyway: every key, or with ``causal`` keys j <= i + Skv - Sq? Checked on the device once
-    per mask tensor (transformers builds one per forward and every layer passes it): one synchronisation a step."""
+    per mask object (transformers builds one per forward and every layer passes it: one synchronisation a step),
+    kept by identity through a weak reference: a later mask at the same address is another object, checked anew."""
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (sq, skv):
         return False
-    key = (mask.data_ptr(), tuple(mask.shape), mask.stride(), mask._version, causal)
-    ok = _MASKS.get(key)
-    if ok is None:
-        keep = mask if mask.dtype == torch.bool else mask == 0
-        i = torch.arange(sq, device=mask.device)[:, None]
-        j = torch.arange(skv, device=mask.device)[None, :]
-        want = j <= i + (skv - sq) if causal else torch.ones(sq, skv, dtype=torch.bool, device=mask.device)
-        ok = bool((keep == want).all())
-        if len(_MASKS) >= 1024:
-            _MASKS.clear()
-        _MASKS[key] = ok
+    hit = _MASKS.get((id(mask), causal))
+    if hit is not None and hit[0]() is mask:
+        return hit[1]
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    i = torch.arange(sq, device=mask.device)[:, None]
+    j = torch.arange(skv, device=mask.device)[None, :]
+    want = j <= i + (skv - sq) if causal else torch.ones(sq, skv, dtype=torch.bool, device=mask.device)
+    ok = bool((keep == want).all())
+    if len(_MASKS) >= 1024:
+        _MASKS.clear()
+    _MASKS[(id(mask), causal)] = (weakref.ref(mask), ok)
     return ok
 
 

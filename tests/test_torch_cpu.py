@@ -62,6 +62,11 @@ def test_hf_attention_takes_only_the_causal_mask(pt):
     assert not pt._mask_is_causal(padded, True, sq, skv)
     static = (j <= i + 3).expand(2, 1, sq, skv)  # a static cache: slots past the filled ones masked
     assert not pt._mask_is_causal(static, True, sq, skv)
+    m = causal.clone()
+    assert pt._mask_is_causal(m, True, sq, skv)
+    m.data[1, :, :, :2] = False  # the storage edited behind m's version counter
+    assert pt._mask_is_causal(m, True, sq, skv)  # the same object keeps its verdict (transformers never edits one)
+    assert not pt._mask_is_causal(m.view(m.shape), True, sq, skv)  # another object at that address: checked anew
     q, k = torch.zeros(2, 4, sq, 64, dtype=torch.float16), torch.zeros(2, 4, skv, 64, dtype=torch.float16)
     for bad in (padded, static):
         with pytest.raises(ShapeError, match="flash_attention_varlen"):
