@@ -300,6 +300,7 @@ def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
     piece replayed for DECODE_REPLAY_TRIPS iterations and extended by the loop's period),
     predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to
     ``_kv_bucket`` and kept per (class, shape without seq_kv, bucket)."""
+    from ptsolve.hw import load as load_hw
     from ptsolve.ops import make
     from ptsolve.ops.decode import split_counts
     from ptsolve.simulate import simulate
@@ -311,10 +312,10 @@ def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
     got = _SPLITS.get(key)
     if got is None:
         q = dict(p, seq_kv=max(p["seq_kv"], bucket * t["BN"]))
-        op = make("flash_decode", **q)
+        op, hw = make("flash_decode", **q), load_hw(HW)  # the hardware read once, not per candidate
         best = None
         for s in split_counts(q, t["BM"], t["BN"]):
-            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), HW)), HW,
+            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), hw)), hw,
                           max_trips=DECODE_REPLAY_TRIPS).kernel_us
             if best is None or us < best[0] - 1e-9:
                 best = (us, s)
