@@ -375,6 +375,16 @@ print(json.dumps({"nvcc": runtime.NVCC_RUNS[0]}))
 
 
 @pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
+@pytest.mark.parametrize("args", [("fp16", 128, False, 32, 8, 1), ("bf16", 64, True, 71, 1, 2)])
+def test_generic_decode_kernels_compile_clean(args, tmp_path, monkeypatch):
+    """The decode classes' shipped schedules as generic kernels (one and two consumer warpgroups): ptxas builds them
+    for sm_90a without spills or a serialised wgmma pipeline."""
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    rep = generic.compile_class(generic.decode_class(*args))
+    assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0 and not rep["wgmma_serialized"], rep
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
 def test_second_process_compiles_nothing(tmp_path):
     env = {**os.environ, "PTSOLVE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     runs = []
