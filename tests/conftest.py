@@ -21,3 +21,17 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     # the compiler in the loop costs seconds per schedule: tests that are about it switch it on themselves
     monkeypatch.setenv("PTSOLVE_COMPILE_CHECK", "0")
     os.environ.pop("PTSOLVE_CALIBRATION_DIR", None)
+
+
+@pytest.fixture(scope="module")
+def torch():
+    """torch on an H100/H200: the GPU tests' (skipped where there is none, ``hopper.require_hopper``)."""
+    from hopper import require_hopper
+    return require_hopper()
+
+
+@pytest.fixture(scope="module")
+def pt(torch):
+    """``ptsolve.torch`` on an H100/H200 (tests/test_torch_cpu.py has its own, without a GPU)."""
+    import ptsolve.torch as pt
+    return pt

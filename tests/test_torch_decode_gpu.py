@@ -8,21 +8,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hopper import require_hopper
 from test_torch_gpu import check, poison
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return require_hopper()
-
-
-@pytest.fixture(scope="module")
-def pt(torch):
-    import ptsolve.torch as pt
-    return pt
+pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
 
 
 def _params(q, k, causal):

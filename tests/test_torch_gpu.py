@@ -10,20 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hopper import require_hopper
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return require_hopper()
-
-
-@pytest.fixture(scope="module")
-def pt(torch):
-    import ptsolve.torch as pt
-    return pt
+pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
 
 
 def ref_attention(q, k, v, causal, scale, dtype):
