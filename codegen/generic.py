@@ -452,22 +452,24 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q:
     return ck.module().prepare(vals, maps, sz["NTILES"], out="o")
 
 
-def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float) -> None:
+def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> None:
     """Launch decode class ``c``'s split-KV kernel: q [B, Sq, H, D] (Sq <= DECODE_MAX_SEQ_Q), k/v [B, Skv, Hkv, D],
-    ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). The launch's scratch
-    (partial results and counters) is shared by every decode launch of the class on the device: launches on one
-    stream at a time."""
-    decode_launch(q, k, v, c, scale)(current_stream(q.get_device()), out.data_ptr())
+    ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). ``seqlens`` (int32 [B] on
+    the device, or None): sequence b attends to the first seqlens[b] keys of the cache (clamped to 0 .. Skv; read by
+    the kernel, so one launch or CUDA graph serves a growing cache; its pieces are chosen for the whole cache,
+    ``ptsolve.ops.decode.length_pieces``). The launch's scratch (partial results and counters) is shared by every
+    decode launch of the class on the device: launches on one stream at a time."""
+    decode_launch(q, k, v, c, scale, seqlens)(current_stream(q.get_device()), out.data_ptr())
 
 
-def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Any:
+def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> Any:
     """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale); call it
     with the stream and the output's address."""
     key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale)
+           scale, 0 if seqlens is None else seqlens.data_ptr())
     ln = _LAUNCHES.get(key)
     if ln is None:
-        ln = _remember(key, _decode_launch(q, k, v, c, scale))
+        ln = _remember(key, _decode_launch(q, k, v, c, scale, seqlens))
     return ln
 
 
@@ -487,7 +489,7 @@ def _scratch(device: Any, kernel_name: str, name: str, nbytes: int) -> int:
     return held[-1].data_ptr()
 
 
-def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Any:
+def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any) -> Any:
     from .cuda import decode as cd
 
     ck = kernel(c)
@@ -503,7 +505,7 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Any:
     maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
     ws = {n: _scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
-            "scale_log2": scale * math.log2(math.e), **sz}
+            "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
     return mod.prepare(vals, maps, cd.grid(sz), out="o")
 
 

@@ -33,8 +33,8 @@ import torch
 
 from .errors import DeviceError, ShapeError
 
-__all__ = ["flash_attention", "flash_attention_varlen", "gemm", "mamba_chunk_scan", "mamba_chunk_state",
-           "register_transformers", "hf_attention"]
+__all__ = ["flash_attention", "flash_attention_varlen", "flash_attention_kvcache", "gemm", "mamba_chunk_scan",
+           "mamba_chunk_state", "register_transformers", "hf_attention"]
 
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -108,6 +108,8 @@ _LIB = torch.library.Library("ptsolve", "DEF")
 _LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor")
 _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, bool causal, "
+            "float softmax_scale) -> Tensor")
 _LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
 _LIB.define("mamba_chunk_scan(Tensor cb, Tensor x, Tensor dt, Tensor dA_cumsum, Tensor C, Tensor states) -> Tensor")
 _LIB.define("mamba_chunk_state(Tensor B, Tensor x, Tensor dt, Tensor dA_cumsum) -> Tensor")
@@ -181,6 +183,39 @@ def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return out.zero_()
     _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale,
                      cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max(1, max_seqlen_q), max_seqlen_k)
+    return out
+
+
+def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
+                 scale: float | None) -> tuple[Any, ...]:
+    return ("kvc", q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), q.shape, q.stride(), k.shape,
+            k.stride(), v.shape, v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale)
+
+
+def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
+    ln = _FAST.get(key)
+    if ln is not None:
+        out = _empty_like(q, memory_format=_CF)
+        ln(_raw_stream(q.get_device()), out.data_ptr())
+        return out
+    return _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key)
+
+
+def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool, scale: float,
+                  key: tuple[Any, ...]) -> torch.Tensor:
+    """As ``_flash_attention_cold``, for the decode kernel reading the sequences' lengths from ``lens``."""
+    out = _empty_like(q, memory_format=_CF)
+    if out.numel() == 0:
+        return out
+    if k.shape[1] == 0:
+        return out.zero_()
+    q2, k2, v2, l2 = _tma_ready(q), _tma_ready(k), _tma_ready(v), lens.contiguous()
+    ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale, l2)
+    ln(_raw_stream(q.get_device()), out.data_ptr())
+    if q2 is q and k2 is k and v2 is v and l2 is lens:
+        _fast_put(key, ln)
     return out
 
 
@@ -311,6 +346,7 @@ def _state_cold(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: t
 
 _LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
+_LIB.impl("flash_attention_kvcache", _flash_attention_kvcache_cuda, "CUDA")
 _LIB.impl("gemm", _gemm_cuda, "CUDA")
 _LIB.impl("mamba_chunk_scan", _mamba_chunk_scan_cuda, "CUDA")
 _LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
@@ -324,6 +360,12 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_s
 @torch.library.register_fake("ptsolve::flash_attention_varlen", lib=_LIB)
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
       max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_kvcache", lib=_LIB)
+def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
+      softmax_scale: float) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
@@ -403,6 +445,41 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if _compiling():
         return torch.ops.ptsolve.flash_attention_varlen(*args)
     return _flash_attention_varlen_cuda(*args)
+
+
+def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            cache_seqlens: torch.Tensor | int, causal: bool = False,
+                            softmax_scale: float | None = None) -> torch.Tensor:
+    """Decode against a preallocated KV cache, as flash-attn's ``flash_attn_with_kvcache`` without appending:
+    q [B, Sq, H, D] with Sq <= 16, k_cache / v_cache [B, S_cache, Hkv, D] (any strides with the last dim
+    contiguous, e.g. a [B, Hkv, S_cache, D] cache transposed), ``cache_seqlens`` int32 [B] on q's device (or one
+    int for all): sequence b attends to its first cache_seqlens[b] keys (clamped to 0 .. S_cache; a row that sees
+    none is zeros). ``causal``: bottom-right aligned at that length (query i of Sq sees keys <= i + len − Sq). The
+    kernel reads the lengths on the device: write the step's keys into the cache, update ``cache_seqlens`` in place,
+    and the same launch (or captured CUDA graph) serves every step. The keys are split across CTAs as for the whole
+    cache (``ptsolve.ops.decode.length_pieces``)."""
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    if not _compiling():
+        key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
+        ln = _FAST.get(key)
+        if ln is not None:
+            out = _empty_like(q, memory_format=_CF)
+            ln(_raw_stream(q.get_device()), out.data_ptr())
+            return out
+    causal = bool(causal)
+    scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
+    if q.shape[1] > _gen().DECODE_MAX_SEQ_Q:
+        raise ShapeError(f"flash_attention_kvcache: q has {q.shape[1]} positions; the decode kernel takes at most "
+                         f"{_gen().DECODE_MAX_SEQ_Q} (run longer prefills with flash_attention on the filled part, "
+                         "or flash_attention_varlen)")
+    lens = cache_seqlens
+    if lens.dtype != torch.int32 or lens.dim() != 1 or lens.shape[0] != q.shape[0] or lens.device != q.device:
+        raise ShapeError(f"cache_seqlens must be a torch.int32 tensor of shape ({q.shape[0]},) on {q.device}, got "
+                         f"{lens.dtype} {tuple(lens.shape)} on {lens.device} (convert with .int())")
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale)
+    return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -394,3 +394,42 @@ def test_second_process_compiles_nothing(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         runs.append(json.loads(r.stdout.strip().splitlines()[-1])["nvcc"])
     assert runs == [3, 0]
+
+
+@pytest.mark.parametrize("p,t", [
+    (_dp(4, 32, 8, 1, 32768), DEC | {"splits": 16}),
+    (_dp(2, 28, 4, 4, 8192, 128, True), DEC | {"splits": 5}),
+    (_dp(1, 71, 1, 2, 5000, 64, True), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 12}),
+    (_dp(3, 14, 2, 5, 777, 64, True), DEC | {"splits": 3}),
+])
+@pytest.mark.parametrize("seqlen", [-3, 0, 1, 2, 63, 64, 65, 700, 777, 5000, 8191, 32768, 40000])
+def test_length_pieces_cover_the_keys_each_sequence_sees(p, t, seqlen):
+    """With per-sequence lengths (``codegen.cuda.decode._tile_blocks`` with ``seqlens``): each query tile's pieces
+    are contiguous, non-empty, cover exactly the key blocks holding a key one of its rows sees (one masked block where
+    none does), and number min(splits, blocks): the launch's parallelism, not more."""
+    from ptsolve.ops.decode import length_pieces, packing, query_tiles
+    BM, BN = t["BM"], t["BN"]
+    n = min(max(seqlen, 0), p["seq_kv"])
+    gbox, sbox = packing(p, BM)
+    ngt = -(-(p["heads"] // p["kv_heads"]) // gbox)
+    got = length_pieces(p, BM, BN, t["splits"], seqlen)
+    for qt in range(query_tiles(p, BM)):
+        mine = sorted((kb, T, ns, k) for q, kb, T, ns, k in got if q == qt)
+        positions = range(qt // ngt * sbox, min(p["seq_q"], (qt // ngt + 1) * sbox))
+        seen = max((min(n, s + n - p["seq_q"] + 1) if p["causal"] else n) for s in positions)
+        blocks = max(1, -(-seen // BN)) if seen > 0 else 1
+        assert [x[3] for x in mine] == list(range(len(mine))) and all(x[2] == len(mine) for x in mine)
+        assert len(mine) == min(t["splits"], blocks)
+        assert mine[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(mine, mine[1:]))
+        assert mine[-1][0] + mine[-1][1] == blocks and min(x[1] for x in mine) >= 1
+
+
+def test_generic_decode_reads_lengths_only_in_generic_builds():
+    """The generic decode kernel takes ``seqlens`` (a null pointer: the dense cache) and masks by the sequence's
+    length; an exact-shape build keeps its compile-time SKV."""
+    c = generic.decode_class("fp16", 128, True, 32, 8, 4)
+    src = generic.kernel(c).ks
+    assert "ptr:seqlens" in src.args and "seqlens ? min(NSP, TT)" in src.source
+    assert "key >= skv_" in src.source and "key > sq + off_" in src.source
+    exact = emit_ir(lower(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC), "h200"))
+    assert "seqlens" not in exact.source and "key >= SKV" in exact.source

@@ -1,7 +1,8 @@
 """GPU tests of decode through ``ptsolve.torch.flash_attention``: seq_q <= 16 runs the shape-generic split-KV
 kernel (``codegen.generic.decode_launch``): GQA groups that are not powers of two (a query box of 7 or 71 heads),
 several query tiles, causal speculative steps, one piece and many (the merge CTAs), strided caches as transformers
-hands them over, a cache growing call by call, CUDA-graph capture. Accuracy: FlashAttention's rule
+hands them over, a cache growing call by call, CUDA-graph capture; ``flash_attention_kvcache``'s per-sequence lengths
+(one graph for a growing cache). Accuracy: FlashAttention's rule
 (``test_torch_gpu.check``), the output's memory NaN-filled first."""
 from __future__ import annotations
 
@@ -161,3 +162,72 @@ def test_transformers_llama_decode_steps(torch, pt):
         pad[1, :5] = 0  # a left-padded second sequence: a mask the kernels do not apply
         with pytest.raises(ShapeError, match="flash_attention_varlen"):
             m16(ids, attention_mask=pad)
+
+
+def _check_lengths(torch, out, q, kc, vc, lens, causal, scale):
+    """Each sequence b against its first lens[b] keys (clamped to the cache); a sequence of none: zeros."""
+    for b, n in enumerate(lens):
+        n = min(max(n, 0), kc.shape[1])
+        if n == 0:
+            assert out[b].abs().max().item() == 0
+            continue
+        check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], causal, scale)
+
+
+KVCACHE = [  # B, Sq, cap, H, Hkv, D, causal, dtype, lengths
+    (4, 1, 4096, 32, 8, 128, False, "fp16", [4096, 1, 2500, 129]),          # full, one key, ragged, a block + 1
+    (3, 1, 32768, 32, 8, 128, True, "bf16", [32768, 100, 9000]),            # split pieces, a short sequence
+    (2, 4, 8192, 28, 4, 128, True, "fp16", [5000, 4]),                      # speculative: 4 positions, 4 keys
+    (3, 1, 20000, 71, 1, 64, False, "bf16", [0, 19999, 40000]),             # empty; MQA; past the cache (clamped)
+    (2, 2, 5000, 12, 12, 64, True, "fp16", [1, 3000]),                      # MHA; causal rows that see no key
+]
+
+
+@pytest.mark.parametrize("B,Sq,cap,H,Hkv,D,causal,dt,lens", KVCACHE)
+def test_kvcache_lengths(torch, pt, B, Sq, cap, H, Hkv, D, causal, dt, lens):
+    """``flash_attention_kvcache``: per-sequence lengths read on the device, against each sequence's own prefix."""
+    q, kc, vc = _qkv(torch, B, Sq, cap, H, Hkv, D, dt, B * 7 + cap)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    poison(torch, q.shape, q.dtype)
+    out = pt.flash_attention_kvcache(q, kc, vc, seqlens, causal=causal)
+    _check_lengths(torch, out, q, kc, vc, lens, causal, 1 / math.sqrt(D))
+
+
+def test_kvcache_one_graph_serves_a_growing_cache(torch, pt):
+    """A decode loop on a transposed [B, Hkv, cap, D] cache: one captured graph, the lengths and the cache updated in
+    place between replays (one more key, then a jump past a piece boundary, then a sequence restarted)."""
+    B, H, Hkv, D, cap = 2, 32, 8, 128, 6000
+    q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(B, Hkv, cap, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    seqlens = torch.tensor([700, 5000], dtype=torch.int32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pt.flash_attention_kvcache(q, kc, vc, seqlens)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pt.flash_attention_kvcache(q, kc, vc, seqlens)
+    for lens in ([700, 5000], [701, 5001], [2900, 6000], [1, 17]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        kc[:, lens[0] - 1].normal_()  # the step's key, written into the cache in place
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_lengths(torch, out, q, kc, vc, lens, False, 1 / math.sqrt(D))
+
+
+def test_kvcache_errors_and_int_lengths(torch, pt):
+    from ptsolve.errors import ShapeError
+    q, kc, vc = _qkv(torch, 2, 1, 3000, 8, 2, 64, "fp16", 5)
+    with pytest.raises(ShapeError, match="int32"):
+        pt.flash_attention_kvcache(q, kc, vc, torch.tensor([5, 6], device="cuda"))  # int64
+    with pytest.raises(ShapeError, match=r"shape \(2,\)"):
+        pt.flash_attention_kvcache(q, kc, vc, torch.tensor([5], dtype=torch.int32, device="cuda"))
+    q17 = torch.randn(2, 17, 8, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ShapeError, match="at most 16"):
+        pt.flash_attention_kvcache(q17, kc, vc, 100)
+    out = pt.flash_attention_kvcache(q, kc, vc, 1234, causal=True)
+    _check_lengths(torch, out, q, kc, vc, [1234, 1234], True, 1 / 8)
+    dense = pt.flash_attention(q, kc[:, :1234], vc[:, :1234], causal=True)
+    torch.testing.assert_close(out, dense, atol=2e-3, rtol=0)  # pieces may differ; the merge's rounding only

@@ -143,8 +143,7 @@ def _consts(ir: KernelIR) -> str:
         return (f"  constexpr int D = {D}, DCH = D / 64, BM = {BM}, BN = {t['BN']};\n"
                 "  const int G = H / HKV, PR = GB * SB, NE = NQT * NSP, NSLOT = NE, TILES_ = B_ * HKV * NQT;\n"
                 f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
-                "  const int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
-                "  (void)G; (void)PR; (void)NSLOT; (void)TILES_; (void)OFF;")
+                "  (void)G; (void)PR; (void)NSLOT; (void)TILES_;")
     gbox, sbox = packing(p, BM)
     G = p["heads"] // p["kv_heads"]
     return (f"  constexpr int H = {p['heads']}, HKV = {p['kv_heads']}, G = {G}, SQ = {p['seq_q']}, "
@@ -183,13 +182,18 @@ def _device(ir: KernelIR) -> str:
 
 
 def _tile_blocks() -> str:
-    """C++ (generic build): for query tile ``qt`` (``qg_``: its position group ``qt / NGT``), its head tile and
-    position ``j0``, ``s0``, the key blocks ``TT`` it visits and its pieces ``ns``, as ``ptsolve.ops.decode
-    .trip_counts`` and ``pieces``."""
-    return ("  const int j0 = (qt - qg_ * NGT) * GB, s0 = qg_ * SB;\n"
-            "  int TT = (SKV + BN - 1) / BN;\n"
-            "  if (CAUSAL) { const int last_ = min(SQ, (qg_ + 1) * SB) - 1; TT = min(TT, (last_ + OFF + BN) / BN); }\n"
-            "  const int ns = CAUSAL ? (TT + CHUNK - 1) / CHUNK : NS0;")
+    """C++ (generic build): for query tile ``qt`` (``qg_``: its position group ``qt / NGT``) of batch ``bz``, the
+    keys ``skv_`` it attends to (``seqlens[bz]`` clamped to the cache's SKV where the launch has per-sequence lengths,
+    else SKV) and the causal offset ``off_``, its head tile and position ``j0``, ``s0``, the key blocks ``TT`` it
+    visits and its pieces ``ns``, as ``ptsolve.ops.decode.trip_counts`` and ``pieces``; with per-sequence lengths
+    (``ptsolve.ops.decode.length_pieces``) as many pieces as the launch has (NSP), at least one key block each. A
+    tile that sees no key still visits one block, all masked: its rows are zeros."""
+    return ("  const int skv_ = seqlens ? min(max(__ldg(seqlens + bz), 0), SKV) : SKV, off_ = skv_ - SQ;\n"
+            "  const int j0 = (qt - qg_ * NGT) * GB, s0 = qg_ * SB;\n"
+            "  int TT = (skv_ + BN - 1) / BN;\n"
+            "  if (CAUSAL) { const int last_ = min(SQ, (qg_ + 1) * SB) - 1; TT = min(TT, (last_ + off_ + BN) / BN); }\n"
+            "  TT = max(TT, 1);\n"
+            "  const int ns = seqlens ? min(NSP, TT) : CAUSAL ? (TT + CHUNK - 1) / CHUNK : NS0;")
 
 
 def _tiles(ir: KernelIR) -> tuple[int | str, str]:
@@ -201,8 +205,9 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
                           "  const int qg_ = fdiv(qt, NGT, NGT_M, NGT_S);\n" + _tile_blocks() + "\n"
                           "  if (piece >= ns) skip_ = true;  // the tile has fewer pieces than the longest\n"
                           # 32-bit: piece < NSP <= 64 and TT < 2^25 (index_error)
-                          "  const int kb0 = CAUSAL ? piece * TT / ns : fdiv(piece * TT, NS0, NS0_M, NS0_S);\n"
-                          "  const int T = (CAUSAL ? (piece + 1) * TT / ns : fdiv((piece + 1) * TT, NS0, NS0_M, NS0_S))"
+                          "  const bool cut_ = CAUSAL || seqlens;  // ns known only here: a division\n"
+                          "  const int kb0 = cut_ ? piece * TT / ns : fdiv(piece * TT, NS0, NS0_M, NS0_S);\n"
+                          "  const int T = (cut_ ? (piece + 1) * TT / ns : fdiv((piece + 1) * TT, NS0, NS0_M, NS0_S))"
                           " - kb0;\n"
                           "  const long long ctr = (long long)row_ * NQT + qt;  // the tile's counter of pieces done\n"
                           "  const int base_ = qt * NSP;  // its first workspace slot\n"
@@ -259,17 +264,18 @@ def _body(t: Task) -> str:
                 f"    tma_load_4d({b[-1]}_cur + c * BN * 128, &tm_{b[-1]}, fbar_, c * 64, hkv, (kb0 + it_) * BN, bz);")
     if b == "rowmax":
         S = attention._buf(t, "sacc")
+        skv, off = ("skv_", "off_") if ir.generic else ("SKV", "OFF")  # a generic build's are per sequence
         return "\n".join([
             f"  fence_regs({S});", "  const int kb = (kb0 + it_) * BN;",
             # the warpgroup's first row has the smallest position: no key of the block is masked for any row
-            f"  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > s0 + {_by_gb(ir, 'ROW0') if ir.generic else 'ROW0 / GB'}"
-            " + OFF)) {  // the block crosses a mask edge",
+            f"  if (kb + BN > {skv} || (CAUSAL && kb + BN - 1 > s0 + "
+            f"{_by_gb(ir, 'ROW0') if ir.generic else 'ROW0 / GB'} + {off})) {{  // the block crosses a mask edge",
             "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
             f"      const int sq = s0 + {_by_gb(ir, 'ROW0 + w * 16 + (lane >> 2) + 8 * hh')};",
             "#pragma unroll", "      for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
             "        for (int c = 0; c < 2; ++c) {",
             "          const int key = kb + 8 * j + 2 * (lane & 3) + c;",
-            f"          if (key >= SKV || (CAUSAL && key > sq + OFF)) {S}[4 * j + 2 * hh + c] = -INFINITY;",
+            f"          if (key >= {skv} || (CAUSAL && key > sq + {off})) {S}[4 * j + 2 * hh + c] = -INFINITY;",
             "        }", "    }", "  }",
             *attention.row_max(S)])
     if b in ("init", "mma_qk", "exp2", "rowsum", "rescale", "mma_pv", "normalize"):
@@ -428,7 +434,9 @@ def workspace(ir: KernelIR) -> dict[str, int]:
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
     out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"), ("ptr:ws", "float* __restrict__ ws"),
            ("ptr:lse", "float* __restrict__ lse"), ("ptr:cnt", "int* __restrict__ cnt"))
-    return out + (("f32:scale_log2", "const float SCALE_LOG2"),) if ir.generic else out
+    # a generic build: seqlens (int32 per batch, the keys each sequence attends to; null: all SKV)
+    return out + (("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:seqlens", "const int* __restrict__ seqlens")
+                  ) if ir.generic else out
 
 
 def _fill_bytes(ir: KernelIR, task: str) -> str | None:

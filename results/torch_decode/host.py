@@ -86,7 +86,7 @@ def parts(q, caches) -> dict:
     mp = cd.maps(p, tl, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
     ws = {n: generic._scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
-            "scale_log2": 0.1 * math.log2(math.e), **sz}
+            "scale_log2": 0.1 * math.log2(math.e), "seqlens": 0, **sz}
     steps = {"decode_splits (kept)": lambda i: generic.decode_splits(c, p),
              "sizes": lambda i: cd.sizes(p, tl, mod.sms),
              "maps": lambda i: cd.maps(p, tl, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))}),
