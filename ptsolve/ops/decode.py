@@ -211,10 +211,7 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
         for bn in BNS:
             for splits in split_counts(p, WG_ROWS * groups, bn):
                 for depth in DEPTHS:
-                    t = {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": splits}
-                    yield t
-                    if groups == 1:  # two resident CTAs (half the register file each): two warpgroups would spill
-                        yield t | {"ctas": 2}
+                    yield {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": splits}
 
 
 def partial_bytes(rows: int, D: int) -> int:
@@ -290,7 +287,4 @@ REGISTRY["flash_decode"] = OpSpec(
     orders=orders,
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
-    # two CTAs per SM: measured to pay for short rows (MHA, results/torch_decode/mha_ctas.py) but not validated in
-    # the model across decode shapes, so the exact search offers it only when asked (the generic classes ask)
-    optional={"ctas": 1}, opt_in=("ctas",),
 )
