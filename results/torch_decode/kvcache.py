@@ -149,7 +149,7 @@ def report(res: dict[str, Any]) -> str:
              "cuDNN / best | ok |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["pieces"].items():
         u = r["us"]
-        own = {int(k[1:]): v for k, v in u.items() if k.startswith("s")}
+        own = {int(k[1:]): v for k, v in u.items() if k[0] == "s" and k[1:].isdigit()}
         b = min(own, key=own.get)
         rows.append(f"| {name} | {r['pick']} | {own[r['pick']]:.1f} | {b} | {own[b]:.1f} | {u['sdpa_cudnn']:.1f} | "
                     f"{u['sdpa_cudnn'] / own[r['pick']]:.3f} | {u['sdpa_cudnn'] / own[b]:.3f} | "
