@@ -513,45 +513,87 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                  scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """An attention function for transformers' ``AttentionInterface``: query [B, H, Sq, D], key / value
     [B, Hkv, Skv, D] → ([B, Sq, H, D], None). Causal when the module is (bottom-right aligned, which is also what
-    a KV cache's prefill, chunked prefill, speculative steps and decode need). The mask transformers built (its SDPA
-    mask, ``register_transformers``) must be none or exactly that causal mask (``_mask_is_causal``); a padded batch
-    or a static cache's unfilled slots make another one, a ShapeError (run padded batches through
-    ``flash_attention_varlen``, decode with a dynamic cache). No dropout (inference)."""
+    a KV cache's prefill, chunked prefill, speculative steps and decode need). No mask means what it means to
+    transformers' SDPA path: with one query every key, with more queries SDPA's top-left causal (a static cache's
+    prefill), run on the first Sq keys. A mask transformers built (its SDPA mask, ``register_transformers``) must be
+    that causal mask on each sequence's first n_b keys
+    (``_mask_lengths``): all of them (a dynamic cache), or the filled part of a static cache, whose decode steps run
+    ``flash_attention_kvcache`` on the whole cache (its addresses fixed: the launch is kept from step to step) and
+    whose prefill runs on the filled part. Other masks (a padded batch) are a ShapeError (run padded batches through
+    ``flash_attention_varlen``). No dropout (inference)."""
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
-    if attention_mask is not None and not _mask_is_causal(attention_mask, causal, query.shape[2], key.shape[2]):
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if attention_mask is None:
+        sq, skv = q.shape[1], k.shape[1]
+        if causal and 1 < sq < skv:
+            # no mask means SDPA's is_causal, top-left aligned: query i sees keys <= i (a static cache's prefill: the
+            # slots past the prompt are empty), i.e. bottom-right causal on the first sq keys
+            k, v = k[:, :sq], v[:, :sq]
+        elif causal and sq > skv:
+            raise ShapeError(f"attn_implementation='ptsolve': {sq} queries against {skv} keys with no mask means "
+                             "top-left causal attention, which leaves the last queries more keys than ptsolve's "
+                             "bottom-right mask; pass the mask")
+        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling), None
+    got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0])
+    if got is None:
         raise ShapeError(f"attn_implementation='ptsolve': the model's attention mask {tuple(attention_mask.shape)} "
-                         "masks more than the causal mask (a padded batch or a static cache's unfilled slots); "
-                         "ptsolve's kernels apply none: use a dynamic cache and unpadded batches, or "
-                         "ptsolve.torch.flash_attention_varlen for padded ones")
-    o = flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-                        softmax_scale=scaling)
-    return o, None
+                         "is not the causal mask on each sequence's first keys (a padded batch?); ptsolve's kernels "
+                         "apply no other: use unpadded batches, or ptsolve.torch.flash_attention_varlen for padded "
+                         "ones")
+    lens, n = got
+    if min(n) == k.shape[1]:  # every key: the mask is the one the kernel applies anyway
+        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling), None
+    if q.shape[1] <= _gen().DECODE_MAX_SEQ_Q:  # a static cache's decode or speculative step: the whole cache
+        return flash_attention_kvcache(q, k, v, lens, causal=causal, softmax_scale=scaling), None
+    if len(set(n)) > 1:
+        raise ShapeError(f"attn_implementation='ptsolve': a {q.shape[1]}-position step against a static cache filled "
+                         f"to different lengths {sorted(set(n))}: ptsolve runs such steps (more than "
+                         f"{_gen().DECODE_MAX_SEQ_Q} positions) on equal lengths only")
+    return flash_attention(q, k[:, :n[0]], v[:, :n[0]], causal=causal, softmax_scale=scaling), None
 
 
-_MASKS: dict[tuple[int, bool], tuple[Any, bool]] = {}
+_MASKS: dict[tuple[int, bool, int], tuple[Any, Any]] = {}
+_LENS: dict[tuple[str, int], list[Any]] = {}  # (device, batch) -> [the buffer, the mask whose lengths it holds]
 
 
-def _mask_is_causal(mask: Any, causal: bool, sq: int, skv: int) -> bool:
-    """Is a transformers attention mask ([B or 1, 1 or H, Sq, Skv]; bool, True attends, or additive float, 0 attends)
-    what the kernel applies anyway: every key, or with ``causal`` keys j <= i + Skv - Sq? Checked on the device once
-    per mask object (transformers builds one per forward and every layer passes it: one synchronisation a step),
-    kept by identity through a weak reference: a later mask at the same address is another object, checked anew."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (sq, skv):
-        return False
-    hit = _MASKS.get((id(mask), causal))
-    if hit is not None and hit[0]() is mask:
-        return hit[1]
-    keep = mask if mask.dtype == torch.bool else mask == 0
-    i = torch.arange(sq, device=mask.device)[:, None]
-    j = torch.arange(skv, device=mask.device)[None, :]
-    want = j <= i + (skv - sq) if causal else torch.ones(sq, skv, dtype=torch.bool, device=mask.device)
-    ok = bool((keep == want).all())
-    if len(_MASKS) >= 1024:
-        _MASKS.clear()
-    _MASKS[(id(mask), causal)] = (weakref.ref(mask), ok)
-    return ok
+def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int) -> tuple[torch.Tensor, list[int]] | None:
+    """Is a transformers attention mask ([batch or 1, 1, Sq, Skv]; bool, True attends, or additive float, 0 attends)
+    the kernel's mask on each sequence's first n_b keys: key j seen by query i iff j < n_b and, with ``causal``,
+    j <= i + n_b - Sq (n_b = Skv: a dynamic cache's mask; n_b < Skv: a static cache's unfilled slots)? Then the
+    lengths, as an int32 [batch] tensor on the mask's device and as a host list, else None. Checked on the device once
+    per mask object (transformers builds one per forward and every layer passes it: one synchronisation a step), kept
+    by identity through a weak reference. The tensor is one buffer per (device, batch), filled with the lengths of the
+    mask last asked about, so the launches that read it stay the same from step to step (``flash_attention_kvcache``'s
+    kept launch); a buffer filled by another mask since is filled again (a device copy, in stream order)."""
+    if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[0] not in (1, batch)
+            or mask.shape[1] != 1 or tuple(mask.shape[-2:]) != (sq, skv)):
+        return None
+    key = (id(mask), causal, batch)
+    hit = _MASKS.get(key)
+    if hit is None or hit[0]() is not mask:
+        keep = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]  # [batch or 1, Sq, Skv]
+        n = keep[:, -1].sum(-1)  # the last query position sees every key of its sequence
+        i = torch.arange(sq, device=mask.device)[:, None]
+        j = torch.arange(skv, device=mask.device)[None, :]
+        edge = n[:, None, None] - (sq - 1 - i)[None] if causal else n[:, None, None]
+        ok = (keep == (j[None] < edge)).all()
+        got = torch.cat([ok.view(1).to(torch.int64), n.to(torch.int64)]).tolist()  # the one synchronisation
+        lens = got[1:] * (batch // len(got[1:]))
+        out = (n.to(torch.int32).expand(batch).contiguous(), lens) if got[0] else None
+        if len(_MASKS) >= 1024:
+            _MASKS.clear()
+        hit = _MASKS[key] = (weakref.ref(mask), out)
+    if hit[1] is None:
+        return None
+    held = _LENS.get((str(mask.device), batch))
+    if held is None:
+        held = _LENS[(str(mask.device), batch)] = [torch.empty(batch, dtype=torch.int32, device=mask.device), None]
+    if held[1] is None or held[1]() is not mask:
+        held[0].copy_(hit[1][0])
+        held[1] = weakref.ref(mask)
+    return held[0], hit[1][1]
 
 
 def _check_mamba(name: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor, dA_cumsum: torch.Tensor) -> None:

@@ -46,31 +46,68 @@ def test_hf_attention_refuses_dropout(pt):
         pt.hf_attention(None, q, q, q, None, dropout=0.1)
 
 
-def test_hf_attention_takes_only_the_causal_mask(pt):
-    """transformers' mask must be what the kernel applies anyway (bottom-right causal); a padding or static-cache mask
-    is a ShapeError, not a silently unmasked result."""
+def test_hf_attention_masks_are_causal_prefixes(pt):
+    """transformers' mask must be what the kernels apply: bottom-right causal on each sequence's first n_b keys (all of
+    them: a dynamic cache; the filled slots of a static cache: n_b < Skv). A padded batch's is a ShapeError, not a
+    silently unmasked result."""
     sq, skv = 3, 7
     i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
     causal = (j <= i + skv - sq).expand(2, 1, sq, skv)
-    assert pt._mask_is_causal(causal, True, sq, skv)
-    assert pt._mask_is_causal(torch.where(causal, 0.0, float("-inf")), True, sq, skv)  # additive float masks
-    assert not pt._mask_is_causal(causal, False, sq, skv)
-    assert pt._mask_is_causal(torch.ones(1, 1, sq, skv, dtype=torch.bool), False, sq, skv)
-    assert not pt._mask_is_causal(causal[..., :-1], True, sq, skv - 1)  # top-left, not bottom-right
+    assert pt._mask_lengths(causal, True, sq, skv, 2)[1] == [7, 7]
+    assert pt._mask_lengths(torch.where(causal, 0.0, float("-inf")), True, sq, skv, 2)[1] == [7, 7]  # additive
+    assert pt._mask_lengths(causal, False, sq, skv, 2) is None
+    assert pt._mask_lengths(torch.ones(1, 1, sq, skv, dtype=torch.bool), False, sq, skv, 3)[1] == [7, 7, 7]
+    assert pt._mask_lengths(causal[..., :-1], True, sq, skv - 1, 2) is None  # top-left, not bottom-right
     padded = causal.clone()
     padded[1, :, :, :2] = False  # the second sequence is left-padded by two
-    assert not pt._mask_is_causal(padded, True, sq, skv)
-    static = (j <= i + 3).expand(2, 1, sq, skv)  # a static cache: slots past the filled ones masked
-    assert not pt._mask_is_causal(static, True, sq, skv)
+    assert pt._mask_lengths(padded, True, sq, skv, 2) is None
+    static = torch.stack([j <= i + 3, j <= i + 1])[:, None]  # a static cache filled to 6 and 4 of 7 slots
+    lens, n = pt._mask_lengths(static, True, sq, skv, 2)
+    assert n == [6, 4] and lens.tolist() == [6, 4] and lens.dtype == torch.int32
+    assert pt._mask_lengths(static[:, :, :, :6], True, sq, 6, 2)[1] == [6, 4]  # another mask: the buffer refilled
+    again = pt._mask_lengths(static, True, sq, skv, 2)
+    assert again[0] is lens and lens.tolist() == [6, 4]  # one buffer per (device, batch), holding this mask's
     m = causal.clone()
-    assert pt._mask_is_causal(m, True, sq, skv)
+    assert pt._mask_lengths(m, True, sq, skv, 2) is not None
     m.data[1, :, :, :2] = False  # the storage edited behind m's version counter
-    assert pt._mask_is_causal(m, True, sq, skv)  # the same object keeps its verdict (transformers never edits one)
-    assert not pt._mask_is_causal(m.view(m.shape), True, sq, skv)  # another object at that address: checked anew
+    assert pt._mask_lengths(m, True, sq, skv, 2) is not None  # the same object keeps its verdict (never edited)
+    assert pt._mask_lengths(m.view(m.shape), True, sq, skv, 2) is None  # another object at that address: anew
     q, k = torch.zeros(2, 4, sq, 64, dtype=torch.float16), torch.zeros(2, 4, skv, 64, dtype=torch.float16)
-    for bad in (padded, static):
-        with pytest.raises(ShapeError, match="flash_attention_varlen"):
-            pt.hf_attention(None, q, k, k, bad)
+    with pytest.raises(ShapeError, match="flash_attention_varlen"):
+        pt.hf_attention(None, q, k, k, padded)
+
+
+def test_hf_attention_runs_a_static_cache(pt, monkeypatch):
+    """With transformers' own SDPA mask of a static cache: a decode step runs ``flash_attention_kvcache`` on the whole
+    cache with the filled lengths, a prefill the dense kernel on the filled part, a dynamic cache's step the dense one
+    on everything; without a mask, what SDPA's is_causal means (top-left: the static cache's prefill, which
+    transformers sends maskless)."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    calls = []
+    monkeypatch.setattr(pt, "flash_attention", lambda q, k, v, **kw: calls.append(("dense", k.shape[1], kw)) or q)
+    monkeypatch.setattr(pt, "flash_attention_kvcache",
+                        lambda q, k, v, lens, **kw: calls.append(("kvcache", k.shape[1], lens.tolist(), kw)) or q)
+    B, H, D, cap = 2, 4, 64, 16
+    k = torch.zeros(B, 2, cap, D, dtype=torch.float16)
+    for sq, offset in ((1, 9), (4, 9), (20, 0)):
+        mask = masking.sdpa_mask(batch_size=B, q_length=sq, kv_length=cap if sq < 20 else 32, q_offset=offset,
+                                 allow_is_causal_skip=False)
+        kv = k if sq < 20 else torch.zeros(B, 2, 32, D, dtype=torch.float16)
+        pt.hf_attention(None, torch.zeros(B, H, sq, D, dtype=torch.float16), kv, kv, mask, scaling=0.1)
+    assert calls[0] == ("kvcache", cap, [10, 10], {"causal": True, "softmax_scale": 0.1})  # position 9: 10 keys
+    assert calls[1] == ("kvcache", cap, [13, 13], {"causal": True, "softmax_scale": 0.1})  # positions 9..12
+    assert calls[2] == ("dense", 20, {"causal": True, "softmax_scale": 0.1})  # a 20-token prefill: the filled part
+    mask = masking.sdpa_mask(batch_size=B, q_length=1, kv_length=cap, q_offset=cap - 1, allow_is_causal_skip=False)
+    pt.hf_attention(None, torch.zeros(B, H, 1, D, dtype=torch.float16), k, k, mask)
+    assert calls[3][:2] == ("dense", cap)  # every key: the dynamic cache's call
+    # no mask: transformers' SDPA convention (is_causal, top-left) for several queries, every key for one
+    for sq, skv in ((20, 32), (1, 32), (32, 32)):
+        kv = torch.zeros(B, 2, skv, D, dtype=torch.float16)
+        pt.hf_attention(None, torch.zeros(B, H, sq, D, dtype=torch.float16), kv, kv, None)
+    assert [c[1] for c in calls[4:]] == [20, 32, 32]  # a static cache's prefill: its first 20 slots
+    kv = torch.zeros(B, 2, 8, D, dtype=torch.float16)
+    with pytest.raises(ShapeError, match="top-left"):
+        pt.hf_attention(None, torch.zeros(B, H, 20, D, dtype=torch.float16), kv, kv, None)
 
 
 class _FakeModule:

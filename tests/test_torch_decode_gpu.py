@@ -231,3 +231,47 @@ def test_kvcache_errors_and_int_lengths(torch, pt):
     _check_lengths(torch, out, q, kc, vc, [1234, 1234], True, 1 / 8)
     dense = pt.flash_attention(q, kc[:, :1234], vc[:, :1234], causal=True)
     torch.testing.assert_close(out, dense, atol=2e-3, rtol=0)  # pieces may differ; the merge's rounding only
+
+
+def test_transformers_llama_static_cache(torch, pt):
+    """A Hugging Face Llama with a static cache (preallocated K/V, transformers' mask hiding the unfilled slots): the
+    prefill (no mask: SDPA's top-left causal, run on the filled part), 6 decode steps and a 4-token speculative step
+    (``flash_attention_kvcache`` on the whole cache, the lengths read from the mask), each step's logits within twice
+    SDPA's error of a float32 model; after the first decode step no launch is prepared (the cache keeps its
+    addresses, the lengths their buffer)."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    from codegen import generic
+    name = pt.register_transformers()
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    m32 = LlamaForCausalLM(cfg).to("cuda").eval()
+    m16 = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    m16.load_state_dict(m32.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, 300), device="cuda")
+    steps = torch.randint(0, cfg.vocab_size, (2, 6), device="cuda")
+    prepared = []
+
+    def run(model, impl):
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(impl)
+        else:
+            model.config._attn_implementation = impl
+        cache = StaticCache(config=cfg, max_cache_len=512)
+        out = model(ids, past_key_values=cache, use_cache=True)
+        logits = [out.logits[:, -1].float()]
+        for i in range(steps.shape[1]):
+            logits.append(model(steps[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1].float())
+            prepared.append(len(generic._LAUNCHES))
+        logits += list(model(steps[:, :4], past_key_values=cache, use_cache=True).logits.float().unbind(1))
+        return torch.stack(logits)
+
+    with torch.no_grad():
+        ref, sdpa = run(m32, "sdpa"), run(m16, "sdpa")
+        prepared.clear()
+        ours = run(m16, name)
+        e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
+        assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
+        assert prepared[1:] == [prepared[0]] * (len(prepared) - 1), prepared  # one launch per layer, kept
