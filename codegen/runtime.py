@@ -210,11 +210,13 @@ class Loaded:
         keep: list[Any] = [buf]
         addrs = []
         ptrs: dict[str, Any] = {}
+        tmaps: dict[str, tuple[int, Any]] = {}
         try:
             for i, (kind, name, fmt) in enumerate(self._spec):
                 if fmt is None:  # tmap
                     tm = tensor_map(spec[name], int(values[name]))
                     keep.append(tm)
+                    tmaps[name] = (len(addrs), spec[name])
                     addrs.append(tm.getPtr())
                     continue
                 struct.pack_into(fmt, buf, 8 * i, values[name])
@@ -231,7 +233,7 @@ class Loaded:
             raise DeviceError(f"{self.ks.name} has no pointer argument {out!r} to re-point per call")
         return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
                       self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
-                      ptrs[out] if out else None)
+                      ptrs[out] if out else None, (arr, tmaps))
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -261,16 +263,35 @@ class Launch:
     second argument of a call for the ``out`` argument ``prepare`` named: cuLaunchKernel copies the parameters when
     it is called, so one prepared launch serves every output buffer. (Calling libcuda's cuLaunchKernel through
     ctypes instead of cuda-python was measured on an H200 host, 2026-12-01: 4.56 vs 4.37 µs a launch, no gain: the
-    driver's own call is the cost.)"""
+    driver's own call is the cost.) ``repoint`` moves a tensor map argument to another address of the same
+    layout."""
 
-    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head")
+    __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head",
+                 "_maps", "_at")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None):
+                 smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None,
+                 maps: tuple[Any, dict[str, tuple[int, Any]]] | None = None):
         self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
         self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
         self.ptrs, self.out = ptrs, out
         self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
+        self._maps = maps  # (the parameter address array, tensor map name -> (its index there, its spec))
+        self._at: dict[str, tuple[int, Any]] = {}  # tensor map name -> (the address it describes now, the map)
+
+    def repoint(self, name: str, ptr: int) -> None:
+        """Point tensor map argument ``name`` at ``ptr`` (a tensor of the layout the map was prepared for) from the
+        next call on: the map of that address (``tensor_map``, cached) replaces it in the parameters. A launch a CUDA
+        graph captured keeps the address it had then."""
+        at = self._at.get(name)
+        if at is not None and at[0] == ptr:
+            return
+        if self._maps is None or name not in self._maps[1]:
+            raise DeviceError(f"{self.name} has no tensor map argument {name!r} to re-point")
+        i, spec = self._maps[1][name]
+        tm = tensor_map(spec, ptr)
+        self._maps[0][i] = tm.getPtr()
+        self._at[name] = (ptr, tm)  # held: the cache of maps may drop it
 
     def __call__(self, stream: int, out: int | None = None) -> None:
         """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named

@@ -7,8 +7,9 @@ y = pt.gemm(x, w)                              # x [..., K] · wᵀ with w [N, K
 out = pt.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)   # mamba_ssm's layouts; also mamba_chunk_state
 ```
 
-``flash_attention`` (dense) and ``flash_attention_varlen`` (packed [total, H, D] with int32 ``cu_seqlens``, as
-flash-attn's) run FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
+``flash_attention`` (dense), ``flash_attention_varlen`` (packed [total, H, D] with int32 ``cu_seqlens``, as
+flash-attn's) and ``flash_attention_kvcache`` (decode against a preallocated cache, the lengths on the device) run
+FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
 bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is zeros, as FlashAttention returns),
 GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. Dense attention of at most 16 query positions (decode,
 speculative verification) runs the split-KV decode kernel: a query tile packs the GQA group's heads with the
@@ -188,16 +189,19 @@ def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
                  scale: float | None) -> tuple[Any, ...]:
-    return ("kvc", q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(), q.shape, q.stride(), k.shape,
-            k.stride(), v.shape, v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale)
+    """The kept launch's key: the cache's and the lengths' addresses, not q's (a decode loop makes a new q every step;
+    the launch's q map is re-pointed per call, ``runtime.Launch.repoint``)."""
+    return ("kvc", k.data_ptr(), v.data_ptr(), lens.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
+            v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale)
 
 
 def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
     key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
     ln = _FAST.get(key)
-    if ln is not None:
+    if ln is not None and q.data_ptr() % 16 == 0:
         out = _empty_like(q, memory_format=_CF)
+        ln.repoint("q", q.data_ptr())
         ln(_raw_stream(q.get_device()), out.data_ptr())
         return out
     return _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key)
@@ -213,6 +217,7 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
         return out.zero_()
     q2, k2, v2, l2 = _tma_ready(q), _tma_ready(k), _tma_ready(v), lens.contiguous()
     ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale, l2)
+    ln.repoint("q", q2.data_ptr())  # kept launches are re-pointed per call: this one may point at another q now
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v and l2 is lens:
         _fast_put(key, ln)
@@ -463,8 +468,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not _compiling():
         key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
         ln = _FAST.get(key)
-        if ln is not None:
+        if ln is not None and q.data_ptr() % 16 == 0:
             out = _empty_like(q, memory_format=_CF)
+            ln.repoint("q", q.data_ptr())
             ln(_raw_stream(q.get_device()), out.data_ptr())
             return out
     causal = bool(causal)

@@ -114,6 +114,8 @@ class _FakeModule:
     """A class kernel's loaded module without a GPU: ``prepare`` counts the launches it prepares and returns a real
     ``runtime.Launch`` whose driver call records the output address and grid."""
 
+    sms = 132
+
     def __init__(self, ks, log):
         self.ks, self.log = ks, log
 
@@ -130,8 +132,10 @@ class _FakeModule:
         def launch(func, gx, gy, gz, *rest):
             log["launches"].append((gx, ptrs[out].value))
             return (0,)
+        log["maps"] = (ctypes.c_void_p * len(maps))(*[16 * (i + 1) for i in range(len(maps))])
         return runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (arr,),
-                              ctypes.addressof(arr), self.ks.name, ptrs, ptrs[out])
+                              ctypes.addressof(arr), self.ks.name, ptrs, ptrs[out],
+                              (log["maps"], {m.tensor: (i, m) for i, m in enumerate(maps)}))
 
 
 @pytest.fixture()
@@ -146,6 +150,14 @@ def fake_gpu(pt, monkeypatch):
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
     monkeypatch.setattr(generic, "_LAUNCHES", {})
+
+    class _Map:  # a tensor map: its address in the parameters stands for the address it describes
+        def __init__(self, spec, ptr):
+            self.ptr = ptr
+
+        def getPtr(self):
+            return self.ptr
+    monkeypatch.setattr(runtime, "tensor_map", _Map)
     return log
 
 
@@ -178,6 +190,23 @@ def test_warm_path_keeps_one_launch_per_pointers_shapes_strides(pt, fake_gpu):
     for _ in range(2):
         assert pt.gemm(ap, w).shape == (3, 5, 72)
     assert len(pt._FAST) == kept and len(log["launches"]) == 14
+
+
+def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
+    """``flash_attention_kvcache`` in a decode loop: a new q every step (as a model makes), the cache, the lengths and
+    the shapes the same: one launch prepared, its q map re-pointed to each step's q; another lengths tensor or cache
+    is a new launch."""
+    log = fake_gpu
+    kc = torch.randn(2, 300, 2, 64, dtype=torch.float16)
+    lens = torch.tensor([100, 7], dtype=torch.int32)
+    qs = [torch.randn(2, 1, 8, 64, dtype=torch.float16) for _ in range(3)]
+    for q in qs:
+        pt.flash_attention_kvcache(q, kc, kc, lens)
+        assert log["maps"][0] == q.data_ptr()  # q's map is the first argument: now this step's q
+    assert log["prepared"] == 1 and len(log["launches"]) == 3
+    pt.flash_attention_kvcache(qs[0], kc, kc, lens.clone())
+    pt.flash_attention_kvcache(qs[0], kc.clone(), kc, lens)
+    assert log["prepared"] == 3 and log["maps"][0] == qs[0].data_ptr()
 
 
 def test_mamba_warm_path_and_conversions(pt, fake_gpu):
