@@ -195,16 +195,23 @@ def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.
             v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale)
 
 
+def _kvcache_warm(q: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
+    """The kept launch of ``key`` on this step's q (its map re-pointed), or None where there is none or q's address
+    is one TMA cannot take."""
+    ln = _FAST.get(key)
+    if ln is None or q.data_ptr() % 16:
+        return None
+    out = _empty_like(q, memory_format=_CF)
+    ln.repoint("q", q.data_ptr())
+    ln(_raw_stream(q.get_device()), out.data_ptr())
+    return out
+
+
 def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
     key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
-    ln = _FAST.get(key)
-    if ln is not None and q.data_ptr() % 16 == 0:
-        out = _empty_like(q, memory_format=_CF)
-        ln.repoint("q", q.data_ptr())
-        ln(_raw_stream(q.get_device()), out.data_ptr())
-        return out
-    return _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key)
+    out = _kvcache_warm(q, key)
+    return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key)
 
 
 def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool, scale: float,
@@ -467,11 +474,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     if not _compiling():
         key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
-        ln = _FAST.get(key)
-        if ln is not None and q.data_ptr() % 16 == 0:
-            out = _empty_like(q, memory_format=_CF)
-            ln.repoint("q", q.data_ptr())
-            ln(_raw_stream(q.get_device()), out.data_ptr())
+        out = _kvcache_warm(q, key)
+        if out is not None:
             return out
     causal = bool(causal)
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)

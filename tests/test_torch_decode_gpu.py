@@ -113,33 +113,39 @@ def test_causal_seq_q_beyond_keys_runs_attention(torch, pt):
     assert out[:, :5].abs().max().item() == 0
 
 
+def _llama_pair(torch, device="cuda"):
+    """A small Hugging Face Llama (GQA 8 / 2, head_dim 64) in float32 and bf16 with the same random weights, a
+    300-token prompt and 6 decode tokens, batch 2: (config, fp32 model, bf16 model, prompt, steps)."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    m32 = LlamaForCausalLM(cfg).to(device).eval()
+    m16 = LlamaForCausalLM(cfg).to(device, torch.bfloat16).eval()
+    m16.load_state_dict(m32.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, 300), device=device)
+    return cfg, m32, m16, ids, torch.randint(0, cfg.vocab_size, (2, 6), device=device)
+
+
+def _use(model, impl):
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:
+        model.config._attn_implementation = impl
+
+
 def test_transformers_llama_decode_steps(torch, pt):
     """A Hugging Face Llama (random weights, bf16) through ``attn_implementation="ptsolve"``: a 300-token prefill (the
     generic attention kernel), then 6 decode steps against its growing cache (transposed [B, S, Hkv, D] views, new
     addresses every step: the split-KV kernel), each step's logits within twice SDPA's error of a float32 model."""
-    pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from codegen import generic
     from ptsolve.errors import ShapeError
+    cfg, m32, m16, ids, steps = _llama_pair(torch)  # skips without transformers
     name = pt.register_transformers()
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
-    torch.manual_seed(0)
-    m32 = LlamaForCausalLM(cfg).to("cuda").eval()
-    m16 = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-    m16.load_state_dict(m32.state_dict())
-    ids = torch.randint(0, cfg.vocab_size, (2, 300), device="cuda")
-    steps = torch.randint(0, cfg.vocab_size, (2, 6), device="cuda")
-
-    def use(model, impl):
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(impl)
-        else:
-            model.config._attn_implementation = impl
 
     def run(model, impl):
-        use(model, impl)
+        _use(model, impl)
         out = model(ids, use_cache=True)
         cache, logits = out.past_key_values, [out.logits[:, -1].float()]
         for i in range(steps.shape[1]):
@@ -239,26 +245,14 @@ def test_transformers_llama_static_cache(torch, pt):
     (``flash_attention_kvcache`` on the whole cache, the lengths read from the mask), each step's logits within twice
     SDPA's error of a float32 model; after the first decode step no launch is prepared (the cache keeps its
     addresses, the lengths their buffer)."""
-    pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
-
     from codegen import generic
+    cfg, m32, m16, ids, steps = _llama_pair(torch)  # skips without transformers
+    from transformers import StaticCache
     name = pt.register_transformers()
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=2048)
-    torch.manual_seed(0)
-    m32 = LlamaForCausalLM(cfg).to("cuda").eval()
-    m16 = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-    m16.load_state_dict(m32.state_dict())
-    ids = torch.randint(0, cfg.vocab_size, (2, 300), device="cuda")
-    steps = torch.randint(0, cfg.vocab_size, (2, 6), device="cuda")
     prepared = []
 
     def run(model, impl):
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(impl)
-        else:
-            model.config._attn_implementation = impl
+        _use(model, impl)
         cache = StaticCache(config=cfg, max_cache_len=512)
         out = model(ids, past_key_values=cache, use_cache=True)
         logits = [out.logits[:, -1].float()]
