@@ -134,16 +134,9 @@ def length_pieces(p: dict[str, Any], BM: int, BN: int, splits: int, seqlen: int
     0 .. seq_kv. The launch's ``splits`` were chosen for the whole cache, the length is not known on the host: a
     tile of T blocks gets min(splits, T) pieces (at least one block each, the launch's parallelism kept for short
     sequences), and a tile that sees no key one piece of one block, all masked (zeros)."""
-    q = dict(p, seq_kv=min(max(seqlen, 0), p["seq_kv"]))
-    off = q["seq_kv"] - p["seq_q"]
-    gbox, sbox = packing(p, BM)
-    ngt = cdiv(p["heads"] // p["kv_heads"], gbox)
     out = []
-    for qt in range(query_tiles(p, BM)):
-        T = cdiv(q["seq_kv"], BN)
-        if p["causal"]:  # C's division truncates toward zero; the kernel's clamp below makes it moot
-            last = min(p["seq_q"], (qt // ngt + 1) * sbox) - 1
-            T = min(T, int((last + off + BN) / BN))
+    # a tile that sees no key has <= 0 trips here (the kernel's C division rounds toward zero): one masked block
+    for qt, T in enumerate(trip_counts(dict(p, seq_kv=min(max(seqlen, 0), p["seq_kv"])), BM, BN)):
         T = max(T, 1)
         n = min(splits, T)
         out += [(qt, k * T // n, (k + 1) * T // n - k * T // n, n, k) for k in range(n)]
