@@ -7,9 +7,10 @@ consumer warpgroups its packed query tile needs; for Mamba2's chunk kernels head
 sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq, heads and ngroups) are
 kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The class's
 schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
-interval and stages do not depend on the trip count. What does not change the binary but the kernel's speed, split-KV
-decode's pieces per query tile, is chosen per shape by the cost model: the class's solved program re-timed on the
-shape's graph for every piece count (``decode_splits``). The solved schedules ship as a table
+interval and stages do not depend on the trip count. Split-KV decode's pieces per query tile (which do not change the
+binary) and which of the class's binaries runs (one or two CTAs per SM, ``decode_variants``) are chosen per shape by
+the cost model: the solved programs re-timed on the shape's graph for every piece count (``decode_pick``). The
+solved schedules ship as a table
 (``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
 solvers); a class the table lacks is solved on first use where OR-Tools is installed, else it is a PtsolveError
 naming the class and the command. The generic kernel is compiled once: its cubin is cached on disk by source hash
@@ -69,13 +70,14 @@ class ShapeClass:
     d_state: int = 0
     chunk: int = 0
     groups: int = 0
+    ctas: int = 0  # split-KV decode's resident CTAs per SM where not the default one (``decode_variants``)
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
-                      self.groups))
+                      self.groups, self.ctas))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -92,7 +94,8 @@ class ShapeClass:
         if self.op in MAMBA_OPS:
             return f"{self.op}/{self.dtype}/p{self.head_dim}/n{self.d_state}/q{self.chunk}"
         if self.op == "flash_decode":
-            return f"flash_decode/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/wg{self.groups}"
+            return (f"flash_decode/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/wg{self.groups}"
+                    + (f"/ctas{self.ctas}" if self.ctas > 1 else ""))
         return f"{self.op}/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/gqa{self.gqa}"
 
 
@@ -133,6 +136,21 @@ def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: 
     return ShapeClass("flash_decode", dtype, int(head_dim), bool(causal), groups=groups)
 
 
+# head dims whose one-warpgroup decode class also has a two-CTAs-per-SM binary: with D 128 the output accumulator
+# alone takes 64 of a thread's 128 registers and no such tiling compiles without spills or a serialised wgmma
+DECODE_CTAS2_HEAD_DIMS = (64,)
+
+
+def decode_variants(c: ShapeClass) -> list[ShapeClass]:
+    """The binaries a decode class chooses from per shape (``decode_pick``): its own (one CTA per SM, the register
+    file reallocated to the consumers) and, with one consumer warpgroup and a head dim of DECODE_CTAS2_HEAD_DIMS,
+    two resident CTAs per SM (half the register file each: a CTA's fill and drain overlap the other's loop, and a
+    grid of a few hundred short pieces fits one wave; results/torch_decode/mha_ctas.py)."""
+    if c.groups == 1 and c.head_dim in DECODE_CTAS2_HEAD_DIMS and c.ctas <= 1:
+        return [c, dataclasses.replace(c, ctas=2)]
+    return [c]
+
+
 def gemm_class(dtype: str) -> ShapeClass:
     _dtype_ok(dtype)
     return ShapeClass("gemm", dtype)
@@ -159,7 +177,7 @@ def classes() -> list[ShapeClass]:
                 for _, name, _ in GQA_BUCKETS:
                     out.append(ShapeClass("flash_attention", d, hd, causal, name))
                 for w in (1, 2):
-                    out.append(ShapeClass("flash_decode", d, hd, causal, groups=w))
+                    out += decode_variants(ShapeClass("flash_decode", d, hd, causal, groups=w))
     return out
 
 
@@ -196,7 +214,8 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
     # split-KV decode: the class's warpgroups, and pieces, so the program has the several-piece epilogue the generic
     # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``)
     fix = ({"splits": 1} if c.op == "gemm" else {"persistent": 0} if c.op == "flash_attention" else
-           {"groups": c.groups, "splits": DECODE_REP_SPLITS} if c.op == "flash_decode" else None)
+           {"groups": c.groups, "splits": DECODE_REP_SPLITS, "ctas": max(1, c.ctas)} if c.op == "flash_decode" else
+           None)
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
                            time_limit=time_limit, compile_check=compile_check, fix=fix)
     plan = plan_from_program(res.program)
@@ -290,16 +309,11 @@ def _kv_bucket(blocks: int) -> int:
     return -(-blocks // step) * step
 
 
-_SPLITS: dict[tuple[Any, ...], int] = {}
+_SPLITS: dict[tuple[Any, ...], tuple[float, int]] = {}
 
 
-def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
-    """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters): the piece count
-    (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the shape's graph
-    (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and units allow; a
-    piece replayed for DECODE_REPLAY_TRIPS iterations and extended by the loop's period),
-    predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to
-    ``_kv_bucket`` and kept per (class, shape without seq_kv, bucket)."""
+def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
+    """(predicted µs, pieces) of ``decode_splits``."""
     from ptsolve.hw import load as load_hw
     from ptsolve.ops import make
     from ptsolve.ops.decode import split_counts
@@ -322,8 +336,30 @@ def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
         assert best is not None
         if len(_SPLITS) >= 4096:
             _SPLITS.clear()
-        got = _SPLITS[key] = best[1]
+        got = _SPLITS[key] = best
     return got
+
+
+def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
+    """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters) on class ``c``'s
+    binary: the piece count (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the
+    shape's graph (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and
+    units allow; a piece replayed for DECODE_REPLAY_TRIPS iterations and extended by the loop's period), predicts
+    the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to ``_kv_bucket``
+    and kept per (class, shape without seq_kv, bucket)."""
+    return _decode_best(c, p)[1]
+
+
+def decode_pick(c: ShapeClass, p: dict[str, Any]) -> tuple[ShapeClass, int]:
+    """The binary (one of ``decode_variants(c)``) and pieces a decode shape runs with: the shortest kernel the
+    re-timed programs predict (``decode_splits``), the class's own binary on a tie."""
+    best = None
+    for v in decode_variants(c):
+        us, s = _decode_best(v, p)
+        if best is None or us < best[0] - 1e-9:
+            best = (us, v, s)
+    assert best is not None
+    return best[1], best[2]
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -492,12 +528,13 @@ def _scratch(device: Any, kernel_name: str, name: str, nbytes: int) -> int:
 def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any) -> Any:
     from .cuda import decode as cd
 
-    ck = kernel(c)
     (B, sq, H, D), skv, Hkv = q.shape, k.shape[1], k.shape[2]
     p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
          "dtype": c.dtype}
+    v_, splits = decode_pick(c, p)
+    ck = kernel(v_)
     mod = ck.module()
-    t = dict(ck.ir.tiling, splits=decode_splits(c, p))
+    t = dict(ck.ir.tiling, splits=splits)
     err = cd.index_error(p, t)
     if err:
         raise ShapeError(err + ": split the batch")

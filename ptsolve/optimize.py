@@ -116,6 +116,8 @@ def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, 
                 say(f"tiling {res.tiling}: its declared-order schedule compiles ({kept.objective} cycles); kept")
         try:
             res = search(op, hw, exclude=tuple(t for t, _ in rejected), **kw)
+            if any(res.tiling == t for t, _ in rejected):  # the search must not hand back what it was told to skip
+                raise PtsolveError(f"the search returned the excluded tiling {res.tiling} again")
         except InfeasibleError as e:
             if kept is not None:
                 return answer(kept)

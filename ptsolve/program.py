@@ -13,6 +13,7 @@ each shared-memory ring), and the prologue / steady state / epilogue split.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from .cost import Timing, timings
 from .errors import SchemaError
 from .hw import Hardware
 from .ir import SCHEMA_VERSION, STaskGraph, check_schema, loads
+from .ops.base import REGISTRY, slots_of
 from .protocol import copy_buffers, precedences, releases, ring_depths, ring_users
 
 __all__ = ["Barrier", "SProgram", "make_program", "precedences", "required_barriers", "ring_users"]
@@ -50,6 +52,20 @@ def handover(g: STaskGraph, hw: Hardware) -> int:
         asap[t] = max((asap[u] + lat for u, v, lat in edges if v == t), default=0)
     cons = [t.name for t in g.phase("loop") if t.group >= 0]
     return min((asap[t] for t in cons), default=0)
+
+
+def follow_tail(g: STaskGraph, hw: Hardware) -> int:
+    """Cycles ``g``'s kernel takes after its grid's CTAs for its follow-up CTAs (OpSpec.follow): hw.follow_cycles
+    (the operator's) when the grid and the follow-ups exceed the SM slots (hw.sms · slots_of), so that the
+    follow-ups queue behind the grid; 0 when they are resident beside it (their wait overlaps the grid, and the
+    graph's own tasks charge their work) or there are none."""
+    spec = REGISTRY.get(g.op)
+    n = spec.follow(g.params, g.tiling, hw) if spec is not None and spec.follow is not None else 0
+    slots = hw.sms * slots_of(g.tiling)
+    queued = min(n, g.n_ctas + n - slots)
+    if queued <= 0:
+        return 0
+    return math.ceil(hw.for_op(g.op).follow_cycles * min(1.0, queued / slots))
 
 
 def cta_time(trip: int, ii: int, pre: int, last: int) -> int:

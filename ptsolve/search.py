@@ -194,7 +194,12 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     say = progress or (lambda s: None)
     cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
     reasons = []
-    graphs = [op] if isinstance(op, STaskGraph) else [op.graph(t, hw) for t in _fixed(op, fix) if t not in exclude]
+    if isinstance(op, STaskGraph):
+        graphs = [op]
+    else:  # a graph's tiling (what a caller excludes) holds the optional keys' defaults; op.tilings() may not
+        opt = op.spec.optional
+        gone = [{**opt, **x} for x in exclude]
+        graphs = [op.graph(t, hw) for t in _fixed(op, fix) if {**opt, **t} not in gone]
     over: list[tuple[Problem, str]] = []  # fit but for the register estimate: for ``admit`` to decide
     for g in graphs:
         t = g.tiling

@@ -303,3 +303,34 @@ def test_attention_refuses_only_32_bit_row_indices() -> None:
     with pytest.raises(CodegenError, match="2\\^31 rows"):
         _check(SimpleNamespace(params=p, tiling=t))
     _check(SimpleNamespace(params=p | {"batch": 1 << 15, "seq_q": 1 << 15, "seq_kv": (1 << 16) - 1}, tiling=t))
+
+
+def test_merge_ctas_tail_is_in_the_objective_and_the_replay() -> None:
+    """A split launch whose pieces and merge CTAs exceed the SM slots pays the merge CTAs' tail (program.follow_tail):
+    the solver's objective, its bound and simulate's replay all include it, so the tail ranks tilings without
+    breaking the proof."""
+    from ptsolve.policies.model import build
+    from ptsolve.program import follow_tail
+    from ptsolve.simulate import claimed_cycles, simulate
+    hw = load("h200")
+    op = ptsolve.ops.flash_decode(batch=64, heads=14, kv_heads=2, seq_q=1, seq_kv=1000, head_dim=64)
+    res = ptsolve.optimize(op, hw="h200", solver="cpsat", time_limit=30, cache=False, executor="serial",
+                           fix={"splits": 2, "BN": 128})
+    g = res.program.graph
+    tail = follow_tail(g, hw)
+    assert tail > 0 and build(g, hw).tail * build(g, hw).grain >= tail
+    assert res.objective == claimed_cycles(res.program, hw) == simulate(res.program, hw).kernel_cycles
+    assert res.bound is not None and res.bound >= tail
+    assert follow_tail(op.graph(dict(g.tiling, splits=1), hw), hw) == 0
+
+
+def test_search_excludes_a_tiling_given_with_its_optional_defaults() -> None:
+    """The compiler in the loop excludes a rejected tiling as its graph holds it (optional keys such as ``ctas`` at
+    their defaults) while ``op.tilings()`` lists it without them: the search must still skip it (it handed the same
+    tiling back forever, and the compile test never ended)."""
+    from ptsolve.search import search
+    op = ptsolve.ops.flash_decode(batch=1, heads=14, kv_heads=2, seq_q=4, seq_kv=1000, head_dim=64, causal=True)
+    first = search(op, load("h200"), solver="greedy", time_limit=30, executor="serial")
+    assert "ctas" in first.tiling and any("ctas" not in t for t in op.tilings())
+    again = search(op, load("h200"), solver="greedy", time_limit=30, executor="serial", exclude=(first.tiling,))
+    assert again.tiling != first.tiling

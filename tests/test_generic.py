@@ -3,6 +3,7 @@ kernel's source holds no size of the shape it was solved on and is the same for 
 schedule table's look-ups and errors, and a second process compiles nothing (nvcc needed; skipped without)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -57,9 +58,9 @@ def test_class_keys():
     assert generic.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
     assert generic.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
     assert generic.decode_class("fp16", 64, True, 32, 8, 16) != generic.decode_class("fp16", 64, False, 32, 8, 16)
-    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups),
-    # Mamba2 (op x dtype x d_state x chunk)
-    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 * 2 * 3
+    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, and
+    # the one-warpgroup d64 classes' two-CTAs-per-SM binaries), Mamba2 (op x dtype x d_state x chunk)
+    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 * 3
     for c in generic.classes():  # every class's representative is its own class
         r = generic.representative(c)
         if c.op == "gemm":
@@ -68,7 +69,7 @@ def test_class_keys():
             assert generic.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
         elif c.op == "flash_decode":
             assert generic.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
-                                        r["seq_q"]) == c
+                                        r["seq_q"]) == dataclasses.replace(c, ctas=0)
         else:
             assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
 
@@ -234,6 +235,58 @@ def test_kv_bucket_steps_a_fifth_at_most():
         assert b >= n and b < n * 1.26 + 1 and b >= prev
         prev = b
     assert len({generic._kv_bucket(n) for n in range(1, 5000)}) < 60
+
+
+def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
+    """A one-warpgroup d64 decode class has a second binary, two CTAs per SM (its own solved program, 64-wide key
+    blocks, no spills in half the register file); d128 classes and two-warpgroup ones do not. ``decode_pick`` takes
+    the binary and pieces whose re-timed program predicts the shortest kernel: for GPT-2's MHA batch 16, 1k cache
+    (192 short rows: one wave of 2 x 132 resident CTAs instead of 1.5 of 132) the two-CTA binary, as measured
+    (results/torch_decode/mha_ctas.py)."""
+    mha = generic.decode_class("fp16", 64, False, 12, 12, 1)
+    two = generic.decode_variants(mha)
+    assert [v.ctas for v in two] == [0, 2] and two[1].key == "flash_decode/fp16/d64/full/wg1/ctas2"
+    assert generic.schedule(two[1]).tiling["ctas"] == 2 and generic.schedule(two[1]).tiling["BN"] == 64
+    assert generic.decode_variants(generic.decode_class("fp16", 128, False, 32, 8, 1)) == [
+        generic.decode_class("fp16", 128, False, 32, 8, 1)]
+    assert len(generic.decode_variants(generic.decode_class("fp16", 64, False, 71, 1, 1))) == 1  # two warpgroups
+    p = _dp(16, 12, 12, 1, 1024, 64)
+    v, s = generic.decode_pick(mha, p)
+    assert v == two[1]
+    assert generic._decode_best(v, p)[0] < generic._decode_best(mha, p)[0]
+    assert s == generic.decode_splits(v, p)
+
+
+def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
+    """Two choices the cost model got wrong before it priced them (measured on an H200, results/torch_decode/
+    pick_ab.py): GPT-2 b16 at 8192 keys runs the two-CTA binary in one piece (100 us; two pieces 121, the one-CTA
+    binary's best 108): 192 CTAs at two per SM keep 96 SMs busy, which split DRAM between them
+    (policies.model.floor_of); Qwen2.5-0.5B b64 at 1000 keys stays on the one-CTA binary in one piece (11.9 us; the
+    two-CTA binary's two pieces 14.4): 256 pieces and 128 merge CTAs exceed the 264 slots, and the queued merge CTAs
+    cost a tail (program.follow_tail)."""
+    gpt2 = _dp(16, 12, 12, 1, 8192, 64)
+    v, s = generic.decode_pick(generic.decode_class("fp16", 64, False, 12, 12, 1), gpt2)
+    assert (v.ctas, s) == (2, 1)
+    qwen = _dp(64, 14, 2, 1, 1000, 64)
+    c = generic.decode_class("fp16", 64, False, 14, 2, 1)
+    assert generic.decode_pick(c, qwen) == (c, 1)
+
+
+def test_follow_tail_only_when_the_merge_ctas_queue():
+    """The merge CTAs' tail is 0 while grid + merge CTAs fit the SM slots, and grows with the share that queues."""
+    from ptsolve.hw import load
+    from ptsolve.ops import make
+    from ptsolve.program import follow_tail
+    hw = load("h200")
+    fc = hw.for_op("flash_decode").follow_cycles
+    assert fc > 0
+    op = make("flash_decode", **_dp(1, 32, 8, 1, 4096))
+    t = {"BM": 64, "BN": 128, "depth": 2, "groups": 1}
+    assert follow_tail(op.graph(t | {"splits": 1}, hw), hw) == 0  # one piece: no merge CTAs
+    assert follow_tail(op.graph(t | {"splits": 8}, hw), hw) == 0  # 64 pieces + 8 merge CTAs: resident
+    big = make("flash_decode", **_dp(64, 14, 2, 1, 1000, 64))
+    one, two = (follow_tail(big.graph({**t, "BN": 64, "splits": s, "ctas": c}, hw), hw) for s, c in ((2, 1), (2, 2)))
+    assert 0 < two < one <= fc  # 256 pieces + 128 merges queue less behind 264 slots than behind 132
 
 
 def test_decode_splits_fill_the_gpu_from_the_class_program():

@@ -46,7 +46,7 @@ def test_decode_matrix(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt, split):
     q, k, v = _qkv(torch, B, Sq, Skv, H, Hkv, D, dt, B * 1000 + Sq + Skv)
     assert pt._decodes(q, k, causal)
     c = pt._decode_class(q, k, causal)
-    s = generic.decode_splits(c, _params(q, k, causal) | {"dtype": dt})
+    s = generic.decode_pick(c, _params(q, k, causal) | {"dtype": dt})[1]
     if split is not None:
         assert (s > 1) == (split == ">1"), s
     poison(torch, q.shape, q.dtype)

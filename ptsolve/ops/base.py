@@ -118,6 +118,9 @@ class OpSpec:
     # the code generator builds and the model describes, but measured not to pay where the model ranks them level
     # (GEMM's ``cluster``, results/gemm_skinny), so they are opt-in rather than picked on ties
     opt_in: tuple[str, ...] = ()
+    # CTAs the kernel launches after the grid's CTAs that wait for them (split-KV's merge CTAs): (params, tiling, hw)
+    # -> how many (ptsolve.program.follow_tail prices them)
+    follow: Callable[[dict[str, Any], dict[str, int], Hardware | None], int] | None = None
 
 
 REGISTRY: dict[str, OpSpec] = {}

@@ -19,7 +19,9 @@ mma_pv per consumer warpgroup). Its epilogue depends on whether its query tile h
   ``out`` stands for the merged O's store by the merge CTA.
 The model charges the wait, one merge CTA's read of its rows of every piece and its store to every piece (a merge
 CTA starts when the last piece of its tile is done; in a single wave, the low-occupancy shapes split-KV is for, the
-kernel ends with it; with several waves that over-charges the pieces that are not last).
+kernel ends with it; with several waves that over-charges the pieces that are not last). Where the pieces and the merge
+CTAs (``follow``) exceed the SM slots, the merge CTAs queue behind the pieces and the launch pays a tail after them
+(ptsolve.program.follow_tail, fitted on measured launches: results/torch_decode/follow_fit.py).
 A merge CTA spins on its tile's counter, so it must not keep the tile's own pieces from running: there are fewer
 merge CTAs than SMs (``merge_units``), so whatever order the CTAs are dispatched in an SM is left for the pieces; where
 even one merge CTA per tile is more (large batches, which rarely split), they have the highest CTA indices and the
@@ -204,7 +206,10 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
         for bn in BNS:
             for splits in split_counts(p, WG_ROWS * groups, bn):
                 for depth in DEPTHS:
-                    yield {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": splits}
+                    t = {"BM": WG_ROWS * groups, "BN": bn, "depth": depth, "groups": groups, "splits": splits}
+                    yield t
+                    if groups == 1:  # two resident CTAs (half the register file each): two warpgroups would spill
+                        yield t | {"ctas": 2}
 
 
 def partial_bytes(rows: int, D: int) -> int:
@@ -264,6 +269,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                       edges=tuple(edges), row=tuple(w[2] for w in work), rows=B * Hkv, useful_flops=flops)
 
 
+def follow(p: dict[str, Any], t: dict[str, int], hw: Hardware | None) -> int:
+    """The merge CTAs of a launch (OpSpec.follow): ``merge_units`` of every (batch, kv head); none with one piece."""
+    if max(w[3] for w in pieces(p, t["BM"], t["BN"], t["splits"])) <= 1:
+        return 0
+    return p["batch"] * p["kv_heads"] * len(merge_units(p, t["BM"], t["BN"], t["splits"], 128 * (t["groups"] + 1),
+                                                        sms_of(hw)))
+
+
 def orders(groups: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
     """The hand-known issue orders (OpSpec.orders): FlashAttention-3's (attention.orders) and FlashAttention-2's,
     each warpgroup's iteration in dependence order at one stage. ptxas serialises the wgmma pipeline of many of
@@ -280,4 +293,8 @@ REGISTRY["flash_decode"] = OpSpec(
     orders=orders,
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
+    # two CTAs per SM: the model prices it (DRAM shared by the busy SMs, policies.model.floor_of; the merge CTAs'
+    # tail, follow) and the generic classes' choice of it measured faster (results/torch_decode/pick_ab.py), but only
+    # the generic binaries were measured, so the exact-shape search offers it only when asked (the generic classes ask)
+    optional={"ctas": 1}, opt_in=("ctas",), follow=follow,
 )

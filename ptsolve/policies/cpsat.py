@@ -137,7 +137,7 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
         x[n] = m.new_int_var(0, (n - 1) * ii_hi + 2 * H, f"x_{n}")
         m.add(x[n] >= pre)
         m.add(x[n] >= (n - 1) * ii + last)
-    # minimise the slots' latency: the reported objective max(floor, latency) is monotone in it, and among
+    # minimise the slots' latency: the reported objective P.total(latency) is monotone in it, and among
     # schedules that tie at the floor this keeps the shortest
     big = max(sum(c * ((n - 1) * ii_hi + 2 * H) for n, c in h) for h in P.slots)
     obj = m.new_int_var(0, big, "obj")
@@ -209,7 +209,7 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
                    det_time=det_time)
     st = sv.solve(m)
     name = sv.status_name(st)
-    stats = {"solve_s": time.perf_counter() - t0, "bound": max(P.floor, int(sv.best_objective_bound)) * P.grain
+    stats = {"solve_s": time.perf_counter() - t0, "bound": P.total(int(sv.best_objective_bound)) * P.grain
              if name in ("OPTIMAL", "FEASIBLE") else None, "branches": sv.num_branches}
     if name == "INFEASIBLE":
         return None, stats | {"status": "INFEASIBLE"}

@@ -14,7 +14,7 @@ reported objective and bound are in cycles. For every initiation interval ii fro
 
 pre / last = the latest end of a prologue / of any other task (P.ends), minimising P.latency, the busiest slot's
 Σ CTAs · max(pre, (trip-1)·ii + last) (ptsolve.program.cta_time; grains);
-the reported objective is P.objective, max(P.floor, latency).
+the reported objective is P.objective, P.total(latency).
 Unlike CP-SAT and the MILP, no symmetry breaking is added: the enumeration checks those cuts too.
 
 Two enumerations (see ``solve``): ``residues`` (default) branches on the loop tasks' slots modulo ii and
@@ -76,7 +76,7 @@ def latency_of(P: Problem, ii: int, start: dict[str, int]) -> int:
 
 
 def objective_of(P: Problem, ii: int, start: dict[str, int]) -> int:
-    """The kernel's time of a schedule, grains: P.objective, max(floor, latency)."""
+    """The kernel's time of a schedule, grains: P.objective."""
     return P.objective(ii, *P.ends(start))
 
 
@@ -179,7 +179,7 @@ def solve(P: Problem, time_limit: float | None = None, hint: SProgram | None = N
     if bad:  # pragma: no cover - would be a bug in this module
         raise SolverError(f"exhaustive produced an invalid schedule: {bad}")
     prog = P.program(ii, start, "exhaustive")
-    obj = max(P.floor, best[0]) * P.grain
+    obj = P.total(best[0]) * P.grain
     return prog, stats | {"status": "OPTIMAL", "objective": obj, "bound": obj}
 
 

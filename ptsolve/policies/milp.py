@@ -336,7 +336,7 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
                 status, bound = "FEASIBLE", None
             sol = h  # a time-limited run never answers worse than the hint it was given
     if sol is None:
-        return None, stats | {"status": "TIME_LIMIT", "bound": None if bound is None else max(P.floor, bound) * P.grain}
+        return None, stats | {"status": "TIME_LIMIT", "bound": None if bound is None else P.total(bound) * P.grain}
     ii, S = sol
     prog = P.program(ii, S, f"milp-{backend}")
     obj = latency_of(P, ii, S)
@@ -344,8 +344,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 1, seed: int 
         status = "OPTIMAL"  # the bound proves it (CBC reports a run stopped on the gap as merely feasible)
     if status == "OPTIMAL":
         bound = obj if bound is None else min(obj, bound)
-    # reported: max(floor, latency), monotone in the latency the model minimises
-    obj, bound = max(P.floor, obj), None if bound is None else max(P.floor, bound)
+    # reported: P.total(latency), monotone in the latency the model minimises
+    obj, bound = P.total(obj), None if bound is None else P.total(bound)
     gap = (obj - bound) / obj if bound is not None and obj else None
     q = P.grain
     return prog, stats | {"status": status, "objective": obj * q, "bound": None if bound is None else bound * q,

@@ -17,17 +17,18 @@ milp and exhaustive read it, and check_valid / simulate verify what they return.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_busy, timings
+from ..cost import GRAIN, SHARED, Timing, check_grain, copy_busy, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
 from ..ops.base import cluster_of, consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
 from ..placement import busiest, per_sm_pairs, per_sm_trips, shared_floor
-from ..program import SProgram, cta_time, handover, make_program, placement_of, precedences
+from ..program import SProgram, cta_time, follow_tail, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
 from ..validate import register_excess, regs_per_thread, smem_peak
 
@@ -52,6 +53,7 @@ class Problem:
     grain: int = GRAIN
     floor: int = 0                                    # grains; the SM's shared units, see shared_floor
     handover: int = 0                                 # grains a persistent CTA hides per later tile (program.handover)
+    tail: int = 0                                     # grains after the grid: follow-up CTAs (program.follow_tail)
 
     def program(self, ii: int, start: dict[str, int], policy: str) -> SProgram:
         """The SProgram of a solution given in grains (ii and start times)."""
@@ -77,9 +79,14 @@ class Problem:
                    for h in self.slots)
 
     def objective(self, ii: int, pre: int, last: int) -> int:
-        """The kernel's time: max(floor, latency); monotone in the latency, so a schedule of least latency
+        """The kernel's time: total(latency); monotone in the latency, so a schedule of least latency
         is optimal for it, and a bound on the latency bounds it."""
-        return max(self.floor, self.latency(ii, pre, last))
+        return self.total(self.latency(ii, pre, last))
+
+    def total(self, latency: int) -> int:
+        """The kernel's time for slots of ``latency``: max(floor, latency) and the follow-up CTAs' ``tail`` after
+        it (constant per graph: it ranks tilings, not the schedules of one)."""
+        return max(self.floor, latency) + self.tail
 
     def ends(self, start: dict[str, int]) -> tuple[int, int]:
         """(pre, last) of a schedule given by its starts: the latest end of a prologue task (0 if none) and of
@@ -234,10 +241,30 @@ def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str
     total = sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in tm)
     ii_ub = max(ii_lb, sum(max(o + n for _, o, n in tm[t].uses) + tm[t].latency for t in loop))
     slots = objective_slots(g, hw, placement)
-    sm_pairs = per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)) if slots_of(g.tiling) > 1 else []
-    floor = shared_floor(sm_pairs, slots_of(g.tiling), units(g, tm, phase, ii_lb))
+    floor = floor_of(g, hw, tm, phase, ii_lb, placement, q)
     return Problem(g, hw, tm, phase, tuple(prec), {r: tuple(v) for r, v in sorted(res.items())}, cp, rings,
-                   slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q)
+                   slots, ii_lb, ii_ub, total + ii_ub, q, floor, handover(g, hw) // q, -(-follow_tail(g, hw) // q))
+
+
+def floor_of(g: STaskGraph, hw: Hardware, tm: dict[str, Timing], phase: dict[str, str], ii_lb: int, placement: str,
+             q: int = 1) -> int:
+    """The kernel's floor from what an SM's slots share, in the unit of ``tm`` (``q`` cycles; ``ii_lb`` in it too):
+    0 with one slot per SM (the schedule already serialises its units), else the SMs' shared units
+    (ptsolve.placement.shared_floor over ``units``). A task's DRAM share is one SM's (ptsolve.cost.load_cycles):
+    the rate one copy stream (a CTA's ring) measured, whatever the other SMs do. Co-resident CTAs (tiling key
+    ``ctas`` > 1) are one stream each, and a grid of fewer than ``ctas`` per SM leaves SMs idle whose share the busy
+    ones take: their copy engine is charged DRAM split over the SMs the launch keeps busy (as misaligned L2 loads
+    are, ptsolve.cost.misaligned_share) -- one SM's share per CTA summed over an SM's CTAs priced a second resident
+    CTA as no extra bandwidth (GPT-2 decode, 192 CTAs at two per SM: 118.6 us predicted, ~102 measured;
+    results/torch_decode). With every SM busy, the share is one SM's either way."""
+    k = slots_of(g.tiling)
+    if k == 1:
+        return 0
+    busy = units(g, tm, phase, ii_lb)
+    sms = -(-g.n_ctas // k)
+    if ctas_of(g.tiling) > 1 and sms < hw.sms and "tma" in busy:
+        busy["tma"] = tuple(math.ceil(x / q) for x in copy_busy(g, hw, phase, sms))
+    return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)), k, busy)
 
 
 def units(g: STaskGraph, tm: dict[str, Timing], phase: dict[str, str], ii_lb: int) -> dict[str, tuple[int, int]]:

@@ -53,7 +53,7 @@ def one_copy(P: Problem) -> Problem:
     if one == P.copies:
         return P
     Q = build(P.graph, P.hw, copies=one, registers=False)  # P's tiling was admitted (by the estimate or ptxas)
-    return replace(Q, slots=P.slots, floor=P.floor)
+    return replace(Q, slots=P.slots, floor=P.floor, tail=P.tail)
 
 
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,

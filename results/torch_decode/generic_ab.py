@@ -31,8 +31,8 @@ def exact_plan(name: str) -> Any:
     from codegen.plan import KernelPlan
     p = shapes()[name] | {"dtype": "fp16"}
     c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
-    d = json.loads(generic.schedule(c).to_json())
-    s = generic.decode_splits(c, p)
+    v, s = generic.decode_pick(c, p)
+    d = json.loads(generic.schedule(v).to_json())
     d["params"] = dict(p)
     d["tiling"]["splits"] = s
     from ptsolve.ops.decode import pieces

@@ -107,16 +107,16 @@ def _pieces_one(H: int, D: int, B: int, S: int) -> dict[str, Any]:
     c = pt._decode_class(q, k, False)
     p = {"batch": B, "heads": H, "kv_heads": H, "seq_q": 1, "seq_kv": S, "head_dim": D, "causal": False,
          "dtype": "fp16"}
-    chosen = generic.decode_splits
-    pick = chosen(c, p)
+    chosen = generic.decode_pick
+    pick = generic.decode_splits(c, p)
     t = generic.kernel(c).ir.tiling
     fns, errs = {}, {}
     for s in split_counts(p, t["BM"], t["BN"]):
-        generic.decode_splits = lambda c_, p_, s=s: s  # the launch with s pieces, whatever the model says
+        generic.decode_pick = lambda c_, p_, s=s: (c, s)  # class c's binary with s pieces, whatever the model says
         try:
             lns = [generic._decode_launch(*x, c, 1 / math.sqrt(D), None) for x in sets]
         finally:
-            generic.decode_splits = chosen
+            generic.decode_pick = chosen
         outs = [torch.empty_like(x[0]) for x in sets]
         lns[0](generic.current_stream(0), outs[0].data_ptr())
         errs[s] = _err(outs[0], q, k, v)

@@ -65,7 +65,8 @@ def main(out: Path, only: str) -> None:
         err, base = float((o.float() - hi).abs().max()), float((lo.float() - hi).abs().max())
         del hi, lo
         routed = pt._decodes(q, k, p["causal"])
-        splits = generic.decode_splits(pt._decode_class(q, k, p["causal"]), p | {"dtype": "fp16"}) if routed else 0
+        pick = generic.decode_pick(pt._decode_class(q, k, p["causal"]), p | {"dtype": "fp16"}) if routed else None
+        splits, binary = (pick[1], pick[0].key) if pick else (0, "")
         fns = {"pt.flash_attention": lambda i, s=sets, c=p["causal"]: pt.flash_attention(*s[i][:3], causal=c)}
         ctxs = {}
         for n, (fn, ctx) in sdpa_fns(p, sets, nc=True).items():
@@ -74,12 +75,13 @@ def main(out: Path, only: str) -> None:
         ms = time_many(fns, len(sets), ctxs=ctxs, graphs=True, rounds=11, block_ms=1.0)
         rec = {"params": p, "kv_bytes": kv_bytes, "first_call_s": first_s, "max_err": err, "fp16_err": base,
                "ok": math.isfinite(err) and err <= 2 * base + 1e-3, "decode_kernel": routed, "splits": splits,
+               "binary": binary,
                "us": {n: v * 1e3 for n, v in ms.items()}}
         res["shapes"][name] = rec
         tn, tu = target(rec["us"])
         ratio = tu / rec["us"]["pt.flash_attention"]
         print(name, {n: round(v, 1) for n, v in rec["us"].items()}, f"{tn}/pt {ratio:.3f}",
-              f"splits {splits} err {err:.2g} (fp16 {base:.2g}) ok {rec['ok']}", f"first call {first_s:.2f} s",
+              f"splits {splits} {binary} err {err:.2g} (fp16 {base:.2g}) ok {rec['ok']}", f"first call {first_s:.2f} s",
               flush=True)
         out.write_text(json.dumps(res, indent=1, sort_keys=True))
         del sets, q, k, v, o
@@ -101,7 +103,7 @@ def _summary(what: str, ratios: list[float]) -> str:
 def report(res: dict[str, Any]) -> str:
     """The markdown table (shape, ptsolve µs, cuDNN µs and ratio, the fastest SDPA call and ratio, pieces) and the
     summary lines."""
-    rows, rc, rb = [], [], []
+    rows, rc, rb, two = [], [], [], " (2 CTAs/SM)"
     for name, r in sorted(res["shapes"].items()):
         tn, tu = target(r["us"])
         bn, bu = best(r["us"])
@@ -109,7 +111,8 @@ def report(res: dict[str, Any]) -> str:
         rc.append(tu / us)
         rb.append(bu / us)
         rows.append(f"| {name} | {us:.1f} | {tu:.1f}{' (no mask)' if tn.endswith('_nc') else ''} | {tu / us:.3f} | "
-                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']} | {'yes' if r['ok'] else 'NO'} |")
+                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']}{two if 'ctas2' in r.get('binary', '') else ''} | "
+                    f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join([
         "| shape | `pt.flash_attention` µs | SDPA-cuDNN µs | cuDNN / ptsolve | fastest SDPA µs | fastest / ptsolve "
         "| pieces | output ok |",

@@ -1,0 +1,112 @@
+"""Does the model's decode choice pay? For every decode shape whose binary or piece count the cost model now chooses
+differently from the run it replaces (``device/torch_decode.json``: the one-CTA binaries, the pieces of the model
+before co-resident CTAs shared DRAM among the busy SMs and before the merge CTAs' tail), both launches side by side in
+one process (CUDA graphs, inputs rotating past the L2, outputs checked against float32 first), with SDPA-cuDNN; plus
+GPT-2 at its own context length (b16, 1024 keys).
+
+    PTSOLVE_CACHE_DIR=.cubin_td python3 results/torch_decode/pick_ab.py run --out $OUT/pick_ab.json   # GPU
+    python3 results/torch_decode/pick_ab.py --report results/torch_decode/device_pick/pick_ab.json
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(HERE)]
+
+EXTRA = {"dec_gpt2_b16_q1_k1024": {"batch": 16, "heads": 12, "kv_heads": 12, "seq_q": 1, "seq_kv": 1024,
+                                   "head_dim": 64, "causal": False}}
+
+
+def choices() -> dict[str, tuple[dict[str, Any], Any, int, Any, int]]:
+    """name -> (params, old class, old pieces, new binary, new pieces) where they differ."""
+    from torch_decode import shapes
+
+    from codegen import generic
+    before = json.loads((HERE / "device" / "torch_decode.json").read_text())["shapes"]
+    out = {}
+    for name, p in (shapes() | EXTRA).items():
+        p = p | {"dtype": "fp16"}
+        c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+        old = before[name]["splits"] if name in before else 1  # GPT-2 b16 k1024: one piece (results/torch_decode)
+        v, s = generic.decode_pick(c, p)
+        if (v, s) != (c, old):
+            out[name] = (p, c, old, v, s)
+    return out
+
+
+def run(out: Path) -> None:
+    import torch
+    from decode_bench import refs, sdpa_fns, timing_sets
+
+    from codegen import generic
+    from codegen.bench import time_many
+    chosen = generic.decode_pick
+    res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "torch": torch.__version__, "shapes": {}}
+    for name, (p, c, old, v, s) in choices().items():
+        torch.manual_seed(0)
+        sets, _ = timing_sets(p)
+        hi, lo = refs(*sets[0][:3], p["causal"])
+        base = float((lo.float() - hi).abs().max())
+        scale = p["head_dim"] ** -0.5
+        fns, bad = {}, []
+        for tag, pick in (("old", (c, old)), ("new", (v, s))):
+            generic.decode_pick = lambda c_, p_, pick=pick: pick  # this binary and piece count, whatever the model says
+            try:
+                lns = [generic._decode_launch(*x[:3], c, scale, None) for x in sets]
+            finally:
+                generic.decode_pick = chosen
+            lns[0](generic.current_stream(0), sets[0][3].data_ptr())
+            torch.cuda.synchronize()
+            if not float((sets[0][3].float() - hi).abs().max()) <= 2 * base + 1e-3:
+                bad.append(tag)
+            fns[tag] = lambda i, lns=lns, s_=sets: lns[i](generic.current_stream(0), s_[i][3].data_ptr())
+        ctxs = {}
+        for n, (fn, ctx) in sdpa_fns(p, sets, nc=True).items():
+            if fn is not None and n in ("sdpa_cudnn", "sdpa_cudnn_nc"):
+                fns[n], ctxs[n] = fn, ctx
+        ms = time_many(fns, len(sets), ctxs=ctxs, graphs=True, rounds=11, block_ms=1.0)
+        res["shapes"][name] = {"params": p, "old": [c.key, old], "new": [v.key, s], "bad": bad,
+                               "us": {n: t * 1e3 for n, t in ms.items()}}
+        print(name, res["shapes"][name]["old"], res["shapes"][name]["new"], bad,
+              {n: round(t * 1e3, 1) for n, t in ms.items()}, flush=True)
+        out.write_text(json.dumps(res, indent=1, sort_keys=True))
+        del sets, hi, lo
+        torch.cuda.empty_cache()
+    print(report(res))
+
+
+def report(res: dict[str, Any]) -> str:
+    two = " (2 CTAs/SM)"
+    rows = ["| shape | before: pieces | µs | now: pieces | µs | before / now | cuDNN µs | cuDNN / now |",
+            "|---|---|---|---|---|---|---|---|"]
+    r = []
+    for name, x in sorted(res["shapes"].items()):
+        u = x["us"]
+        cu = u.get("sdpa_cudnn", u.get("sdpa_cudnn_nc", math.nan))
+        r.append(u["old"] / u["new"])
+        tag = [f"{k[1]}{two if 'ctas2' in k[0] else ''}" for k in (x["old"], x["new"])]
+        rows.append(f"| {name} | {tag[0]} | {u['old']:.1f} | {tag[1]} | {u['new']:.1f} | {u['old'] / u['new']:.3f} | "
+                    f"{cu:.1f} | {cu / u['new']:.3f} |" + (f" bad: {x['bad']}" if x["bad"] else ""))
+    geo = math.exp(sum(map(math.log, r)) / len(r))
+    return "\n".join(rows) + (f"\n\nbefore / now over {len(r)} shapes: geomean {geo:.3f}, min {min(r):.3f}, "
+                              f"{sum(x >= 1 for x in r)} faster now")
+
+
+if __name__ == "__main__":
+    if "--report" in sys.argv:
+        print(report(json.loads(Path(sys.argv[sys.argv.index("--report") + 1]).read_text())))
+    elif sys.argv[1] == "list":
+        for n, (_, c, old, v, s) in choices().items():
+            print(n, c.key, old, "->", v.key, s)
+    else:
+        o = Path(sys.argv[sys.argv.index("--out") + 1])
+        o.parent.mkdir(parents=True, exist_ok=True)
+        run(o)
