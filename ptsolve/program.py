@@ -55,10 +55,11 @@ def handover(g: STaskGraph, hw: Hardware) -> int:
 
 
 def follow_tail(g: STaskGraph, hw: Hardware) -> int:
-    """Cycles ``g``'s kernel takes after its grid's CTAs for its follow-up CTAs (OpSpec.follow): hw.follow_cycles
-    (the operator's) when the grid and the follow-ups exceed the SM slots (hw.sms · slots_of), so that the
-    follow-ups queue behind the grid; 0 when they are resident beside it (their wait overlaps the grid, and the
-    graph's own tasks charge their work) or there are none."""
+    """Cycles ``g``'s kernel takes after its grid's CTAs for its follow-up CTAs (OpSpec.follow): where the grid and
+    the follow-ups exceed the SM slots (hw.sms · slots_of), the follow-ups beyond them queue behind the grid, and
+    the tail is the operator's hw.follow_cycles times the share of the slots they fill (all of it at most: a few
+    queued ones start as the first CTAs of the grid leave); 0 when they are all resident beside the grid (their
+    wait overlaps it, and the graph's own tasks charge their work) or there are none."""
     spec = REGISTRY.get(g.op)
     n = spec.follow(g.params, g.tiling, hw) if spec is not None and spec.follow is not None else 0
     slots = hw.sms * slots_of(g.tiling)

@@ -77,9 +77,10 @@ class Hardware:
     # the L2 -> SM rate of loads whose global rows start off the L2's 32-byte sectors (STask.misaligned), as a
     # fraction of l2_bytes_per_clk (1: no difference); a property of the memory system, measured per table
     misaligned_l2_factor: float = 1.0
-    # cycles a kernel's follow-up CTAs (OpSpec.follow: split-KV's merge CTAs) add after its grid when they cannot be
-    # resident beside it (grid + follow-ups > SM slots): dispatched only as the grid's CTAs leave, they wait for a
-    # slot, start, find their pieces done and merge (ptsolve.program.follow_tail); fitted per operator, op_constants
+    # cycles a kernel's follow-up CTAs (OpSpec.follow: split-KV's merge CTAs) add after its grid when a whole wave of
+    # them cannot be resident beside it (grid + follow-ups > SM slots; proportionally less when fewer queue):
+    # dispatched only as the grid's CTAs leave, they wait for a slot, start, find their pieces done and merge
+    # (ptsolve.program.follow_tail); fitted per operator, in op_constants
     follow_cycles: int = 0
 
     @property
