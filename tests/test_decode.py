@@ -334,3 +334,37 @@ def test_search_excludes_a_tiling_given_with_its_optional_defaults() -> None:
     assert "ctas" in first.tiling and any("ctas" not in t for t in op.tilings())
     again = search(op, load("h200"), solver="greedy", time_limit=30, executor="serial", exclude=(first.tiling,))
     assert again.tiling != first.tiling
+
+
+def test_merge_tail_grows_with_the_queued_merge_ctas() -> None:
+    """Over decode shapes and piece counts: no tail while every merge CTA is resident beside the pieces, and the tail
+    never falls as more pieces (more CTAs queued behind the grid) are asked for, up to follow_cycles."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ptsolve.ops.decode import follow, split_counts
+    from ptsolve.program import follow_tail
+    hw = load("h200")
+    cap = hw.for_op("flash_decode").follow_cycles
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(st.sampled_from([(32, 8, 128), (14, 2, 64), (12, 12, 64), (71, 1, 64)]), st.integers(1, 64),
+           st.integers(64, 20000), st.sampled_from([1, 2]))
+    def check(heads: tuple[int, int, int], B: int, S: int, ctas: int) -> None:
+        H, Hkv, D = heads
+        op = ptsolve.ops.flash_decode(batch=B, heads=H, kv_heads=Hkv, seq_q=1, seq_kv=S, head_dim=D)
+        W = 2 if H // Hkv > 64 else 1
+        t = {"BM": 64 * W, "BN": 128, "depth": 2, "groups": W, "ctas": ctas if W == 1 else 1}
+        last = 0
+        for s in split_counts(op.params, t["BM"], t["BN"])[:12]:
+            g = op.graph(t | {"splits": s}, hw)
+            tail = follow_tail(g, hw)
+            n = follow(op.params, g.tiling, hw)
+            assert 0 <= tail <= cap
+            if g.n_ctas + n <= hw.sms * t["ctas"]:
+                assert tail == 0
+            if n:
+                assert tail >= last
+                last = tail
+
+    check()
