@@ -249,7 +249,8 @@ def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
     assert generic.schedule(two[1]).tiling["ctas"] == 2 and generic.schedule(two[1]).tiling["BN"] == 64
     assert generic.decode_variants(generic.decode_class("fp16", 128, False, 32, 8, 1)) == [
         generic.decode_class("fp16", 128, False, 32, 8, 1)]
-    assert len(generic.decode_variants(generic.decode_class("fp16", 64, False, 71, 1, 1))) == 1  # two warpgroups
+    falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)  # two warpgroups: or one, the rows in two tiles
+    assert generic.decode_variants(falcon) == [falcon, generic.decode_class("fp16", 64, False, 32, 8, 1)]
     p = _dp(16, 12, 12, 1, 1024, 64)
     v, s = generic.decode_pick(mha, p)
     assert v == two[1]
@@ -270,6 +271,11 @@ def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
     qwen = _dp(64, 14, 2, 1, 1000, 64)
     c = generic.decode_class("fp16", 64, False, 14, 2, 1)
     assert generic.decode_pick(c, qwen) == (c, 1)
+    # Falcon-7B (71 heads per kv head) at batch 1, 1000 keys: the one-warpgroup binary, its rows in two query tiles
+    # (6.2 us; the two-warpgroup binary 7.5: results/torch_decode/pick_ab.py wg)
+    falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)
+    assert generic.decode_pick(falcon, _dp(1, 71, 1, 1, 1000, 64))[0] == generic.decode_class("fp16", 64, False,
+                                                                                               32, 8, 1)
 
 
 def test_follow_tail_only_when_the_merge_ctas_queue():

@@ -6,6 +6,10 @@ GPT-2 at its own context length (b16, 1024 keys).
 
     PTSOLVE_CACHE_DIR=.cubin_td python3 results/torch_decode/pick_ab.py run --out $OUT/pick_ab.json   # GPU
     python3 results/torch_decode/pick_ab.py --report results/torch_decode/device_pick/pick_ab.json
+
+``wg`` instead of ``run``: the shapes of two-warpgroup classes (more than 64 packed rows: Falcon-7B's 71 heads per kv
+head) on their binary at its pieces, and on the one-warpgroup binaries (the rows cut into 64-row query tiles) at the
+pieces the model picks for each, with the model's predictions (``--out $OUT/wg_ab.json``).
 """
 from __future__ import annotations
 
@@ -41,7 +45,29 @@ def choices() -> dict[str, tuple[dict[str, Any], Any, int, Any, int]]:
     return out
 
 
-def run(out: Path) -> None:
+def wg_choices() -> dict[str, tuple[dict[str, Any], Any, dict[str, tuple[Any, int, float]]]]:
+    """name -> (params, class, {tag: (binary, pieces, predicted µs)}) for the shapes of two-warpgroup classes: their
+    own binary and the one-warpgroup ones (``codegen.generic.decode_variants`` of the class with ``groups`` 1)."""
+    import dataclasses
+
+    from torch_decode import shapes
+
+    from codegen import generic
+    out = {}
+    for name, p in shapes().items():
+        p = p | {"dtype": "fp16"}
+        c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+        if c.groups != 2:
+            continue
+        cands = {}
+        for v in [c, *generic.decode_variants(dataclasses.replace(c, groups=1))]:
+            us, s = generic._decode_best(v, p)
+            cands[v.key.split("/", 2)[2]] = (v, s, us)
+        out[name] = (p, c, cands)
+    return out
+
+
+def run(out: Path, wg: bool = False) -> None:
     import torch
     from decode_bench import refs, sdpa_fns, timing_sets
 
@@ -50,14 +76,16 @@ def run(out: Path) -> None:
     chosen = generic.decode_pick
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
-    for name, (p, c, old, v, s) in choices().items():
+    todo = ({n: (p, c, {t: (v, s) for t, (v, s, _) in cs.items()}) for n, (p, c, cs) in wg_choices().items()} if wg
+            else {n: (p, c, {"old": (c, old), "new": (v, s)}) for n, (p, c, old, v, s) in choices().items()})
+    for name, (p, c, cands) in todo.items():
         torch.manual_seed(0)
         sets, _ = timing_sets(p)
         hi, lo = refs(*sets[0][:3], p["causal"])
         base = float((lo.float() - hi).abs().max())
         scale = p["head_dim"] ** -0.5
         fns, bad = {}, []
-        for tag, pick in (("old", (c, old)), ("new", (v, s))):
+        for tag, pick in cands.items():
             generic.decode_pick = lambda c_, p_, pick=pick: pick  # this binary and piece count, whatever the model says
             try:
                 lns = [generic._decode_launch(*x[:3], c, scale, None) for x in sets]
@@ -73,14 +101,28 @@ def run(out: Path) -> None:
             if fn is not None and n in ("sdpa_cudnn", "sdpa_cudnn_nc"):
                 fns[n], ctxs[n] = fn, ctx
         ms = time_many(fns, len(sets), ctxs=ctxs, graphs=True, rounds=11, block_ms=1.0)
-        res["shapes"][name] = {"params": p, "old": [c.key, old], "new": [v.key, s], "bad": bad,
-                               "us": {n: t * 1e3 for n, t in ms.items()}}
-        print(name, res["shapes"][name]["old"], res["shapes"][name]["new"], bad,
+        res["shapes"][name] = {"params": p, "bad": bad, "us": {n: t * 1e3 for n, t in ms.items()},
+                               **{tag: [v.key, s] for tag, (v, s) in cands.items()}}
+        print(name, {tag: [v.key, s] for tag, (v, s) in cands.items()}, bad,
               {n: round(t * 1e3, 1) for n, t in ms.items()}, flush=True)
         out.write_text(json.dumps(res, indent=1, sort_keys=True))
         del sets, hi, lo
         torch.cuda.empty_cache()
-    print(report(res))
+    print(wg_report(res) if wg else report(res))
+
+
+def wg_report(res: dict[str, Any]) -> str:
+    """Measured µs of each binary at its pieces, per two-warpgroup shape, and cuDNN."""
+    cols = {"wg2": "two warpgroups", "wg1": "one warpgroup", "wg1/ctas2": "one warpgroup, 2 CTAs/SM"}
+    rows = ["| shape | " + " | ".join(f"{c} µs (pieces)" for c in cols.values()) + " | cuDNN µs |",
+            "|---|" + "---|" * (len(cols) + 1)]
+    for name, x in sorted(res["shapes"].items()):
+        u = x["us"]
+        cu = u.get("sdpa_cudnn", u.get("sdpa_cudnn_nc", math.nan))
+        tag = {t.split("/", 2)[2]: t for t in u if not t.startswith("sdpa")}  # "d64/full/wg1" -> "wg1"
+        rows.append(f"| {name} | " + " | ".join(f"{u[tag[c]]:.1f} ({x[tag[c]][1]})" for c in cols) + f" | {cu:.1f} |"
+                    + (f" bad: {x['bad']}" if x["bad"] else ""))
+    return "\n".join(rows)
 
 
 def report(res: dict[str, Any]) -> str:
@@ -102,11 +144,15 @@ def report(res: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     if "--report" in sys.argv:
-        print(report(json.loads(Path(sys.argv[sys.argv.index("--report") + 1]).read_text())))
+        r = json.loads(Path(sys.argv[sys.argv.index("--report") + 1]).read_text())
+        print(wg_report(r) if "wg" in sys.argv[1:] else report(r))
+    elif sys.argv[1] == "wg-list":
+        for n, (_, _c, cs) in wg_choices().items():
+            print(n, {t: (s, round(us, 1)) for t, (_, s, us) in cs.items()})
     elif sys.argv[1] == "list":
         for n, (_, c, old, v, s) in choices().items():
             print(n, c.key, old, "->", v.key, s)
     else:
         o = Path(sys.argv[sys.argv.index("--out") + 1])
         o.parent.mkdir(parents=True, exist_ok=True)
-        run(o)
+        run(o, wg=sys.argv[1] == "wg")
