@@ -100,10 +100,16 @@ def _summary(what: str, ratios: list[float]) -> str:
             f"{sum(x >= 0.9 for x in ratios)} at >= 0.9, {sum(x >= 1.0 for x in ratios)} at >= 1.0")
 
 
+def _split_rows(r: dict[str, Any]) -> bool:
+    """Did a shape of more than 64 packed rows run a one-warpgroup binary (its rows in 64-row query tiles)?"""
+    p = r["params"]
+    return "/wg1" in r.get("binary", "") and p["heads"] // p["kv_heads"] * p["seq_q"] > 64
+
+
 def report(res: dict[str, Any]) -> str:
     """The markdown table (shape, ptsolve µs, cuDNN µs and ratio, the fastest SDPA call and ratio, pieces) and the
     summary lines."""
-    rows, rc, rb, two = [], [], [], " (2 CTAs/SM)"
+    rows, rc, rb, two, tiles = [], [], [], " (2 CTAs/SM)", " (1 warpgroup, 64-row tiles)"
     for name, r in sorted(res["shapes"].items()):
         tn, tu = target(r["us"])
         bn, bu = best(r["us"])
@@ -111,7 +117,8 @@ def report(res: dict[str, Any]) -> str:
         rc.append(tu / us)
         rb.append(bu / us)
         rows.append(f"| {name} | {us:.1f} | {tu:.1f}{' (no mask)' if tn.endswith('_nc') else ''} | {tu / us:.3f} | "
-                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']}{two if 'ctas2' in r.get('binary', '') else ''} | "
+                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']}{two if 'ctas2' in r.get('binary', '') else ''}"
+                    f"{tiles if _split_rows(r) else ''} | "
                     f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join([
         "| shape | `pt.flash_attention` µs | SDPA-cuDNN µs | cuDNN / ptsolve | fastest SDPA µs | fastest / ptsolve "
