@@ -185,7 +185,9 @@ def classes() -> list[ShapeClass]:
                 for _, name, _ in GQA_BUCKETS:
                     out.append(ShapeClass("flash_attention", d, hd, causal, name))
                 for w in (1, 2):
-                    out += decode_variants(ShapeClass("flash_decode", d, hd, causal, groups=w))
+                    # a two-warpgroup class's variants include the one-warpgroup class, listed already
+                    out += [v for v in decode_variants(ShapeClass("flash_decode", d, hd, causal, groups=w))
+                            if v not in out]
     return out
 
 
