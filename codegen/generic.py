@@ -8,7 +8,8 @@ sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batc
 kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The class's
 schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
 interval and stages do not depend on the trip count. Split-KV decode's pieces per query tile (which do not change the
-binary) and which of the class's binaries runs (one or two CTAs per SM, ``decode_variants``) are chosen per shape by
+binary) and which binary runs (one or two CTAs per SM; for more than 64 packed rows, one warpgroup's or two's:
+``decode_variants``) are chosen per shape by
 the cost model: the solved programs re-timed on the shape's graph for every piece count (``decode_pick``). The
 solved schedules ship as a table
 (``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
