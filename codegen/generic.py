@@ -323,25 +323,39 @@ def _kv_bucket(blocks: int) -> int:
 _SPLITS: dict[tuple[Any, ...], tuple[float, int]] = {}
 
 
-def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
-    """(predicted µs, pieces) of ``decode_splits``."""
-    from ptsolve.hw import load as load_hw
+def decode_bucketed(c: ShapeClass, p: dict[str, Any]) -> dict[str, Any]:
+    """Decode shape ``p`` with its cache length rounded up to ``_kv_bucket`` of class ``c``'s key blocks: the shape
+    ``decode_splits`` re-times, so that a growing cache re-times rarely."""
+    bn = class_program(c).graph.tiling["BN"]
+    return dict(p, seq_kv=max(p["seq_kv"], _kv_bucket(-(-p["seq_kv"] // bn)) * bn))
+
+
+def decode_retime(c: ShapeClass, p: dict[str, Any], splits: int, hw: Any) -> float:
+    """Predicted µs of class ``c``'s binary on decode shape ``p`` (as given) in ``splits`` pieces on the hardware
+    table ``hw``: the class's program re-timed on the shape's graph (``ptsolve.simulate``, timed mode: every task at
+    its planned cycle or as soon as its inputs and units allow; a piece replayed for DECODE_REPLAY_TRIPS iterations
+    and extended by the loop's period)."""
     from ptsolve.ops import make
-    from ptsolve.ops.decode import split_counts
     from ptsolve.simulate import simulate
 
     prog = class_program(c)
-    t = prog.graph.tiling
-    bucket = _kv_bucket(-(-p["seq_kv"] // t["BN"]))
-    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], bucket)
+    g = make("flash_decode", **p).graph(dict(prog.graph.tiling, splits=splits), hw)
+    return simulate(dataclasses.replace(prog, graph=g), hw, max_trips=DECODE_REPLAY_TRIPS).kernel_us
+
+
+def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
+    """(predicted µs, pieces) of ``decode_splits``."""
+    from ptsolve.hw import load as load_hw
+    from ptsolve.ops.decode import split_counts
+
+    q = decode_bucketed(c, p)
+    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], q["seq_kv"])
     got = _SPLITS.get(key)
     if got is None:
-        q = dict(p, seq_kv=max(p["seq_kv"], bucket * t["BN"]))
-        op, hw = make("flash_decode", **q), load_hw(HW)  # the hardware read once, not per candidate
+        t, hw = class_program(c).graph.tiling, load_hw(HW)  # the hardware read once, not per candidate
         best = None
         for s in split_counts(q, t["BM"], t["BN"]):
-            us = simulate(dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), hw)), hw,
-                          max_trips=DECODE_REPLAY_TRIPS).kernel_us
+            us = decode_retime(c, q, s, hw)
             if best is None or us < best[0] - 1e-9:
                 best = (us, s)
         assert best is not None
@@ -354,10 +368,9 @@ def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
 def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
     """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters) on class ``c``'s
     binary: the piece count (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the
-    shape's graph (``ptsolve.simulate``, timed mode: every task at its planned cycle or as soon as its inputs and
-    units allow; a piece replayed for DECODE_REPLAY_TRIPS iterations and extended by the loop's period), predicts
-    the shortest kernel; the fewer pieces on a tie. Evaluated at the shape's key blocks rounded up to ``_kv_bucket``
-    and kept per (class, shape without seq_kv, bucket)."""
+    shape's graph (``decode_retime``), predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the
+    shape's key blocks rounded up to ``_kv_bucket`` (``decode_bucketed``) and kept per (class, shape without
+    seq_kv, bucket)."""
     return _decode_best(c, p)[1]
 
 

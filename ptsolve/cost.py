@@ -62,8 +62,7 @@ def stream_of(t: STask) -> str:
     return "producer" if t.group < 0 else f"wg{t.group}"
 
 
-def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = False, busy_sms: int = 0,
-                dram_sms: int = 0) -> int:
+def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = False, busy_sms: int = 0) -> int:
     """Copy-engine occupancy of one global->shared tile load, cycles.
 
     occ = max(DRAM bytes / DRAM share, bytes / L2 share), where DRAM bytes = bytes / reuse (the other
@@ -71,23 +70,11 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = Fa
     and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share. A TMA multicast
     (``STask.multicast``) is charged the same: each SM still receives the whole tile, and its share of L2 -> SM
     bandwidth is what bounds it (clusters sharing B by multicast measured no faster, results/gemm_skinny).
-    ``misaligned`` rows (STask.misaligned) get misaligned_share(hw, busy_sms) of it. ``dram_sms``: SMs that split
-    DRAM bandwidth (0: hw.sms; ptsolve.cost.copy_busy).
+    ``misaligned`` rows (STask.misaligned) get misaligned_share(hw, busy_sms) of it.
     """
-    return max(1, math.ceil(max(dram_cycles(nbytes, reuse, hw, dram_sms), l2_cycles(nbytes, hw, misaligned,
-                                                                                      busy_sms))))
-
-
-def dram_cycles(nbytes: float, reuse: float, hw: Hardware, sms: int = 0) -> float:
-    """Cycles a tile of ``nbytes`` read by ``reuse`` CTAs takes at a 1/``sms`` share of DRAM bandwidth (0: hw.sms,
-    hw.hbm_bytes_per_clk)."""
-    return nbytes / max(reuse, 1.0) / hw.hbm_bytes_per_clk * (sms or hw.sms) / hw.sms
-
-
-def l2_cycles(nbytes: float, hw: Hardware, misaligned: bool = False, busy_sms: int = 0) -> float:
-    """Cycles of one SM's L2 -> SM bandwidth (hw.l2_bytes_per_clk; misaligned_share of it for misaligned rows) that
-    a tile of ``nbytes`` takes."""
-    return nbytes / (hw.l2_bytes_per_clk * (misaligned_share(hw, busy_sms) if misaligned else 1.0))
+    dram = nbytes / max(reuse, 1.0)
+    l2 = hw.l2_bytes_per_clk * (misaligned_share(hw, busy_sms) if misaligned else 1.0)
+    return max(1, math.ceil(max(dram / hw.hbm_bytes_per_clk, nbytes / l2)))
 
 
 def misaligned_share(hw: Hardware, busy_sms: int = 0) -> float:
@@ -207,20 +194,6 @@ def shared_busy(tm: dict[str, Timing], phase: dict[str, str]) -> dict[str, tuple
             if r in SHARED:
                 out.setdefault(r, [0, 0])[0 if phase[n] == "loop" else 1] += d
     return {r: (a, b) for r, (a, b) in sorted(out.items())}
-
-
-def copy_busy(g: STaskGraph, hw: Hardware, phase: dict[str, str], dram_sms: int) -> tuple[int, int]:
-    """The copy engine's (loop iteration, pre and post phases) occupancy, cycles, of one CTA of ``g`` when the SMs
-    split DRAM bandwidth ``dram_sms`` ways instead of hw.sms (ptsolve.policies.model.floor_of); each task rounded as
-    ``timings`` rounds it."""
-    hw = hw.for_op(g.op)
-    busy = -(-g.n_ctas // slots_of(g.tiling))
-    out = [0, 0]
-    for t in g.tasks:
-        if t.kind in ("load", "store"):
-            out[0 if phase[t.name] == "loop" else 1] += grain(load_cycles(
-                t.bytes, t.reuse if t.kind == "load" else 1.0, hw, t.misaligned, busy, dram_sms))
-    return out[0], out[1]
 
 
 def resources(tm: dict[str, Timing]) -> list[str]:

@@ -271,8 +271,6 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
 
 def follow(p: dict[str, Any], t: dict[str, int], hw: Hardware | None) -> int:
     """The merge CTAs of a launch (OpSpec.follow): ``merge_units`` of every (batch, kv head); none with one piece."""
-    if max(w[3] for w in pieces(p, t["BM"], t["BN"], t["splits"])) <= 1:
-        return 0
     return p["batch"] * p["kv_heads"] * len(merge_units(p, t["BM"], t["BN"], t["splits"], 128 * (t["groups"] + 1),
                                                         sms_of(hw)))
 

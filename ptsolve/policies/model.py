@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from ..cost import GRAIN, SHARED, Timing, check_grain, copy_busy, lower_bound_ii, shared_busy, timings
+from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_busy, timings
 from ..errors import InfeasibleError
 from ..hw import Hardware
 from ..ir import STaskGraph
@@ -262,8 +262,9 @@ def floor_of(g: STaskGraph, hw: Hardware, tm: dict[str, Timing], phase: dict[str
         return 0
     busy = units(g, tm, phase, ii_lb)
     sms = -(-g.n_ctas // k)
-    if ctas_of(g.tiling) > 1 and sms < hw.sms and "tma" in busy:
-        busy["tma"] = tuple(math.ceil(x / q) for x in copy_busy(g, hw, phase, sms))
+    if ctas_of(g.tiling) > 1 and sms < hw.sms and "tma" in busy:  # the same timings, DRAM over ``sms`` shares
+        wide = replace(hw, hbm_bytes_per_s=hw.hbm_bytes_per_s * hw.sms / sms)
+        busy["tma"] = tuple(math.ceil(x / q) for x in shared_busy(timings(g, wide), phase)["tma"])
     return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)), k, busy)
 
 

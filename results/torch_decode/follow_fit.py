@@ -25,8 +25,6 @@ sys.path.insert(0, str(HERE.parents[1]))
 from codegen import generic  # noqa: E402
 from ptsolve.hw import Hardware  # noqa: E402
 from ptsolve.hw import load as load_hw  # noqa: E402
-from ptsolve.ops import make  # noqa: E402
-from ptsolve.simulate import simulate  # noqa: E402
 
 GRID = (0, 3000, 6000, 9000, 12000, 16000)
 MHA = {"gpt2_b1_k1024": (12, 12, 1, 1024), "gpt2_b16_k1024": (12, 12, 16, 1024), "gpt2_b64_k1024": (12, 12, 64, 1024),
@@ -35,15 +33,11 @@ MHA = {"gpt2_b1_k1024": (12, 12, 1, 1024), "gpt2_b16_k1024": (12, 12, 16, 1024),
 
 
 def predict(key: str, p: dict[str, Any], s: int, hw: Hardware, bucket: bool = True) -> float:
-    """Predicted µs of class ``key``'s binary at ``s`` pieces on shape ``p`` (as codegen.generic re-times it: at the
+    """Predicted µs of class ``key``'s binary at ``s`` pieces on shape ``p``, as codegen.generic re-times it (at the
     cache length's bucket, unless ``bucket`` is false)."""
     c = next(c for c in generic.classes() if c.key == key)
-    prog = generic.class_program(c)
-    t = dict(prog.graph.tiling, splits=s)
-    kv = generic._kv_bucket(-(-p["seq_kv"] // t["BN"])) * t["BN"] if bucket else 0
-    q = dict(p, dtype="fp16", seq_kv=max(p["seq_kv"], kv))
-    g = make("flash_decode", **q).graph(t, hw)
-    return simulate(dataclasses.replace(prog, graph=g), hw, max_trips=generic.DECODE_REPLAY_TRIPS).kernel_us
+    q = dict(p, dtype="fp16")
+    return generic.decode_retime(c, generic.decode_bucketed(c, q) if bucket else q, s, hw)
 
 
 def agree(a: tuple[float, float], b: tuple[float, float]) -> bool:

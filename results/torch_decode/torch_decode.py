@@ -101,9 +101,11 @@ def _summary(what: str, ratios: list[float]) -> str:
 
 
 def _split_rows(r: dict[str, Any]) -> bool:
-    """Did a shape of more than 64 packed rows run a one-warpgroup binary (its rows in 64-row query tiles)?"""
+    """Did a shape of a two-warpgroup class run a one-warpgroup binary (its rows in 64-row query tiles)?"""
+    from codegen import generic
     p = r["params"]
-    return "/wg1" in r.get("binary", "") and p["heads"] // p["kv_heads"] * p["seq_q"] > 64
+    c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+    return c.groups == 2 and "/wg1" in r.get("binary", "")
 
 
 def report(res: dict[str, Any]) -> str:
