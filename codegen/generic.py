@@ -8,8 +8,8 @@ sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batc
 kernel arguments (``lower(..., generic=True)``; ``OpKernel.sizes`` in ``codegen.cuda.skeleton``). The class's
 schedule is solved once, on a representative shape (``representative``): the modulo schedule's initiation
 interval and stages do not depend on the trip count. Split-KV decode's pieces per query tile (which do not change the
-binary) and which binary runs (one or two CTAs per SM; for more than 64 packed rows, one warpgroup's or two's:
-``decode_variants``) are chosen per shape by
+binary) and which binary runs (one or two CTAs per SM, or persistent CTAs; for more than 64 packed rows, one
+warpgroup's or two's: ``decode_variants``) are chosen per shape by
 the cost model: the solved programs re-timed on the shape's graph for every piece count (``decode_pick``). The
 solved schedules ship as a table
 (``codegen/schedule_table.json``, written by ``python3 -m codegen.generic table`` on a CPU machine with the
@@ -72,13 +72,14 @@ class ShapeClass:
     chunk: int = 0
     groups: int = 0
     ctas: int = 0  # split-KV decode's resident CTAs per SM where not the default one (``decode_variants``)
+    persistent: int = 0  # split-KV decode on persistent CTAs, one piece per query tile (``decode_variants``)
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
-                      self.groups, self.ctas))
+                      self.groups, self.ctas, self.persistent))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -96,7 +97,7 @@ class ShapeClass:
             return f"{self.op}/{self.dtype}/p{self.head_dim}/n{self.d_state}/q{self.chunk}"
         if self.op == "flash_decode":
             return (f"flash_decode/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/wg{self.groups}"
-                    + (f"/ctas{self.ctas}" if self.ctas > 1 else ""))
+                    + (f"/ctas{self.ctas}" if self.ctas > 1 else "") + ("/persistent" if self.persistent else ""))
         return f"{self.op}/{self.dtype}/d{self.head_dim}/{'causal' if self.causal else 'full'}/gqa{self.gqa}"
 
 
@@ -148,14 +149,18 @@ def decode_variants(c: ShapeClass) -> list[ShapeClass]:
     - with one consumer warpgroup and a head dim of DECODE_CTAS2_HEAD_DIMS, two resident CTAs per SM (half the
       register file each: a CTA's fill and drain overlap the other's loop, and a grid of a few hundred short pieces
       fits one wave; results/torch_decode/mha_ctas.py);
+    - with one consumer warpgroup, persistent CTAs (one per SM, each dealing itself (batch, kv head) tiles: the
+      producer loads a tile's first K/V blocks while the consumers finish the previous one), for shapes whose tiles
+      each take one piece and outnumber the SMs (batch-64 Llama: results/torch_decode/pers_ab.py);
     - with two consumer warpgroups (more than 64 packed rows), the one-warpgroup class's own binary, the rows cut
       into 64-row query tiles (twice the CTAs, each K/V tile read by both, the second from L2): Falcon-7B's 71 heads
       per kv head at short caches or batch 1 (results/torch_decode/pick_ab.py wg: b1 k1000 7.5 -> 6.2 us). Not its
       two-CTA binary: with two query tiles of one kv head the model's picks of it measured 11-17% slower than the
       two-warpgroup binary on 4 of 19 Falcon shapes (same run)."""
-    if c.groups == 1 and c.head_dim in DECODE_CTAS2_HEAD_DIMS and c.ctas <= 1:
-        return [c, dataclasses.replace(c, ctas=2)]
-    if c.groups == 2 and c.ctas <= 1:
+    if c.groups == 1 and c.ctas <= 1 and not c.persistent:
+        return [c, *([dataclasses.replace(c, ctas=2)] if c.head_dim in DECODE_CTAS2_HEAD_DIMS else []),
+                dataclasses.replace(c, persistent=1)]
+    if c.groups == 2 and c.ctas <= 1 and not c.persistent:
         return [c, dataclasses.replace(c, groups=1)]
     return [c]
 
@@ -199,9 +204,11 @@ def representative(c: ShapeClass) -> dict[str, Any]:
     if c.op in MAMBA_OPS:  # Mamba2-1.3b's heads at batch 4, seq 8k
         return {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
                 "chunk": c.chunk, "groups": 1, "dtype": c.dtype}
-    if c.op == "flash_decode":  # a long cache few (batch, kv head) rows share, so the class's program splits keys
+    if c.op == "flash_decode":  # a long cache few (batch, kv head) rows share, so the class's program splits keys;
+        # a persistent class's: a batch whose tiles, one piece each, outnumber the SMs
         heads, kv, sq = (32, 8, 4 if c.causal else 1) if c.groups == 1 else (71, 1, 2 if c.causal else 1)
-        return {"batch": 1, "heads": heads, "kv_heads": kv, "seq_q": sq, "seq_kv": 16384, "head_dim": c.head_dim,
+        batch, skv = (64, 2048) if c.persistent else (1, 16384)
+        return {"batch": batch, "heads": heads, "kv_heads": kv, "seq_q": sq, "seq_kv": skv, "head_dim": c.head_dim,
                 "causal": c.causal, "dtype": c.dtype}
     ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
     return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
@@ -223,10 +230,10 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
     # attention class launches a grid (persistent CTAs pay off by the shape's tile count, and the generic persistent
     # kernel is not tested)
     # split-KV decode: the class's warpgroups, and pieces, so the program has the several-piece epilogue the generic
-    # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``)
+    # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``); a persistent one, one piece
     fix = ({"splits": 1} if c.op == "gemm" else {"persistent": 0} if c.op == "flash_attention" else
-           {"groups": c.groups, "splits": DECODE_REP_SPLITS, "ctas": max(1, c.ctas)} if c.op == "flash_decode" else
-           None)
+           {"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
+           | ({"persistent": 1} if c.persistent else {}) if c.op == "flash_decode" else None)
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
                            time_limit=time_limit, compile_check=compile_check, fix=fix)
     plan = plan_from_program(res.program)
@@ -354,7 +361,8 @@ def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
     if got is None:
         t, hw = class_program(c).graph.tiling, load_hw(HW)  # the hardware read once, not per candidate
         best = None
-        for s in split_counts(q, t["BM"], t["BN"]):
+        # a persistent binary has no merge CTAs: one piece per tile
+        for s in [1] if c.persistent else split_counts(q, t["BM"], t["BN"]):
             us = decode_retime(c, q, s, hw)
             if best is None or us < best[0] - 1e-9:
                 best = (us, s)
@@ -567,6 +575,8 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens:
     ws = {n: _scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
             "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
+    if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
+        raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
     return mod.prepare(vals, maps, cd.grid(sz), out="o")
 
 

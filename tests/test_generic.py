@@ -58,9 +58,11 @@ def test_class_keys():
     assert generic.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
     assert generic.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
     assert generic.decode_class("fp16", 64, True, 32, 8, 16) != generic.decode_class("fp16", 64, False, 32, 8, 16)
-    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, and
-    # the one-warpgroup d64 classes' two-CTAs-per-SM binaries), Mamba2 (op x dtype x d_state x chunk)
-    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 * 3
+    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, the
+    # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
+    # dtype x d_state x chunk)
+    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
+    assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
     for c in generic.classes():  # every class's representative is its own class
         r = generic.representative(c)
         if c.op == "gemm":
@@ -69,7 +71,7 @@ def test_class_keys():
             assert generic.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
         elif c.op == "flash_decode":
             assert generic.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
-                                        r["seq_q"]) == dataclasses.replace(c, ctas=0)
+                                        r["seq_q"]) == dataclasses.replace(c, ctas=0, persistent=0)
         else:
             assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
 
@@ -245,10 +247,11 @@ def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
     (results/torch_decode/mha_ctas.py)."""
     mha = generic.decode_class("fp16", 64, False, 12, 12, 1)
     two = generic.decode_variants(mha)
-    assert [v.ctas for v in two] == [0, 2] and two[1].key == "flash_decode/fp16/d64/full/wg1/ctas2"
+    assert [(v.ctas, v.persistent) for v in two] == [(0, 0), (2, 0), (0, 1)]
+    assert two[1].key == "flash_decode/fp16/d64/full/wg1/ctas2"
     assert generic.schedule(two[1]).tiling["ctas"] == 2 and generic.schedule(two[1]).tiling["BN"] == 64
-    assert generic.decode_variants(generic.decode_class("fp16", 128, False, 32, 8, 1)) == [
-        generic.decode_class("fp16", 128, False, 32, 8, 1)]
+    d128 = generic.decode_class("fp16", 128, False, 32, 8, 1)
+    assert generic.decode_variants(d128) == [d128, dataclasses.replace(d128, persistent=1)]
     falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)  # two warpgroups: or one, the rows in two tiles
     assert generic.decode_variants(falcon) == [falcon, generic.decode_class("fp16", 64, False, 32, 8, 1)]
     p = _dp(16, 12, 12, 1, 1024, 64)
@@ -276,6 +279,31 @@ def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
     falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)
     assert generic.decode_pick(falcon, _dp(1, 71, 1, 1, 1000, 64))[0] == generic.decode_class("fp16", 64, False,
                                                                                                32, 8, 1)
+
+
+def test_decode_persistent_binary_is_one_piece_and_picked_where_its_handover_pays():
+    """Persistent CTAs are a decode tiling only where every query tile is one piece and there is more than one tile
+    (merge CTAs would wait for pieces a persistent CTA has not reached); the persistent generic binary has no merge
+    CTAs. The model picks it for Llama-3-70B b64 at 511 keys (512 one-piece tiles: the producer loads a tile's
+    first K/V blocks while the consumers finish the last; measured 43.6 -> 40.9 us, results/torch_decode/pers_ab.py
+    and pick_ab.py) and not where the keys are split (batch 1, 32k keys)."""
+    from ptsolve.ops import make
+    ts = make("flash_decode", **_dp(4, 32, 8, 1, 4096)).tilings()
+    pers = [t for t in ts if t.get("persistent")]
+    assert pers and all(t["splits"] == 1 and t.get("ctas", 1) == 1 for t in pers)
+    assert not any(t.get("persistent") for t in make("flash_decode", **_dp(1, 8, 1, 1, 4096)).tilings())  # 1 tile
+    c = generic.decode_class("fp16", 128, False, 64, 8, 1)
+    p = _dp(64, 64, 8, 1, 511)
+    v, s = generic.decode_pick(c, p)
+    assert (v, s) == (dataclasses.replace(c, persistent=1), 1)
+    assert generic._decode_best(v, p)[0] < generic._decode_best(c, p)[0]
+    assert generic.schedule(v).tiling["persistent"] == 1 and generic.schedule(v).tiling["splits"] == 1
+    src = generic.kernel(v).ks
+    assert src.persistent_tiles and "a merge CTA" not in src.source
+    assert "a merge CTA" in generic.kernel(c).ks.source
+    long = _dp(1, 32, 8, 1, 32768)
+    v, s = generic.decode_pick(generic.decode_class("fp16", 128, False, 32, 8, 1), long)
+    assert not v.persistent and s > 1
 
 
 def test_follow_tail_only_when_the_merge_ctas_queue():

@@ -269,3 +269,31 @@ def test_transformers_llama_static_cache(torch, pt):
         e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
         assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
         assert prepared[1:] == [prepared[0]] * (len(prepared) - 1), prepared  # one launch per layer, kept
+
+
+@pytest.mark.parametrize("B,Sq,cap,H,Hkv,D,causal,dt", [
+    (40, 1, 700, 32, 8, 128, False, "fp16"),   # 320 one-piece tiles: the persistent binary deals them over the SMs
+    (24, 3, 900, 14, 2, 64, True, "bf16"),     # d64, causal, 3 positions x 7 heads: three binaries
+])
+def test_every_binary_of_a_decode_class(torch, pt, monkeypatch, B, Sq, cap, H, Hkv, D, causal, dt):
+    """Each binary ``decode_pick`` chooses among (the class's own, two CTAs per SM, persistent) at its pieces gives
+    FlashAttention's answer, on the dense path and with per-sequence lengths (a persistent CTA's tiles of different
+    lengths: its ring position carries over from one to the next)."""
+    from codegen import generic
+    q, kc, vc = _qkv(torch, B, Sq, cap, H, Hkv, D, dt, B + cap)
+    c = pt._decode_class(q, kc, causal)
+    p = _params(q, kc, causal) | {"dtype": dt}
+    variants = generic.decode_variants(c)
+    assert any(v.persistent for v in variants)
+    lens = [cap - 37 * b for b in range(B)]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for v in variants:
+        s = generic._decode_best(v, p)[1]
+        monkeypatch.setattr(generic, "decode_pick", lambda c_, p_, v=v, s=s: (v, s))
+        generic._LAUNCHES.clear()
+        poison(torch, q.shape, q.dtype)
+        check(torch, pt.flash_attention(q, kc, vc, causal=causal), q, kc, vc, causal, 1 / math.sqrt(D))
+        poison(torch, q.shape, q.dtype)
+        _check_lengths(torch, pt.flash_attention_kvcache(q, kc, vc, seqlens, causal=causal), q, kc, vc, lens, causal,
+                       1 / math.sqrt(D))
+    generic._LAUNCHES.clear()

@@ -58,8 +58,11 @@ def _work(ir: KernelIR) -> list[tuple[int, int, int, int, int]]:
 
 
 def _nmax(ir: KernelIR) -> int:
-    """The most pieces of a query tile (a generic build always has the several-piece epilogue)."""
-    return 2 if ir.generic else max(w[3] for w in _work(ir))
+    """The most pieces of a query tile (a generic build has the several-piece epilogue unless it is persistent: its
+    launches take one piece per tile, ``codegen.generic.decode_pick``)."""
+    if ir.generic:
+        return 1 if ir.persistent else 2
+    return max(w[3] for w in _work(ir))
 
 
 def _merges(ir: KernelIR) -> list[tuple[int, int, int, int]]:

@@ -22,6 +22,8 @@ CTA starts when the last piece of its tile is done; in a single wave, the low-oc
 kernel ends with it; with several waves that over-charges the pieces that are not last). Where the pieces and the merge
 CTAs (``follow``) exceed the SM slots, the merge CTAs queue behind the pieces and the launch pays a tail after them
 (ptsolve.program.follow_tail, fitted on measured launches: results/torch_decode/follow_fit.py).
+Where every tile is one piece (no merge CTAs) the CTAs may be persistent (tiling ``persistent``): one per SM deals
+itself the tiles, its producer loading the next tile's K/V while the consumers finish the last (program.handover).
 A merge CTA spins on its tile's counter, so it must not keep the tile's own pieces from running: there are fewer
 merge CTAs than SMs (``merge_units``), so whatever order the CTAs are dispatched in an SM is left for the pieces; where
 even one merge CTA per tile is more (large batches, which rarely split), they have the highest CTA indices and the
@@ -210,6 +212,11 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                     yield t
                     if groups == 1:  # two resident CTAs (half the register file each): two warpgroups would spill
                         yield t | {"ctas": 2}
+                    # persistent CTAs (program.persistent: the producer loads the next tile while the consumers
+                    # finish one) where every query tile is one piece (merge CTAs would wait for pieces a
+                    # persistent CTA has not reached) and there is more than one
+                    if splits == 1 and p["batch"] * p["kv_heads"] * query_tiles(p, WG_ROWS * groups) > 1:
+                        yield t | {"persistent": 1}
 
 
 def partial_bytes(rows: int, D: int) -> int:

@@ -28,20 +28,23 @@ EXTRA = {"dec_gpt2_b16_q1_k1024": {"batch": 16, "heads": 12, "kv_heads": 12, "se
                                    "head_dim": 64, "causal": False}}
 
 
-def choices() -> dict[str, tuple[dict[str, Any], Any, int, Any, int]]:
-    """name -> (params, old class, old pieces, new binary, new pieces) where they differ."""
+def choices(before: str = "device") -> dict[str, tuple[dict[str, Any], Any, int, Any, int]]:
+    """name -> (params, old binary, old pieces, new binary, new pieces) where they differ; the old ones those of the
+    run in folder ``before`` (its torch_decode.json; a run without a ``binary`` per shape ran the class's own)."""
     from torch_decode import shapes
 
     from codegen import generic
-    before = json.loads((HERE / "device" / "torch_decode.json").read_text())["shapes"]
+    ran = json.loads((HERE / before / "torch_decode.json").read_text())["shapes"]
     out = {}
     for name, p in (shapes() | EXTRA).items():
         p = p | {"dtype": "fp16"}
         c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
-        old = before[name]["splits"] if name in before else 1  # GPT-2 b16 k1024: one piece (results/torch_decode)
+        was = ran.get(name, {})
+        old = was.get("splits", 1)  # GPT-2 b16 k1024: one piece (results/torch_decode)
+        ob = next(v for v in generic.decode_variants(c) if v.key == was.get("binary", c.key))
         v, s = generic.decode_pick(c, p)
-        if (v, s) != (c, old):
-            out[name] = (p, c, old, v, s)
+        if (v, s) != (ob, old):
+            out[name] = (p, ob, old, v, s)
     return out
 
 
@@ -67,7 +70,7 @@ def wg_choices() -> dict[str, tuple[dict[str, Any], Any, dict[str, tuple[Any, in
     return out
 
 
-def run(out: Path, wg: bool = False) -> None:
+def run(out: Path, wg: bool = False, before: str = "device") -> None:
     import torch
     from decode_bench import refs, sdpa_fns, timing_sets
 
@@ -77,7 +80,7 @@ def run(out: Path, wg: bool = False) -> None:
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
     todo = ({n: (p, c, {t: (v, s) for t, (v, s, _) in cs.items()}) for n, (p, c, cs) in wg_choices().items()} if wg
-            else {n: (p, c, {"old": (c, old), "new": (v, s)}) for n, (p, c, old, v, s) in choices().items()})
+            else {n: (p, ob, {"old": (ob, old), "new": (v, s)}) for n, (p, ob, old, v, s) in choices(before).items()})
     for name, (p, c, cands) in todo.items():
         torch.manual_seed(0)
         sets, _ = timing_sets(p)
@@ -134,7 +137,8 @@ def report(res: dict[str, Any]) -> str:
         u = x["us"]
         cu = u.get("sdpa_cudnn", u.get("sdpa_cudnn_nc", math.nan))
         r.append(u["old"] / u["new"])
-        tag = [f"{k[1]}{two if 'ctas2' in k[0] else ''}" for k in (x["old"], x["new"])]
+        tag = [f"{k[1]}{two if 'ctas2' in k[0] else ' (persistent)' if 'persistent' in k[0] else ''}"
+               for k in (x["old"], x["new"])]
         rows.append(f"| {name} | {tag[0]} | {u['old']:.1f} | {tag[1]} | {u['new']:.1f} | {u['old'] / u['new']:.3f} | "
                     f"{cu:.1f} | {cu / u['new']:.3f} |" + (f" bad: {x['bad']}" if x["bad"] else ""))
     geo = math.exp(sum(map(math.log, r)) / len(r))
@@ -150,9 +154,10 @@ if __name__ == "__main__":
         for n, (_, _c, cs) in wg_choices().items():
             print(n, {t: (s, round(us, 1)) for t, (_, s, us) in cs.items()})
     elif sys.argv[1] == "list":
-        for n, (_, c, old, v, s) in choices().items():
+        for n, (_, c, old, v, s) in choices(*sys.argv[2:3]).items():
             print(n, c.key, old, "->", v.key, s)
     else:
         o = Path(sys.argv[sys.argv.index("--out") + 1])
         o.parent.mkdir(parents=True, exist_ok=True)
-        run(o, wg=sys.argv[1] == "wg")
+        run(o, wg=sys.argv[1] == "wg",
+            before=sys.argv[sys.argv.index("--before") + 1] if "--before" in sys.argv else "device")
