@@ -129,7 +129,7 @@ def wg_report(res: dict[str, Any]) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    two = " (2 CTAs/SM)"
+    from torch_decode import binary_note
     rows = ["| shape | before: pieces | µs | now: pieces | µs | before / now | cuDNN µs | cuDNN / now |",
             "|---|---|---|---|---|---|---|---|"]
     r = []
@@ -137,8 +137,7 @@ def report(res: dict[str, Any]) -> str:
         u = x["us"]
         cu = u.get("sdpa_cudnn", u.get("sdpa_cudnn_nc", math.nan))
         r.append(u["old"] / u["new"])
-        tag = [f"{k[1]}{two if 'ctas2' in k[0] else ' (persistent)' if 'persistent' in k[0] else ''}"
-               for k in (x["old"], x["new"])]
+        tag = [f"{k[1]}{binary_note(k[0])}" for k in (x["old"], x["new"])]
         rows.append(f"| {name} | {tag[0]} | {u['old']:.1f} | {tag[1]} | {u['new']:.1f} | {u['old'] / u['new']:.3f} | "
                     f"{cu:.1f} | {cu / u['new']:.3f} |" + (f" bad: {x['bad']}" if x["bad"] else ""))
     geo = math.exp(sum(map(math.log, r)) / len(r))

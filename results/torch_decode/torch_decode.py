@@ -108,10 +108,15 @@ def _split_rows(r: dict[str, Any]) -> bool:
     return c.groups == 2 and "/wg1" in r.get("binary", "")
 
 
+def binary_note(binary: str) -> str:
+    """What the pieces column says of a decode binary (a class key) besides its pieces: two CTAs per SM, persistent."""
+    return " (2 CTAs/SM)" if "/ctas2" in binary else " (persistent)" if "/persistent" in binary else ""
+
+
 def report(res: dict[str, Any]) -> str:
     """The markdown table (shape, ptsolve µs, cuDNN µs and ratio, the fastest SDPA call and ratio, pieces) and the
     summary lines."""
-    rows, rc, rb, two, tiles = [], [], [], " (2 CTAs/SM)", " (1 warpgroup, 64-row tiles)"
+    rows, rc, rb, tiles = [], [], [], " (1 warpgroup, 64-row tiles)"
     for name, r in sorted(res["shapes"].items()):
         tn, tu = target(r["us"])
         bn, bu = best(r["us"])
@@ -119,7 +124,7 @@ def report(res: dict[str, Any]) -> str:
         rc.append(tu / us)
         rb.append(bu / us)
         rows.append(f"| {name} | {us:.1f} | {tu:.1f}{' (no mask)' if tn.endswith('_nc') else ''} | {tu / us:.3f} | "
-                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']}{two if 'ctas2' in r.get('binary', '') else ''}"
+                    f"{bu:.1f} ({bn}) | {bu / us:.3f} | {r['splits']}{binary_note(r.get('binary', ''))}"
                     f"{tiles if _split_rows(r) else ''} | "
                     f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join([
