@@ -472,6 +472,25 @@ def test_generic_decode_kernels_compile_clean(args, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
+@pytest.mark.parametrize("causal", [False, True])
+def test_generic_persistent_attention_keeps_its_wgmma_pipelined(causal, tmp_path, monkeypatch):
+    """A generic attention kernel on persistent CTAs skips a tile by sizes it loads (varlen offsets): the branch must
+    reach ptxas as warp-uniform, or it serialises the consumers' wgmma around it (C7520; the skeleton branches on
+    lane 0's value). The d128 class's schedule, grid and persistent, both clean."""
+    from codegen.plan import KernelPlan
+    from codegen.runtime import compile_kernel
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    d = json.loads(generic.schedule(generic.attention_class("fp16", 128, causal, 32, 8)).to_json())
+    for pers in (0, 1):
+        d["tiling"].pop("persistent", None)
+        d["tiling"] |= {"persistent": 1} if pers else {}
+        ks = emit_ir(lower(KernelPlan.from_json(json.dumps(d)), "h200", generic=True))
+        assert bool(ks.persistent_tiles) == bool(pers)
+        rep = compile_kernel(ks).report
+        assert rep["spill_stores"] == 0 and not rep["wgmma_serialized"], rep
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
 def test_second_process_compiles_nothing(tmp_path):
     env = {**os.environ, "PTSOLVE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     runs = []

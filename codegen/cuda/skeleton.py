@@ -421,9 +421,12 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
     if ir.persistent:
         # lt counts the tiles this CTA ran (the pre ring's phase): a skipped tile (skip_) is not one of them
+        # skip_ is the same for a whole warp (the tile's), but a generic build derives it from loaded sizes (varlen
+        # offsets): a branch ptxas cannot prove warp-uniform around the consumers' wgmma serialises them (C7520), so
+        # it branches on lane 0's value (the producer's lone thread: its own)
         head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x) {\n"
                 "  bool skip_ = false; (void)skip_;\n" + decode +
-                "\n  if (skip_) continue;")
+                "\n  if (__shfl_sync(__activemask(), (int)skip_, 0)) continue;")
         end = "  rbase += T;  // ring position of the next tile's first iteration\n  ++lt;\n}"
     else:
         head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"

@@ -42,7 +42,8 @@ def target(us: dict[str, float]) -> tuple[str, float]:
     raise KeyError("no cuDNN time")
 
 
-def main(out: Path, only: str) -> None:
+def main(out: Path, only: str, todo: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Time ``todo`` (name -> parameters; default ``shapes()``), write ``out`` after each shape; the results."""
     import torch
     from decode_bench import refs, sdpa_fns, timing_sets
 
@@ -51,7 +52,7 @@ def main(out: Path, only: str) -> None:
     from codegen.bench import time_many
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
-    for name, p in shapes().items():
+    for name, p in (shapes() if todo is None else todo).items():
         if only and only not in name:
             continue
         torch.manual_seed(0)
@@ -86,7 +87,7 @@ def main(out: Path, only: str) -> None:
         out.write_text(json.dumps(res, indent=1, sort_keys=True))
         del sets, q, k, v, o
         torch.cuda.empty_cache()
-    print(report(res))
+    return res
 
 
 def best(us: dict[str, float]) -> tuple[str, float]:
@@ -143,4 +144,4 @@ if __name__ == "__main__":
     else:
         o = Path(sys.argv[sys.argv.index("--out") + 1])
         o.parent.mkdir(parents=True, exist_ok=True)
-        main(o, sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else "")
+        print(report(main(o, sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else "")))
