@@ -228,7 +228,7 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
 
     # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out; an
     # attention class's grid or persistent CTAs are the model's choice on the representative (persistent measured
-    # faster on 80 of 85 prefill shapes, and never more than 6% slower: results/torch_prefill)
+    # faster on 78 of 85 prefill shapes, and never more than 6% slower: results/torch_prefill)
     # split-KV decode: the class's warpgroups, and pieces, so the program has the several-piece epilogue the generic
     # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``); a persistent one, one piece
     fix = ({"splits": 1} if c.op == "gemm" else None if c.op == "flash_attention" else
