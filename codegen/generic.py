@@ -564,6 +564,8 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens:
     p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
          "dtype": c.dtype}
     v_, splits = decode_pick(c, p)
+    if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
+        raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
     ck = kernel(v_)
     mod = ck.module()
     t = dict(ck.ir.tiling, splits=splits)
@@ -575,8 +577,6 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens:
     ws = {n: _scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
             "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
-    if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
-        raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
     return mod.prepare(vals, maps, cd.grid(sz), out="o")
 
 
