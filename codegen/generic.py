@@ -704,15 +704,21 @@ def _commit() -> str:
         return "unknown"
 
 
+def _picked(key: str, only: str) -> bool:
+    """Whether a class key is among ``only``'s: every key when empty, else those containing one of its comma-separated
+    parts."""
+    return not only or any(x and x in key for x in only.split(","))
+
+
 def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: str = "") -> dict[str, Any]:
-    """Solve every class (``only``: keys containing that text) and write the table, with each generic kernel's
-    ptxas numbers where nvcc is installed. The solves run with the compiler in the loop (on the exact-shape kernel
-    of the representative; the register model alone picks tilings that spill); the class's generic kernel is
-    compiled too, and one that still spills or serialises is an error."""
+    """Solve every class (``only``: keys containing that text, or one of several comma-separated) and write the
+    table, with each generic kernel's ptxas numbers where nvcc is installed. The solves run with the compiler in the
+    loop (on the exact-shape kernel of the representative; the register model alone picks tilings that spill); the
+    class's generic kernel is compiled too, and one that still spills or serialises is an error."""
     table = load_table(out) if out.exists() else {"classes": {}}
     solved: dict[ShapeClass, dict[str, Any]] = {}
     for c in classes():
-        if only and only not in c.key:
+        if not _picked(c.key, only):
             continue
         # the cost model does not tell fp16 from bf16 (both 2 bytes, same tensor-core rate): one solve serves both
         twin = dataclasses.replace(c, dtype=DTYPES[0])
@@ -747,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table", help="solve every shape class and write the schedule table")
     t.add_argument("--out", type=Path, default=TABLE)
     t.add_argument("--time-limit", type=float, default=SOLVE_TIME_LIMIT)
-    t.add_argument("--only", default="", help="only the classes whose key contains this text")
+    t.add_argument("--only", default="", help="only the classes whose key contains this text (or one of several, "
+                   "comma-separated)")
     p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
     p.add_argument("--only", default="")
     a = ap.parse_args(argv)
@@ -755,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
         build_table(a.out, a.time_limit, a.only)
     else:
         for c in classes():
-            if not a.only or a.only in c.key:
+            if _picked(c.key, a.only):
                 print(c.key, compile_class(c), flush=True)
     return 0
 

@@ -539,3 +539,15 @@ def test_generic_decode_reads_lengths_only_in_generic_builds():
     assert "key >= skv_" in src.source and "key > sq + off_" in src.source
     exact = emit_ir(lower(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC), "h200"))
     assert "seqlens" not in exact.source and "key >= SKV" in exact.source
+
+
+def test_table_only_takes_several_comma_separated_parts():
+    """``table --only`` / ``precompile --only``: every class when empty, else the classes whose key contains one of
+    the comma-separated parts (fp16 and bf16 of one family in one build, so the bf16 twins reuse the fp16 solves)."""
+    from codegen.generic import _picked, classes
+    keys = [c.key for c in classes()]
+    assert all(_picked(k, "") for k in keys)
+    got = [k for k in keys if _picked(k, "flash_attention/fp16/d128,flash_attention/bf16/d128")]
+    assert len(got) == 12 and all(k.startswith("flash_attention/") and "/d128/" in k for k in got)
+    assert {k.split("/")[1] for k in got} == {"fp16", "bf16"}
+    assert not any(_picked(k, ",") for k in keys)

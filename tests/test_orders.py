@@ -106,3 +106,46 @@ def test_declared_entry_starts_every_warpgroups_loop():
     # PV before QK in warpgroup 1's turn: its rotated loop (QK first) would contradict it, so it keeps its cut
     kept = same_rotation(loop, ["mma_qk@0", "mma_pv@0", "mma_pv@1", "mma_qk@1"], ent)
     assert [t for t, _ in kept["wg1"]] == [t for t, _ in w1]
+
+
+def test_the_replay_picks_the_declared_order_the_formula_ranks_second(monkeypatch):
+    """CP-SAT's formula optimum on FA's one-tiling search is a free order; the declared FA3 order's best schedule
+    costs more by the formula (its fill and drain at steady-state slots) but less in the asap replay, so optimize
+    returns the FA3 order: FEASIBLE, the search's bound kept, the reason in ``features``. Where the replay ranks them
+    the other way, the formula's proven optimum stands."""
+    import sys
+
+    from ptsolve.search import search
+    from ptsolve.simulate import replay_us
+    opt = sys.modules["ptsolve.optimize"]
+    fix = T | {"persistent": 1}
+    formula = search(FA, "h200", solver="cpsat", time_limit=60, fix=fix, executor="serial")
+    assert formula.status == "OPTIMAL" and not formula.program.policy.startswith("cpsat-orders")
+    r = ptsolve.optimize(FA, hw="h200", solver="cpsat", time_limit=60, cache=False, fix=fix, compile_check=False,
+                         executor="serial")
+    assert r.program.policy.startswith("cpsat-orders") and r.status == "FEASIBLE"
+    assert r.objective > formula.objective == r.bound
+    assert replay_us(r.program, "h200") < replay_us(formula.program, "h200")
+    assert r.features[0].startswith("issue order: the operator's declared order") and "OPTIMAL" in r.features[0]
+    plan = plan_from_program(r.program, "h200")
+    assert [t for t, _ in plan.order["loop"]["wg0"]] == [t for t, _ in orders(2)["fa3"]["wg0"]]
+    # the replay reversed: the declared order replays slower, CP-SAT's proven answer is returned as it was
+    monkeypatch.setattr(sys.modules["ptsolve.simulate"], "replay_us",
+                        lambda p, hw=None: 2.0 if p.policy.startswith("cpsat-orders") else 1.0)
+    r2 = opt.optimize(FA, hw="h200", solver="cpsat", time_limit=60, cache=False, fix=fix, compile_check=False,
+                      executor="serial")
+    assert r2.status == "OPTIMAL" and r2.objective == formula.objective and r2.program == formula.program
+
+
+def test_the_asap_replay_is_never_later_than_the_plan():
+    """replay_us runs the program's orders with no planned starts: every instance starts no later than planned (the
+    same order on every stream and unit); strictly earlier for CP-SAT's schedules here, whose fill waits for slots
+    (greedy's list schedule already starts everything as early as its order allows)."""
+    from ptsolve.search import search
+    from ptsolve.simulate import predicted_us, replay_us, simulate
+    for solver in ("cpsat", "cpsat-orders", "greedy"):
+        p = search(FA, "h200", solver=solver, time_limit=30, fix=T | {"persistent": 1}, executor="serial").program
+        asap, timed = simulate(p, H200, mode="asap"), simulate(p, H200)
+        assert all(a.start <= b.start for a, b in zip(asap.events, timed.events))
+        assert replay_us(p, H200) == asap.kernel_us <= predicted_us(p, H200) == timed.kernel_us
+        assert solver == "greedy" or asap.kernel_us < timed.kernel_us

@@ -7,6 +7,8 @@ every output checked against float32 first).
 
     PTSOLVE_CACHE_DIR=.cubin_td python3 results/torch_prefill/variants_ab.py compile --tables A.json B.json
     PTSOLVE_CACHE_DIR=.cubin_td python3 results/torch_prefill/variants_ab.py run --tables A.json B.json --out $OUT/v
+
+``--as-tabled`` (both steps): each plan only as its table has it (grid or persistent), not both.
 """
 from __future__ import annotations
 
@@ -33,18 +35,19 @@ def _table(src: str) -> dict[str, Any]:
     return json.loads(text)["classes"]
 
 
-def variants(c: Any, tables: list[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
-    """tag -> (stand-in class, KernelPlan) for class ``c``: each table's plan, grid and persistent; the stand-in
-    classes differ in ``persistent`` (0, 1, 2, ...) only so that each binary has its own kernel and launch cache."""
+def variants(c: Any, tables: list[dict[str, Any]], as_tabled: bool = False) -> dict[str, tuple[Any, Any]]:
+    """tag -> (stand-in class, KernelPlan) for class ``c``: each table's plan, grid and persistent (``as_tabled``: only
+    as the table has it); the stand-in classes differ in ``persistent`` (0, 1, 2, ...) only so that each binary has
+    its own kernel and launch cache. A plan equal to an earlier table's (tiling and issue orders) is run once."""
     from codegen.plan import KernelPlan
     out: dict[str, tuple[Any, Any]] = {}
     seen: list[Any] = []
     for i, tb in enumerate(tables):
         d = tb[c.key]["plan"]
-        if d["tiling"] in seen:
+        if d in seen:
             continue
-        seen.append(d["tiling"])
-        for pers in (0, 1):
+        seen.append(d)
+        for pers in ((int(d["tiling"].get("persistent", 0)),) if as_tabled else (0, 1)):
             e = json.loads(json.dumps(d))
             e["tiling"].pop("persistent", None)
             if pers:
@@ -67,7 +70,7 @@ def prepare(tables: list[dict[str, Any]]) -> dict[Any, dict[str, tuple[Any, Any]
     from codegen import generic
     out = {}
     for c in _classes():
-        out[c] = variants(c, tables)
+        out[c] = variants(c, tables, "--as-tabled" in sys.argv)
         for fake, plan in out[c].values():
             generic._KERNELS[fake] = generic._build(fake, plan)
     return out
