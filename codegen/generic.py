@@ -218,6 +218,21 @@ def representative(c: ShapeClass) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- schedules
 
 
+def class_fix(c: ShapeClass) -> dict[str, int] | None:
+    """The tiling keys a class's solve pins (``optimize``'s ``fix``). GEMM: one K range (one generic kernel serves
+    every M, N, K, and split-K's workspace is sized per shape). Attention: none (grid or persistent CTAs is the
+    model's choice on the representative; persistent measured faster on 78 of 85 prefill shapes and never more than
+    6% slower: results/torch_prefill). Split-KV decode: the class's warpgroups and CTAs per SM, and several pieces,
+    so the program has the several-piece epilogue the generic kernel runs (a shape's pieces are chosen per shape,
+    ``decode_splits``); a persistent class one piece."""
+    if c.op == "gemm":
+        return {"splits": 1}
+    if c.op == "flash_decode":
+        return ({"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
+                | ({"persistent": 1} if c.persistent else {}))
+    return None
+
+
 def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bool | None = None
           ) -> dict[str, Any]:
     """Solve ``c`` on its representative shape with CP-SAT (``compile_check``: the compiler in the loop, as
@@ -226,16 +241,8 @@ def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bo
 
     from .plan import plan_from_program
 
-    # one generic kernel serves every M, N, K of a GEMM class: split-K (a workspace sized per shape) stays out; an
-    # attention class's grid or persistent CTAs are the model's choice on the representative (persistent measured
-    # faster on 78 of 85 prefill shapes, and never more than 6% slower: results/torch_prefill)
-    # split-KV decode: the class's warpgroups, and pieces, so the program has the several-piece epilogue the generic
-    # kernel runs (the pieces of a shape are chosen per shape, ``decode_splits``); a persistent one, one piece
-    fix = ({"splits": 1} if c.op == "gemm" else None if c.op == "flash_attention" else
-           {"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
-           | ({"persistent": 1} if c.persistent else {}) if c.op == "flash_decode" else None)
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
-                           time_limit=time_limit, compile_check=compile_check, fix=fix)
+                           time_limit=time_limit, compile_check=compile_check, fix=class_fix(c))
     plan = plan_from_program(res.program)
     out = {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
            "solve_s": round(res.solve_s, 2), "representative": representative(c)}

@@ -14,6 +14,11 @@ paper's eight and three held-out shapes of ``../shared/shapes.md`` (scripts/firs
     python3 scripts/replay_orders_ab.py emit [--resolve] > results/replay_orders/emit.log   # CPU: solve + emit
     PTSOLVE_CACHE_DIR=$PWD/.cubin_replay python3 scripts/replay_orders_ab.py compile
     PTSOLVE_CACHE_DIR=$PWD/.cubin_replay python3 scripts/replay_orders_ab.py   # GPU
+    python3 scripts/replay_orders_ab.py rank > results/replay_orders/rank_study.md  # CPU: the replay across tilings
+
+``rank``: does the replay also rank *different tilings and policies* better than the formula? The 168 schedules of
+``results/study_h200`` (21 configurations, the model's 4 best of CP-SAT and of greedy each, timed on an H200), each
+predicted by this checkout's formula and replay, against their measured times.
 """
 from __future__ import annotations
 
@@ -71,5 +76,48 @@ def emit() -> None:
     R.AB.write_text(json.dumps(out, indent=0, sort_keys=True))
 
 
+def rank() -> None:
+    from ptsolve.hw import load
+    from ptsolve.program import SProgram
+    from ptsolve.simulate import predicted_us, replay_us
+
+    hw = load("h200")
+    st = ROOT / "results/study_h200"
+    cands = json.loads((st / "candidates.json").read_text())["configs"]
+    times = json.loads((st / "study.json").read_text())["configs"]
+    print("# The formula and the asap replay ranking measured schedules across tilings (results/study_h200)\n")
+    import subprocess
+    import time
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    print(f"`python3 scripts/replay_orders_ab.py rank` (CPU, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"commit {head.strip()}: the study's programs, solved at commit d5b8e34, predicted with this commit's H200 "
+          "table; times measured on an H200 on 2026-11-30). Pairs: the candidate pairs whose "
+          "measured times differ by 0.5% or more, and how many of them each prediction orders as measured; pick: the "
+          "measured time of each prediction's best candidate over the measured best.\n")
+    print("| config | op | pairs ordered right: formula | replay | pick / best: formula | replay |")
+    print("|---|---|---|---|---|---|")
+    tot = [0, 0, 0, 0, 0, 0]
+    for name, e in cands.items():
+        m = times[name]["measured_us"]
+        f, r = {}, {}
+        for c in e["candidates"]:
+            if c["label"] in m:
+                p = SProgram.from_json(c["program"] if isinstance(c["program"], str) else json.dumps(c["program"]))
+                f[c["label"]], r[c["label"]] = predicted_us(p, hw), replay_us(p, hw)
+        ks = sorted(f)
+        pairs = [(a, b) for i, a in enumerate(ks) for b in ks[i + 1:] if abs(m[a] / m[b] - 1) >= 0.005]
+        pf = sum((f[a] < f[b]) == (m[a] < m[b]) for a, b in pairs)
+        pr = sum((r[a] < r[b]) == (m[a] < m[b]) for a, b in pairs)
+        best = min(m[k] for k in ks)
+        fm, rm = m[min(f, key=f.get)] / best, m[min(r, key=r.get)] / best
+        tot = [tot[0] + pf, tot[1] + pr, tot[2] + len(pairs), tot[3] + (fm == 1), tot[4] + (rm == 1), tot[5] + 1]
+        print(f"| {name} | {e['op']} | {pf} of {len(pairs)} | {pr} | {fm:.3f} | {rm:.3f} |")
+    print(f"\nAll: pairs ordered right, formula {tot[0]} and replay {tot[1]} of {tot[2]}; the measured best picked, "
+          f"formula {tot[3]} and replay {tot[4]} of {tot[5]} configurations.")
+
+
 if __name__ == "__main__":
-    R.cli(emit)
+    if sys.argv[1:2] == ["rank"]:
+        rank()
+    else:
+        R.cli(emit)

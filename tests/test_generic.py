@@ -551,3 +551,21 @@ def test_table_only_takes_several_comma_separated_parts():
     assert len(got) == 12 and all(k.startswith("flash_attention/") and "/d128/" in k for k in got)
     assert {k.split("/")[1] for k in got} == {"fp16", "bf16"}
     assert not any(_picked(k, ",") for k in keys)
+
+
+def test_class_fix_pins_what_each_generic_kernel_assumes():
+    """A class's solve pins: GEMM one K range; decode its warpgroups, CTAs per SM and several pieces (one and
+    persistent for a persistent class); attention nothing."""
+    from codegen.generic import DECODE_REP_SPLITS, class_fix, classes
+    seen = set()
+    for c in classes():
+        f = class_fix(c)
+        seen.add(c.op)
+        if c.op == "gemm":
+            assert f == {"splits": 1}
+        elif c.op == "flash_decode":
+            assert f["groups"] == c.groups and f["ctas"] == max(1, c.ctas)
+            assert (f["splits"], f.get("persistent")) == ((1, 1) if c.persistent else (DECODE_REP_SPLITS, None))
+        else:
+            assert f is None
+    assert {"gemm", "flash_decode", "flash_attention"} <= seen
