@@ -16,6 +16,9 @@ paper's eight and three held-out shapes of ``../shared/shapes.md`` (scripts/firs
     PTSOLVE_CACHE_DIR=$PWD/.cubin_replay python3 scripts/replay_orders_ab.py   # GPU
     python3 scripts/replay_orders_ab.py rank > results/replay_orders/rank_study.md  # CPU: the replay across tilings
 
+``decode`` (CPU, > results/replay_orders/decode_check.md): on decode_bench's quick shapes (every 9th of its 57),
+does the replay change optimize's answer (compiler not in the loop)? flash_decode declares issue orders too.
+
 ``rank``: does the replay also rank *different tilings and policies* better than the formula? The 168 schedules of
 ``results/study_h200`` (21 configurations, the model's 4 best of CP-SAT and of greedy each, timed on an H200), each
 predicted by this checkout's formula and replay, against their measured times.
@@ -116,8 +119,38 @@ def rank() -> None:
           f"formula {tot[3]} and replay {tot[4]} of {tot[5]} configurations.")
 
 
+def decode() -> None:
+    import subprocess
+    import time
+
+    from decode_bench import shapes
+
+    from ptsolve import ops, optimize
+    from ptsolve.hw import load
+    from ptsolve.simulate import replay_us
+
+    hw = load("h200")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    print("# Does the replay change optimize's decode answers?\n")
+    print(f"`python3 scripts/replay_orders_ab.py decode` (CPU, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"commit {head.strip()}, H200 table, compiler not in the loop, 60 s per search).\n")
+    print("| shape | answer's policy | tiling | predicted µs | replay µs |")
+    print("|---|---|---|---|---|")
+    changed = n = 0
+    for sh in shapes(quick=True):
+        op = ops.make("flash_decode" if sh["kind"] == "decode" else "flash_attention", dtype="fp16", **sh["params"])
+        r = optimize(op, hw="h200", solver="cpsat", time_limit=60, cache=False, compile_check=False)
+        n += 1
+        changed += r.program.policy.startswith("cpsat-orders") and r.features[0].startswith("issue order")
+        print(f"| {sh['name']} | {r.program.policy} ({r.status}) | {r.tiling} | {r.predicted_us:.1f} | "
+              f"{replay_us(r.program, hw):.1f} |", flush=True)
+    print(f"\nThe replay chose the declared order on {changed} of {n} shapes.")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["rank"]:
         rank()
+    elif sys.argv[1:2] == ["decode"]:
+        decode()
     else:
         R.cli(emit)
