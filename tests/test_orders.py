@@ -127,8 +127,14 @@ def test_the_replay_picks_the_declared_order_the_formula_ranks_second(monkeypatc
     assert r.objective > formula.objective == r.bound
     assert replay_us(r.program, "h200") < replay_us(formula.program, "h200")
     assert r.features[0].startswith("issue order: the operator's declared order") and "OPTIMAL" in r.features[0]
+    assert r.kernel_check is None  # no compiler asked for, none claimed
     plan = plan_from_program(r.program, "h200")
     assert [t for t, _ in plan.order["loop"]["wg0"]] == [t for t, _ in orders(2)["fa3"]["wg0"]]
+    # asked for a compiler that is not there: the declared order's answer says so too
+    monkeypatch.setattr(opt, "checker", lambda hw: None)
+    r1 = opt.optimize(FA, hw="h200", solver="cpsat", time_limit=60, cache=False, fix=fix, compile_check=True,
+                      executor="serial")
+    assert r1.program.policy.startswith("cpsat-orders") and r1.kernel_check["status"] == "not compile-checked"
     # the replay reversed: the declared order replays slower, CP-SAT's proven answer is returned as it was
     monkeypatch.setattr(sys.modules["ptsolve.simulate"], "replay_us",
                         lambda p, hw=None: 2.0 if p.policy.startswith("cpsat-orders") else 1.0)
