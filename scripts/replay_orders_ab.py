@@ -82,19 +82,18 @@ def emit() -> None:
 def rank() -> None:
     from ptsolve.hw import load
     from ptsolve.program import SProgram
+    from ptsolve.provenance import stamp
     from ptsolve.simulate import predicted_us, replay_us
 
     hw = load("h200")
     st = ROOT / "results/study_h200"
     cands = json.loads((st / "candidates.json").read_text())["configs"]
     times = json.loads((st / "study.json").read_text())["configs"]
+    st_ = stamp()
     print("# The formula and the asap replay ranking measured schedules across tilings (results/study_h200)\n")
-    import subprocess
-    import time
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    print(f"`python3 scripts/replay_orders_ab.py rank` (CPU, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"commit {head.strip()}: the study's programs, solved at commit d5b8e34, predicted with this commit's H200 "
-          "table; times measured on an H200 on 2026-11-30). Pairs: the candidate pairs whose "
+    print(f"`python3 scripts/replay_orders_ab.py rank` (CPU, {st_['date']}, commit {st_['commit']}: the study's "
+          "programs, solved at commit d5b8e34, predicted with this commit's H200 table; times measured on an H200 on "
+          "2026-11-30). Pairs: the candidate pairs whose "
           "measured times differ by 0.5% or more, and how many of them each prediction orders as measured; pick: the "
           "measured time of each prediction's best candidate over the measured best.\n")
     print("| config | op | pairs ordered right: formula | replay | pick / best: formula | replay |")
@@ -120,20 +119,18 @@ def rank() -> None:
 
 
 def decode() -> None:
-    import subprocess
-    import time
-
     from decode_bench import shapes
 
     from ptsolve import ops, optimize
     from ptsolve.hw import load
+    from ptsolve.provenance import stamp
     from ptsolve.simulate import replay_us
 
     hw = load("h200")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    st_ = stamp()
     print("# Does the replay change optimize's decode answers?\n")
-    print(f"`python3 scripts/replay_orders_ab.py decode` (CPU, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"commit {head.strip()}, H200 table, compiler not in the loop, 60 s per search).\n")
+    print(f"`python3 scripts/replay_orders_ab.py decode` (CPU, {st_['date']}, commit {st_['commit']}, H200 table, "
+          "compiler not in the loop, 60 s per search).\n")
     print("| shape | answer's policy | tiling | predicted µs | replay µs |")
     print("|---|---|---|---|---|")
     changed = n = 0
