@@ -657,6 +657,11 @@ def plugin_commands() -> dict[str, Any]:
     return {ep.name: ep for ep in sorted(entry_points(group="ptsolve.commands"), key=lambda e: e.name)}
 
 
+def _interrupted() -> int:
+    print("ptsolve: interrupted (solver workers stopped; `compare` resumes from its .partial.json)", file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     # a library warning (e.g. the cache rebuilt itself) is one line, like an error
     warnings.formatwarning = lambda m, c, *_a, **_k: f"ptsolve: warning: {m}\n"
@@ -673,9 +678,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ptsolve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ptsolve: interrupted (solver workers stopped; `compare` resumes from its .partial.json)",
-              file=sys.stderr)
-        return 130
+        return _interrupted()
+    except ImportError as e:
+        # Ctrl-C while a C extension is imported (OR-Tools, lazily, in the main process) surfaces as
+        # "ImportError: initialization failed" caused by the KeyboardInterrupt: still the user's interrupt
+        if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            return _interrupted()
+        raise
     except BrokenPipeError:
         # the reader went away (``| head``): no traceback; stdout is closed, so flush into /dev/null
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -186,3 +186,20 @@ def test_an_in_process_cpsat_solve_keeps_ctrl_c_a_keyboardinterrupt() -> None:
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                        capture_output=True, text=True, timeout=120, preexec_fn=_sigint_default)
     assert r.returncode == 0 and r.stdout.strip() == "KeyboardInterrupt", (r.returncode, r.stdout, r.stderr[-500:])
+
+
+def test_an_interrupted_extension_import_is_an_interrupt(monkeypatch, capsys) -> None:
+    """Ctrl-C during a lazy import of a C extension (OR-Tools' in the search's polish) arrives as an ImportError
+    caused by the KeyboardInterrupt: the CLI still says "interrupted" and exits 130; another ImportError propagates."""
+    from ptsolve import cli
+
+    def interrupted_import(a):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise ImportError("initialization failed") from k
+    monkeypatch.setattr(cli, "cmd_ops", interrupted_import)
+    assert cli.main(["ops"]) == 130 and "interrupted" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "cmd_ops", lambda a: (_ for _ in ()).throw(ImportError("no module")))
+    with pytest.raises(ImportError, match="no module"):
+        cli.main(["ops"])
