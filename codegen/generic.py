@@ -224,9 +224,11 @@ def class_fix(c: ShapeClass) -> dict[str, int] | None:
     model's choice on the representative; persistent measured faster on 78 of 85 prefill shapes and never more than
     6% slower: results/torch_prefill). Split-KV decode: the class's warpgroups and CTAs per SM, and several pieces,
     so the program has the several-piece epilogue the generic kernel runs (a shape's pieces are chosen per shape,
-    ``decode_splits``); a persistent class one piece."""
+    ``decode_splits``); a persistent class one piece. GEMM also stores from registers (``tma_store`` 0): a TMA store
+    needs C's tensor map, encoded per output buffer and for row pitches of 16 bytes only (N a multiple of 8), which
+    the generic launcher does not do yet (results/tma_store: 1.03-1.07x on the exact builds)."""
     if c.op == "gemm":
-        return {"splits": 1}
+        return {"splits": 1, "tma_store": 0}
     if c.op == "flash_decode":
         return ({"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
                 | ({"persistent": 1} if c.persistent else {}))

@@ -274,15 +274,19 @@ def pingpong(ir: KernelIR, groups: int, regs: int, turns: bool) -> KernelIR:
     own names (``mma@1``, ``acc@1``); the tensor cores serve their main loops in warpgroup order
     (``tc_order`` mma@0, mma@1, ... passed once per tile, ``codegen.protocol``), so one's epilogue overlaps the
     next one's main loop; a ring slot is released by the one warpgroup whose tile it holds (``arrivals``: its
-    warps). ``regs``: registers per consumer thread for ``groups`` warpgroups."""
+    warps). A warpgroup-0 buffer outside the main loop is the graph's for all the kernel's warpgroups, sized so
+    (GEMM's TMA-store staging ``cs@0``: each warpgroup its half). ``regs``: registers per consumer thread for
+    ``groups`` warpgroups."""
     if not turns:
         raise CodegenError("gemm ping-pong: its warpgroups alternate on the tensor cores by their turns (the model's "
                            "protocol); lower it with turns=True")
     if not ir.persistent:
         raise CodegenError("gemm ping-pong: the warpgroups take turns over a persistent CTA's tiles; it needs "
                            "persistent=1")
-    if any(r.phase == "pre" for r in ir.rings) or any(s.role for s in ir.smem):
-        raise CodegenError("ping-pong: the tile's prologue loads and per-warpgroup shared memory are not supported")
+    in_loop = {b for t in ir.tasks if t.phase == "loop" for b in t.smem}
+    if any(r.phase == "pre" for r in ir.rings) or any(s.role and s.name in in_loop for s in ir.smem):
+        raise CodegenError("ping-pong: the tile's prologue loads and per-warpgroup shared memory of the main loop are "
+                           "not supported")
     wg0 = ir.role("wg0")
     roles = [ir.role("producer")] + [
         Role(f"wg{g}", g, regs, tuple((_renamed(n, g), s) for n, s in wg0.pre),

@@ -271,6 +271,35 @@ def task_extra(profiled: Sequence[tuple[dict[str, Any], SProgram]], hw: Hardware
             for k, v in sorted(obs.items())}
 
 
+def store_rates(profiled: Sequence[tuple[dict[str, Any], SProgram]]) -> dict[str, dict[str, Any]]:
+    """Hardware.reg_store_bytes_per_clk and staged_store_bytes_per_clk from profiled kernels: per kernel and kind of
+    store (``STask.staged``), the bytes its tile's warpgroups store together (the graph's post-phase store tasks of
+    that kind: a cooperative tile's warpgroups store at once; a ping-pong graph is one warpgroup's tile) over the
+    measured cycles of that epilogue (the slowest warpgroup's median body, t2 − t1, over the sampled tiles; a
+    ping-pong kernel's second warpgroup runs the graph's tasks under its own names). The fit per kind is the median
+    rate over the kernels, B/clk/SM. Returns {field: {"value": rate, "observations": [(kernel, bytes, cycles)]}}."""
+    obs: dict[str, list[tuple[str, int, float]]] = {}
+    for prof, prog in profiled:
+        g = prog.graph
+        if prof.get("op") != g.op:
+            raise PtsolveError(f"profile {prof.get('kernel')!r} is of {prof.get('op')!r}, its schedule of {g.op!r}: "
+                               "pair each profile with the schedule it was measured from")
+        stores = [t for t in g.tasks if t.kind == "store" and t.phase == "post" and t.bytes]
+        own = {t.name.split("@")[0] for t in stores}
+        body: dict[tuple[str, str], list[int]] = {}  # (role, task) -> bodies over the sampled tiles
+        for e in prof["events"]:
+            if e["phase"] == "post" and e["task"].split("@")[0] in own:
+                body.setdefault((e["role"], e["task"]), []).append(int(e["t2"]) - int(e["t1"]))
+        for staged in (False, True):
+            mine = {t.name.split("@")[0] for t in stores if t.staged == staged}
+            med = [statistics.median(v) for (_, n), v in sorted(body.items()) if n.split("@")[0] in mine]
+            if med and max(med) > 0:
+                key = "staged_store_bytes_per_clk" if staged else "reg_store_bytes_per_clk"
+                nbytes = sum(t.bytes for t in stores if t.staged == staged)
+                obs.setdefault(key, []).append((str(prof.get("kernel")), nbytes, float(max(med))))
+    return {k: {"value": statistics.median(b / c for _, b, c in v), "observations": v} for k, v in sorted(obs.items())}
+
+
 def samples_from_study(candidates: dict[str, Any], study: dict[str, Any]) -> list[Sample]:
     """Samples of a codegen.study run: every schedule that passed its check and was timed, with the profiler's II and
     timeline where it was profiled; ``meta['held_out']`` says whether its configuration is held out."""

@@ -121,7 +121,9 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
 
     load:   stream busy ``issue`` (TMA: hw.issue_cycles; cp.async: + bytes/2048 instructions),
             tma busy load_cycles(), latency = load_cycles + hw.mem_latency.
-    store:  like a load, with all bytes to DRAM (no reuse).
+    store:  like a load, with all bytes to DRAM (no reuse); where the table has a store rate (from registers, or
+            staged through shared memory for the copy engine: STask.staged) the tile leaves the SM at that rate:
+            stream and copy path busy bytes / rate cycles (the copy path at least its DRAM share), latency after it.
     mma:    tc busy flops / (tc_flops_per_clk · tc_efficiency) + hw.tc_fixed (fence, commit, wait and pipeline
             fill of one wgmma group, which no other group overlaps); latency = that + hw.tc_latency;
             wgmma holds its warpgroup hw.issue_cycles, mma.sync (no wgmma) holds it the whole time; with ``turns``
@@ -137,7 +139,9 @@ def _raw_timing(t: STask, hw: Hardware, turns: bool = False, ctas: int = 1, op: 
     if t.kind in ("load", "store"):
         occ = load_cycles(t.bytes, t.reuse if t.kind == "load" else 1.0, hw, t.misaligned, busy_sms)
         issue = hw.issue_cycles + (0 if hw.has_tma else math.ceil(t.bytes / 2048))
-        return Timing(s, ((s, 0, issue), ("tma", 0, occ)), occ + hw.mem_latency)
+        rate = (hw.staged_store_bytes_per_clk if t.staged else hw.reg_store_bytes_per_clk) if t.kind == "store" else 0
+        out = math.ceil(t.bytes / rate) if rate else 0  # the tile leaving the SM, its stream busy all along
+        return Timing(s, ((s, 0, issue + out), ("tma", 0, max(occ, out))), max(occ, out) + hw.mem_latency)
     if t.kind == "mma":
         occ = max(1, math.ceil(t.flops / (hw.tc_flops_per_clk * hw.tc_efficiency))) + hw.tc_fixed
         occ += hw.tc_handoff if turns else 0

@@ -49,6 +49,7 @@ class STask:
     issues 1/multicast of the tile and receives all of it, so ``bytes`` stays what lands in its shared memory.
     misaligned: the load's rows start off the L2's 32-byte sectors (its global row pitch is not a multiple of 32
     bytes: GEMM with K = 8 mod 16), which the L2 delivers at ``Hardware.misaligned_l2_factor`` of its rate.
+    staged: a store that goes through shared memory and the copy engine (a TMA store), not from registers.
     group: consumer warpgroup that issues the task, or -1 for the producer / shared work.
     allocs / reads / frees: buffer names; a buffer is allocated by exactly one task.
     """
@@ -69,6 +70,7 @@ class STask:
     frees: tuple[str, ...] = ()
     multicast: int = 1
     misaligned: bool = False
+    staged: bool = False
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -78,7 +80,7 @@ class STask:
 
 
 # STask fields the JSON leaves out at their defaults (they came after graphs were first written)
-OPTIONAL_TASK_FIELDS: dict[str, Any] = {"multicast": 1, "misaligned": False}
+OPTIONAL_TASK_FIELDS: dict[str, Any] = {"multicast": 1, "misaligned": False, "staged": False}
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,9 @@ def _check_task(t: STask) -> None:
     if not isinstance(t.misaligned, bool) or (t.misaligned and t.kind != "load"):
         raise GraphError(f"task {t.name!r}: misaligned={t.misaligned!r} must be true or false, and true only for a "
                          "load (rows off the L2's 32-byte sectors)")
+    if not isinstance(t.staged, bool) or (t.staged and t.kind != "store"):
+        raise GraphError(f"task {t.name!r}: staged={t.staged!r} must be true or false, and true only for a store (a "
+                         "TMA store from shared memory)")
     if not all(_count(x) and x > 0 for x in t.tile):
         raise GraphError(f"task {t.name!r}: tile={t.tile!r} must be positive integers")
     if t.dtype not in DTYPE_BYTES:

@@ -124,6 +124,31 @@ def test_gemm_cluster(M, N, K, dtype, tiling):
     assert r["ok"], r
 
 
+TMA_STORE_CASES = [  # the TMA-store epilogue: ragged M and N (the copy engine clips), N = 8 mod 64, one and several
+    # chunks, ping-pong with odd tile counts, a launched grid, M smaller than a warpgroup's rows, a cluster
+    (4095, 4104, 1024, "fp16", {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2, "tma_store": 1}),
+    (2000, 3000, 520, "bf16", {"BM": 128, "BN": 192, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1,
+                               "tma_store": 1}),
+    (777, 1000, 4096, "fp16", {"BM": 128, "BN": 64, "BK": 64, "depth": 5, "groups": 2, "tma_store": 1}),
+    (1000, 1000, 1000, "bf16", {"BM": 128, "BN": 128, "BK": 64, "depth": 3, "groups": 2, "persistent": 0,
+                                "tma_store": 1}),
+    (1, 151936, 3584, "fp16", {"BM": 64, "BN": 192, "BK": 64, "depth": 3, "groups": 1, "pingpong": 1,
+                               "tma_store": 1}),
+    (320, 1000, 1000, "fp16", {"BM": 64, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "cluster": 2,
+                               "tma_store": 1}),
+]
+
+
+@pytest.mark.parametrize("M,N,K,dtype,tiling", TMA_STORE_CASES)
+def test_gemm_tma_store(M, N, K, dtype, tiling):
+    """TMA-store kernels against the float32 product (output poisoned with NaN, so a chunk never stored or stored
+    past the edge shows), two fresh inputs each; a slot rewritten before the copy engine read it shows as a wrong
+    result too."""
+    from codegen.bench import check_gemm
+    r = check_gemm(M, N, K, dtype, tiling, trials=2)
+    assert r["ok"], r
+
+
 def test_gemm_without_turns():
     from codegen.bench import check_gemm
     from codegen.cuda import emit

@@ -12,6 +12,14 @@ Clusters (``cluster`` = 2): the two CTAs of a cluster run M-neighbour tiles with
 2i, 2i + 1 of the raster: GROUP_M and the padded TM are even); ``load_b`` loads this CTA's half of the B tile
 (``blockIdx.x % CLUSTER``) and multicasts it into both, so each receives the whole tile on its own full barrier.
 
+TMA-store epilogue (``tma_store`` = 1, ptsolve.ops.gemm): ``store_tma@g`` writes the packed accumulators in
+64-column chunks into the warpgroup's staging slots (``cs@g``; a ping-pong warpgroup's own half) with stmatrix, at
+the 128-byte swizzle of C's tensor map (16-byte unit j of row r at j ^ (r % 8)), fences them to the async proxy,
+and thread 0 of the warpgroup stores each chunk with a TMA tensor store (a bulk group each). Before a slot is
+written again, thread 0 waits until the copy engine has read it (``cp.async.bulk.wait_group.read``: the chunk two
+back, or at a tile's first chunk every earlier one, which a whole main loop separates) and the warpgroup syncs on
+its named barrier; before its CTA's last tile ends it waits for all of them.
+
 Split-K (``splits`` = S > 1): a work unit is (tile, split), split fastest; split s runs K steps
 [s·KT/S, (s+1)·KT/S) (ptsolve.ops.gemm.split_trips). ``partial@g`` stores the accumulators to the fp32 workspace
 ``ws`` in fragment order (each thread's registers as float4s, consecutive threads adjacent: coalesced), rows past M
@@ -29,7 +37,7 @@ from typing import Any
 
 from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
-from ptsolve.ops.gemm import a_rows, reduce_ctas
+from ptsolve.ops.gemm import STAGE_COLS, a_rows, reduce_ctas, stage_bytes
 
 from ..kernel_ir import KernelIR, Role
 from .common import CTYPE, LD_ACQUIRE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_ss
@@ -40,6 +48,10 @@ GROUP_M = 8  # M-tiles per rasterisation group
 
 def _splits(ir: KernelIR) -> int:
     return int(ir.tiling.get("splits", 1))
+
+
+def _tma_store(ir: KernelIR) -> bool:
+    return bool(ir.tiling.get("tma_store", 0))
 
 
 def _check(ir: KernelIR) -> None:
@@ -61,6 +73,13 @@ def _check(ir: KernelIR) -> None:
     if cluster_of(ir.tiling) > 1 and (_splits(ir) > 1 or GROUP_M % cluster_of(ir.tiling)):
         raise CodegenError(f"gemm: cluster={cluster_of(ir.tiling)} pairs M-neighbour tiles of the raster; it takes "
                            f"splits=1 (got {_splits(ir)})")
+    if _tma_store(ir) and (_splits(ir) > 1 or p["N"] % 8 or t["BN"] % STAGE_COLS):
+        raise CodegenError(f"gemm: tma_store=1 stores {STAGE_COLS}-column chunks through C's tensor map: it takes "
+                           f"splits=1, N a multiple of 8 and BN a multiple of {STAGE_COLS} (got splits={_splits(ir)}, "
+                           f"N={p['N']}, BN={t['BN']})")
+    if _tma_store(ir) and ir.generic:
+        raise CodegenError("gemm: tma_store=1 in a generic build; its output tensor map is encoded per output "
+                           "buffer, which a generic launch re-points per call: build it exact, or use tma_store=0")
     if ir.generic and _splits(ir) > 1:
         raise CodegenError(f"gemm: splits={_splits(ir)} in a generic build; split-K kernels are built for one shape "
                            "(their workspace is sized by it): build it exact, or pick a tiling without splits")
@@ -135,6 +154,8 @@ def _body(t: Task) -> str:
                 f"  for (int i = 0; i < BN / 4; ++i) cpk[m][i] = {PACK2[dt]}(acc[m][2 * i], acc[m][2 * i + 1]);\n}}")
     if b == "partial":
         return _PARTIAL
+    if b == "store_tma":
+        return _store_tma(t)
     assert b == "store", b
     # a thread holds rows r, r+8 of each 16-row slice, columns 8j + 2*(lane%4) (+1)
     return ("if (SPLITS == 1) {  // split-K: the reduce CTAs store\n"
@@ -144,6 +165,57 @@ def _body(t: Task) -> str:
             "#pragma unroll\n      for (int jj = 0; jj < BN / 8; ++jj)\n"
             "        store_pair(c, row, n0 + jj * 8 + 2 * (lane & 3), cpk[m][jj * 2 + h], N);\n"
             "    }\n  }\n}\n}")
+
+
+def _store_tma(task: Task) -> str:
+    """``store_tma@g``: stage the packed tile chunk by chunk and store each by TMA (module doc)."""
+    ir = task.ir
+    t = ir.tiling
+    rows, bn = t["BM"] // t["groups"], t["BN"]
+    chunks = bn // STAGE_COLS
+    per = stage_bytes(rows, bn, ir.params["dtype"])  # one kernel warpgroup's slots
+    slots, slot = per // (rows * 128), rows * 128
+    # a ping-pong graph's one warpgroup sized cs@0 for both kernel warpgroups: each takes its half
+    base = ir.buffer(f"cs@{0 if ir.pingpong else task.role.group}").offset + (task.role.group * per if ir.pingpong
+                                                                               else 0)
+    sync = '  asm volatile("bar.sync %0, 128;" :: "r"(WG_BAR) : "memory");'
+    # the CTA's last tile for this warpgroup: its stores must be done before the CTA's shared memory goes away
+    nxt = f"tile + {ir.groups if ir.pingpong else 1} * (int)gridDim.x" if ir.persistent else "NTILES"
+    out = [f"uint8_t* const st_ = smem + {base};", "const int tid_ = threadIdx.x & 127;"]
+    for c in range(chunks):
+        buf = f"st_ + {(c % slots) * slot}"
+        if c == 0 or c >= slots:  # the slot's previous chunk (or, first, the previous tile's) has been read
+            out += [f"if (tid_ == 0) bulk_wait_read<{0 if c == 0 else slots - 1}>();", sync]
+        out.append("#pragma unroll\nfor (int m = 0; m < MT; ++m) {")
+        for q in range(STAGE_COLS // 16):  # stmatrix.x4: 8-column groups jj, jj + 1 of rows r and r + 8
+            jj = c * (STAGE_COLS // 8) + 2 * q
+            out.append(f"  {{ const int r_ = m * 64 + w * 16 + (lane & 15), u_ = {2 * q} + (lane >> 4);\n"
+                       f"    stmatrix_x4({buf} + r_ * 128 + ((u_ ^ (r_ & 7)) << 4), cpk[m][{2 * jj}], "
+                       f"cpk[m][{2 * jj + 1}], cpk[m][{2 * jj + 2}], cpk[m][{2 * jj + 3}]); }}")
+        out += ["}", '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");', sync,
+                f"if (tid_ == 0) {{ tma_store_2d(&tm_c, {buf}, n0 + {c * STAGE_COLS}, m0 + ROW0); bulk_commit(); }}"]
+    out.append(f"if (tid_ == 0 && {nxt} >= NTILES) bulk_wait<0>();  // the CTA's last tile of this warpgroup")
+    return "\n".join(out)
+
+
+STORE_TMA = r"""
+// ---- TMA store epilogue: four 8x8 b16 matrices from registers into shared memory (each lane: one row address)
+__device__ __forceinline__ void stmatrix_x4(uint8_t* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+               :: "r"(smem_u32(p)), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const uint8_t* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory");
+}
+"""
 
 
 STORE_PAIR = r"""
@@ -255,13 +327,19 @@ def _entry(ir: KernelIR) -> str:
 
 
 def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
-    """Tensor maps of A [M, K] and B [N, K] (innermost first; strides in bytes)."""
+    """Tensor maps of A [M, K] and B [N, K] (innermost first; strides in bytes), and of C [M, N] with a TMA-store
+    epilogue (a box: one staged chunk of a warpgroup's rows)."""
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
-    return (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, a_rows(M, t["BM"]))),  # rows past M are not loaded
-            TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"] // cluster_of(t))))  # a cluster: one CTA's share
+    ab = (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, a_rows(M, t["BM"]))),  # rows past M are not loaded
+          TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"] // cluster_of(t))))  # a cluster: one CTA's share
+    if not t.get("tma_store", 0):
+        return ab
+    return (*ab, TensorMapSpec("c", dt, (N, M), (N * 2,), (STAGE_COLS, t["BM"] // t["groups"])))
 
 
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
+    if _tma_store(ir):
+        return ()  # C is written through its tensor map
     c = (("ptr:c", f"{CTYPE[ir.params['dtype']]}* __restrict__ c"),)
     if _splits(ir) == 1:
         return c
@@ -282,8 +360,8 @@ def _info(ir: KernelIR) -> dict[str, object]:
 
 REGISTRY["gemm"] = OpKernel(
     op="gemm", check=_check, consts=_consts,
-    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + STORE_PAIR + (LD_ACQUIRE if _splits(ir) > 1
-                                                                                  else ""),
+    device=lambda ir: (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + STORE_PAIR
+                       + (LD_ACQUIRE if _splits(ir) > 1 else "") + (STORE_TMA if _tma_store(ir) else "")),
     maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature, tiles=_tiles, decls=_decls, body=_body,
     trips=_trips, min_trips=1, info=_info, sizes=sizes, size_params=SIZE_PARAMS, entry=_entry,
     extra_ctas=lambda ir: _rpt(ir) * _out_tiles(ir) if _splits(ir) > 1 else 0)

@@ -120,6 +120,9 @@ def check_target(ir: KernelIR) -> None:
     if ir.multicast:
         raise CodegenError(f"{ir.op}: a cluster's TMA multicast ({', '.join(ir.multicast)}) has no HIP build; "
                            "use cluster=1")
+    if ir.tiling.get("tma_store", 0):
+        raise CodegenError(f"{ir.op}: the TMA-store epilogue (tma_store=1) has no HIP build (gfx942 has no tensor "
+                           "copy engine); use tma_store=0")
 
 
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:

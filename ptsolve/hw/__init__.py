@@ -82,6 +82,13 @@ class Hardware:
     # dispatched only as the grid's CTAs leave, they wait for a slot, start, find their pieces done and merge
     # (ptsolve.program.follow_tail); fitted per operator, in op_constants
     follow_cycles: int = 0
+    # B/clk/SM at which a tile stored by ordinary stores from registers leaves an SM (the accumulator fragment's
+    # 16-byte row pieces; the warpgroup issues them all that time), and at which a TMA-store epilogue does (stmatrix
+    # into the staging, fences, the copy engine's stores, waiting for a slot it still reads): STask.staged says which.
+    # 0: not charged (the store costs its issue and the copy path only); fitted per operator from the profiler
+    # (ptsolve.calibrate.store_rates), in op_constants
+    reg_store_bytes_per_clk: float = 0.0
+    staged_store_bytes_per_clk: float = 0.0
 
     @property
     def hbm_bytes_per_clk(self) -> float:

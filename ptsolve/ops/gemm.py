@@ -27,6 +27,19 @@ splits, sum a share of its elements over the S partials in split order (determin
 split to arrive used to sum the whole tile alone: S × BM × BN × 4 bytes through one SM (16 × 64 KB at BN = 128),
 which kept the small split-K GEMMs far from cuBLAS. The model charges each split its partial's write and one
 partial's read (what the reduce CTAs read, spread over them).
+
+TMA-store epilogue (tiling key ``tma_store`` = 1, default 0; not with split-K; N a multiple of 8, the 16-byte row
+pitch a tensor map needs): instead of storing its accumulators from registers (``store@g``: 4-byte stores, eight
+rows of 16 bytes per warp instruction), each consumer warpgroup writes them in 64-column chunks into a staging
+buffer in shared memory (stmatrix, the 128-byte swizzle of the tensor map) and one thread hands each chunk to the
+copy engine (``store_tma@g``: a TMA tensor store; rows past M and columns past N are clipped by it). The buffer
+(``cs@g``: ``STAGE_SLOTS`` chunks of rows × 64 per kernel warpgroup, so twice that in a ping-pong graph, whose one
+warpgroup stands for two) belongs to the CTA for its whole life, not to the epilogue: in a persistent kernel the
+copy engine still reads it while the warpgroup runs the next tile's main loop, so it cannot overlay the ring the way
+an epilogue-only buffer does; ``zero@g`` (pre) allocates it with the accumulators. The model prices the two stores
+by the rates the profiler measured (``Hardware.reg_store_bytes_per_clk`` / ``staged_store_bytes_per_clk``,
+``STask.staged``) against the shared memory the staging takes from the ring; on the H200 the TMA store measured
+1.067x (cooperative) and 1.026x (ping-pong) the register store's speed, same tilings (results/tma_store).
 """
 from __future__ import annotations
 
@@ -55,6 +68,8 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
 # dividing K further cannot fill more SMs, it only adds partial tiles
+STAGE_COLS = 64  # columns of one staged chunk of the TMA-store epilogue: a 128-byte swizzled row of fp16/bf16
+STAGE_SLOTS = 2  # chunks a warpgroup stages at once: it fills one while the copy engine reads the other
 DEPTHS = (2, 3, 4, 5)  # ring depths searched; the winner's ring is then deepened where that pays (hw.deep_ring_max)
 SPLIT_DEPTHS = (3, 4)  # ring depths searched with split-K (short loops: 2 starves, 5 buys nothing; keeps the
 # space, and the search time, about 3x the unsplit one at most)
@@ -74,6 +89,10 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                             yield t | {"splits": splits}
                             if groups == 1 and splits == 1 and tiles > 1:  # two warpgroups, a tile each
                                 yield t | {"splits": 1, "pingpong": 1}
+                            if splits == 1 and p["N"] % 8 == 0:  # staged through shared memory, stored by TMA
+                                yield t | {"splits": 1, "tma_store": 1}
+                                if groups == 1 and tiles > 1:
+                                    yield t | {"splits": 1, "pingpong": 1, "tma_store": 1}
                             if splits == 1 and cdiv(p["M"], rows * groups) > 1:  # M-neighbours share B
                                 yield t | {"splits": 1, "cluster": 2}
                                 if groups == 1 and tiles > 1:
@@ -105,6 +124,13 @@ def split_trips(kt: int, splits: int) -> tuple[int, ...]:
     return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
 
 
+def stage_bytes(rows: int, BN: int, dtype: str) -> int:
+    """Shared memory of one kernel warpgroup's TMA-store staging (tiling key ``tma_store``), bytes: STAGE_SLOTS
+    chunks of ``rows`` × STAGE_COLS elements, fewer where the tile has fewer chunks. The one rule the model's ``cs@g``
+    buffer and the code generator's chunk loop use."""
+    return min(STAGE_SLOTS, BN // STAGE_COLS) * rows * STAGE_COLS * DTYPE_BYTES[dtype]
+
+
 def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
@@ -125,6 +151,16 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                          f"(splits={S}) are not paired that way: use splits=1 or cluster=1")
     if cl > 1:
         t["cluster"] = cl
+    ts = t.pop("tma_store", 0)
+    if ts not in (0, 1) or isinstance(ts, bool):
+        raise ShapeError(f"gemm tiling: tma_store={ts!r} must be 0 (store from registers) or 1 (stage the tile in "
+                         "shared memory, store it by TMA)")
+    if ts and (S != 1 or p["N"] % 8 or BN % STAGE_COLS):
+        raise ShapeError(f"gemm tiling: tma_store=1 stores whole {STAGE_COLS}-column chunks of C through a tensor map: "
+                         f"it takes splits=1 (got {S}), N a multiple of 8 (its 16-byte row pitch; got N={p['N']}) and "
+                         f"BN a multiple of {STAGE_COLS} (got {BN})")
+    if ts:
+        t["tma_store"] = 1
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
@@ -147,20 +183,22 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
              multicast=cl, misaligned=off, allocs=(smem("b", BK * BN * e),)),
     ]
     edges = []
+    stage = stage_bytes(rows, BN, dt) * (2 if pp else 1)  # a ping-pong graph's warpgroup stands for two
     for g in range(W):
         s = f"@{g}"
         tasks += [
             task("zero" + s, "vector", phase="pre", tile=(rows, BN), dtype="fp32", flops=rows * BN, group=g,
-                 allocs=(reg("acc" + s, rows * BN * 4),)),
+                 allocs=(reg("acc" + s, rows * BN * 4),) + ((smem("cs" + s, stage),) if ts else ())),
             task("mma" + s, "mma", tile=(rows, BN, BK), dtype=dt, flops=2 * rows * BN * BK, is_async=True, group=g,
                  reads=("a", "b", "acc" + s), frees=("a", "b")),
             task("epilogue" + s, "vector", phase="post", tile=(rows, BN), dtype=dt, flops=2 * rows * BN, group=g,
-                 reads=("acc" + s,), allocs=() if pp else (smem("c" + s, rows * BN * e),)),
-            task("store" + s, "store", phase="post", tile=(rows, BN), dtype=dt, bytes=rows * BN * e, is_async=True,
-                 group=g, reads=("acc" + s,) if pp else ("c" + s,)),
+                 reads=("acc" + s,), allocs=() if pp or ts else (smem("c" + s, rows * BN * e),)),
+            task(("store_tma" if ts else "store") + s, "store", phase="post", tile=(rows, BN), dtype=dt,
+                 bytes=rows * BN * e, is_async=True, group=g, staged=bool(ts),
+                 reads=("acc" + s, "cs" + s) if ts else ("acc" + s,) if pp else ("c" + s,)),
         ]
         edges += [Edge("zero" + s, "mma" + s), Edge("load_a", "mma" + s), Edge("load_b", "mma" + s),
-                  Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, "store" + s)]
+                  Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, ("store_tma" if ts else "store") + s)]
         if S == 1:
             edges.append(Edge("mma" + s, "epilogue" + s))
             continue
@@ -172,7 +210,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                           bytes=2 * live * BN * 4, is_async=False, group=g, reads=("acc" + s,)))
         edges += [Edge("mma" + s, "partial" + s), Edge("partial" + s, "epilogue" + s)]
     return STaskGraph(name=f"gemm_{M}x{N}x{K}_{dt}" + (f"_split{S}" if S > 1 else "") + ("_pingpong" if pp else "")
-                      + (f"_cluster{cl}" if cl > 1 else ""),
+                      + (f"_cluster{cl}" if cl > 1 else "") + ("_tmastore" if ts else ""),
                       op="gemm", params=dict(p),
                       tiling=dict(t), tasks=tuple(tasks), edges=tuple(edges), row=split_trips(trip, S),
                       rows=tm_units * tn, useful_flops=2 * M * N * K)
@@ -182,6 +220,6 @@ REGISTRY["gemm"] = OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
-    optional={"splits": 1, "pingpong": 0, "cluster": 1},
+    optional={"splits": 1, "pingpong": 0, "cluster": 1, "tma_store": 0},
     opt_in=("cluster",),
 )
