@@ -224,11 +224,9 @@ def class_fix(c: ShapeClass) -> dict[str, int] | None:
     model's choice on the representative; persistent measured faster on 78 of 85 prefill shapes and never more than
     6% slower: results/torch_prefill). Split-KV decode: the class's warpgroups and CTAs per SM, and several pieces,
     so the program has the several-piece epilogue the generic kernel runs (a shape's pieces are chosen per shape,
-    ``decode_splits``); a persistent class one piece. GEMM also stores from registers (``tma_store`` 0): a TMA store
-    needs C's tensor map, encoded per output buffer and for row pitches of 16 bytes only (N a multiple of 8), which
-    the generic launcher does not do yet (results/tma_store: 1.03-1.07x on the exact builds)."""
+    ``decode_splits``); a persistent class one piece."""
     if c.op == "gemm":
-        return {"splits": 1, "tma_store": 0}
+        return {"splits": 1}
     if c.op == "flash_decode":
         return ({"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
                 | ({"persistent": 1} if c.persistent else {}))
@@ -606,13 +604,15 @@ def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
 
 def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
     from .cuda.common import TensorMapSpec
-    from .cuda.gemm import sizes
+    from .cuda.gemm import c_map, sizes
 
     ck = kernel(c)
     t = ck.ir.tiling
     (M, K), N = a.shape, b.shape[0]
     maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, t["BM"])),
             TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
+    if t.get("tma_store", 0):  # C [M, N], contiguous (the caller's new tensor), through its map: encoded per call
+        maps += (c_map(c.dtype, M, N, t),)
     sz = sizes({"M": M, "N": N, "K": K}, t)
     vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
     return ck.module().prepare(vals, maps, sz["NTILES"], out="c")

@@ -200,7 +200,8 @@ class Loaded:
         argument by name (``ptr:`` device addresses, 0 for a null pointer; ``i32:`` / ``f32:`` scalars; ``tmap:``
         the address its map describes), ``maps`` the tensor maps of that shape, ``grid`` the number of tiles
         (a persistent kernel launches at most one CTA per SM); ``out``: the pointer argument a call re-points
-        (``Launch(stream, out_address)``)."""
+        (``Launch(stream, out_address)``), or the tensor map argument it re-encodes there (a TMA-store GEMM's C:
+        its value here is not read, and every call must name the output)."""
         driver = _drv()
         spec = {m.tensor: m for m in maps}
         # the scalars in one buffer, 8 bytes each (a ptr argument stays re-pointable through its c_uint64 view); a
@@ -214,9 +215,14 @@ class Loaded:
         try:
             for i, (kind, name, fmt) in enumerate(self._spec):
                 if fmt is None:  # tmap
+                    tmaps[name] = (len(addrs), spec[name])
+                    if name == out:  # encoded per call (Launch.__call__): zeros until then
+                        blank = ctypes.create_string_buffer(128)
+                        keep.append(blank)
+                        addrs.append(ctypes.addressof(blank))
+                        continue
                     tm = tensor_map(spec[name], int(values[name]))
                     keep.append(tm)
-                    tmaps[name] = (len(addrs), spec[name])
                     addrs.append(tm.getPtr())
                     continue
                 struct.pack_into(fmt, buf, 8 * i, values[name])
@@ -229,11 +235,11 @@ class Loaded:
         gx = persistent_grid(grid, self.sms, self.ks.cluster) if self.ks.persistent_tiles else grid
         if not 1 <= gx < 1 << 31:
             raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
-        if out and out not in ptrs:
-            raise DeviceError(f"{self.ks.name} has no pointer argument {out!r} to re-point per call")
+        if out and out not in ptrs and out not in tmaps:
+            raise DeviceError(f"{self.ks.name} has no pointer or tensor map argument {out!r} to re-point per call")
         return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
                       self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
-                      ptrs[out] if out else None, (arr, tmaps))
+                      ptrs.get(out) if out else None, (arr, tmaps), out if out in tmaps else "")
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -267,17 +273,18 @@ class Launch:
     layout."""
 
     __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head",
-                 "_maps", "_at")
+                 "_maps", "_at", "out_map")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                  smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None,
-                 maps: tuple[Any, dict[str, tuple[int, Any]]] | None = None):
+                 maps: tuple[Any, dict[str, tuple[int, Any]]] | None = None, out_map: str = ""):
         self._launch, self._ok, self.func, self.grid, self.block, self.smem = launch, ok, func, grid, block, smem
         self.keep, self.params, self.name = keep, params, name  # keep: the parameter storage params points into
         self.ptrs, self.out = ptrs, out
         self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
         self._maps = maps  # (the parameter address array, tensor map name -> (its index there, its spec))
         self._at: dict[str, tuple[int, Any]] = {}  # tensor map name -> (the address it describes now, the map)
+        self.out_map = out_map  # the tensor map argument a call's ``out`` re-encodes ("": out is a pointer)
 
     def repoint(self, name: str, ptr: int) -> None:
         """Point tensor map argument ``name`` at ``ptr`` (a tensor of the layout the map was prepared for) from the
@@ -296,7 +303,11 @@ class Launch:
     def __call__(self, stream: int, out: int | None = None) -> None:
         """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named
         the argument that takes it."""
-        if out is not None:
+        if self.out_map:
+            if out is None:
+                raise DeviceError(f"{self.name} writes its output through a tensor map: pass the output's address")
+            self.repoint(self.out_map, out)
+        elif out is not None:
             self.out.value = out
         err, = self._launch(*self._head, _cu_stream(stream), self.params, 0)
         if err != self._ok:

@@ -94,6 +94,27 @@ def prepare(out: Path) -> int:
     return 0
 
 
+def predict(cands: Path) -> int:
+    """Write each candidate's predicted time on the current h200 table into ``cands`` (``predicted_us``; the
+    schedule of its fixed tiling by the greedy policy, which on GEMM's two-task loop is CP-SAT's too), for the
+    predicted-against-measured gain of scripts/choices_report.py."""
+    import ptsolve
+    from ptsolve.ops.base import REGISTRY
+    from ptsolve.provenance import stamp
+    doc = json.loads(cands.read_text())
+    opt = REGISTRY["gemm"].optional
+    for name, e in doc["shapes"].items():
+        op = ptsolve.ops.gemm(M=e["M"], N=e["N"], K=e["K"])
+        for c in e["cands"].values():
+            fix = opt | {k: v for k, v in c["tiling"].items() if k != "persistent"}
+            c["predicted_us"] = ptsolve.optimize(op, hw="h200", solver="greedy", cache=False, compile_check=False,
+                                                 fix=fix).predicted_us
+        print(name, {k: round(c["predicted_us"], 1) for k, c in e["cands"].items()}, flush=True)
+    doc["predicted"] = f"greedy on the h200 table, {stamp()['date']}, commit {stamp()['commit']}"
+    cands.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
 def report(cands: Path, run: Path) -> str:
     c, r = json.loads(cands.read_text()), json.loads(run.read_text())
     lines = ["| shape | M×N×K | cuBLAS µs | coop reg µs | coop TMA µs | TMA/reg | ping reg µs | ping TMA µs "
@@ -176,12 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("report")
     q.add_argument("cands", type=Path)
     q.add_argument("run", type=Path)
+    pr = sub.add_parser("predict", help="write each candidate's predicted time (current table) into the file")
+    pr.add_argument("cands", type=Path)
     m = sub.add_parser("report-model", help="cuBLAS / ours per shape set for the labels of one run")
     m.add_argument("run", type=Path)
     m.add_argument("labels", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "prepare":
         return prepare(a.out)
+    if a.cmd == "predict":
+        return predict(a.cands)
     if a.cmd == "report-model":
         print(report_model(a.run, tuple(a.labels)))
         return 0

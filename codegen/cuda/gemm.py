@@ -77,9 +77,6 @@ def _check(ir: KernelIR) -> None:
         raise CodegenError(f"gemm: tma_store=1 stores {STAGE_COLS}-column chunks through C's tensor map: it takes "
                            f"splits=1, N a multiple of 8 and BN a multiple of {STAGE_COLS} (got splits={_splits(ir)}, "
                            f"N={p['N']}, BN={t['BN']})")
-    if _tma_store(ir) and ir.generic:
-        raise CodegenError("gemm: tma_store=1 in a generic build; its output tensor map is encoded per output "
-                           "buffer, which a generic launch re-points per call: build it exact, or use tma_store=0")
     if ir.generic and _splits(ir) > 1:
         raise CodegenError(f"gemm: splits={_splits(ir)} in a generic build; split-K kernels are built for one shape "
                            "(their workspace is sized by it): build it exact, or pick a tiling without splits")
@@ -332,9 +329,13 @@ def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...
     M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
     ab = (TensorMapSpec("a", dt, (K, M), (K * 2,), (64, a_rows(M, t["BM"]))),  # rows past M are not loaded
           TensorMapSpec("b", dt, (K, N), (K * 2,), (64, t["BN"] // cluster_of(t))))  # a cluster: one CTA's share
-    if not t.get("tma_store", 0):
-        return ab
-    return (*ab, TensorMapSpec("c", dt, (N, M), (N * 2,), (STAGE_COLS, t["BM"] // t["groups"])))
+    return (*ab, c_map(dt, M, N, t)) if t.get("tma_store", 0) else ab
+
+
+def c_map(dtype: str, M: int, N: int, t: Mapping[str, int]) -> TensorMapSpec:
+    """The tensor map of a contiguous C [M, N] a TMA-store epilogue writes (a box: one staged chunk of a warpgroup's
+    rows); the exact build's and the generic launcher's."""
+    return TensorMapSpec("c", dtype, (N, M), (N * 2,), (STAGE_COLS, t["BM"] // t["groups"]))
 
 
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
