@@ -64,12 +64,13 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
     s = 1 if overlap else 0
     copies: dict[str, int] = {}
     if op == "gemm":
+        from ptsolve.ops.gemm import store_task
         pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
         loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
         loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
         split = [("partial@{g}", 0)] if int(tiling.get("splits", 1)) > 1 else []  # split-K meets before the epilogue
-        store = "store_tma" if int(tiling.get("tma_store", 0)) else "store"  # ptsolve.ops.gemm
-        post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0), (f"{store}@{g}", 0)]
+        post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0),
+                                                                       (f"{store_task(tiling)}@{g}", 0)]
                 for g in wgs}
         tc = [f"mma@{g}" for g in wgs]
     elif op in ("flash_attention", "flash_decode"):

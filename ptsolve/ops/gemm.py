@@ -124,6 +124,12 @@ def split_trips(kt: int, splits: int) -> tuple[int, ...]:
     return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
 
 
+def store_task(tiling: dict[str, int]) -> str:
+    """The name (without ``@g``) of a tiling's store task: ``store_tma`` with the TMA-store epilogue, else ``store``;
+    the graph's and the code generator's plans use it."""
+    return "store_tma" if int(tiling.get("tma_store", 0)) else "store"
+
+
 def stage_bytes(rows: int, BN: int, dtype: str) -> int:
     """Shared memory of one kernel warpgroup's TMA-store staging (tiling key ``tma_store``), bytes: STAGE_SLOTS
     chunks of ``rows`` × STAGE_COLS elements, fewer where the tile has fewer chunks. The one rule the model's ``cs@g``
@@ -184,6 +190,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     ]
     edges = []
     stage = stage_bytes(rows, BN, dt) * (2 if pp else 1)  # a ping-pong graph's warpgroup stands for two
+    st = store_task(t)
     for g in range(W):
         s = f"@{g}"
         tasks += [
@@ -193,12 +200,12 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                  reads=("a", "b", "acc" + s), frees=("a", "b")),
             task("epilogue" + s, "vector", phase="post", tile=(rows, BN), dtype=dt, flops=2 * rows * BN, group=g,
                  reads=("acc" + s,), allocs=() if pp or ts else (smem("c" + s, rows * BN * e),)),
-            task(("store_tma" if ts else "store") + s, "store", phase="post", tile=(rows, BN), dtype=dt,
+            task(st + s, "store", phase="post", tile=(rows, BN), dtype=dt,
                  bytes=rows * BN * e, is_async=True, group=g, staged=bool(ts),
                  reads=("acc" + s, "cs" + s) if ts else ("acc" + s,) if pp else ("c" + s,)),
         ]
         edges += [Edge("zero" + s, "mma" + s), Edge("load_a", "mma" + s), Edge("load_b", "mma" + s),
-                  Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, ("store_tma" if ts else "store") + s)]
+                  Edge("mma" + s, "mma" + s, 1), Edge("epilogue" + s, st + s)]
         if S == 1:
             edges.append(Edge("mma" + s, "epilogue" + s))
             continue
