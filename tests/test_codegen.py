@@ -495,7 +495,7 @@ def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
     from codegen.runtime import _key
     from ptsolve.program import SProgram
 
-    d = json.loads((Path(__file__).parents[1] / "results" / "tune_h200" / "cands.json").read_text())
+    d = json.loads((Path(__file__).parent / "data" / "tune_h200_cands.json").read_text())
     d["candidates"] = d["candidates"][:1]
     (tmp_path / "c.json").write_text(json.dumps(d))
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
@@ -614,11 +614,11 @@ def test_split_k_in_the_space_and_chosen_for_skinny_m():
 
 
 def test_gemm_space_report(tmp_path):
-    """codegen.gemm_space report: "after" falls back to the old choice where the space has no split tiling, and to
+    """bench gemm_space report: "after" falls back to the old choice where the space has no split tiling, and to
     the top-1 candidate where the old space refused the shape; the geomeans are cuBLAS time / ours."""
     import json
 
-    from codegen import gemm_space
+    from bench.gemm_space import gemm_space
     t1 = {"BM": 64, "BN": 64, "BK": 64, "depth": 3, "groups": 1}
     cands = {"shapes": {
         "GEMM0": {"cands": {"before": {"tiling": t1, "predicted_us": 10.0},
@@ -738,11 +738,11 @@ def test_pingpong_broken_turn_order_fails():
 
 
 def test_gemm_space_pingpong_report(tmp_path):
-    """codegen.gemm_space report --pingpong: a plan found twice is timed once (``same_as``), the model's choice is
+    """bench gemm_space report --pingpong: a plan found twice is timed once (``same_as``), the model's choice is
     named by structure, the gain is coop / ping-pong (predicted, measured), ratios are cuBLAS time / ours."""
     import json
 
-    from codegen import gemm_space
+    from bench.gemm_space import gemm_space
     co = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
     pp = {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 1, "pingpong": 1}
     cands = {"shapes": {
@@ -772,13 +772,13 @@ def test_gemm_space_pingpong_report(tmp_path):
 
 
 def test_round_compile_covers_what_run_launches(tmp_path, monkeypatch):
-    """`python3 -m codegen.round compile` hands precompile every plan `run` times (each policy's, the hand plan) and
+    """`python -m bench round compile` hands precompile every plan `run` times (each policy's, the hand plan) and
     each one's reduced-shape twin that `check` runs, so a device call with the carried cache runs no nvcc."""
     import shutil
 
+    from bench.round import round as rnd
     from codegen import bench
-    from codegen import round as rnd
-    src = Path(__file__).parents[1] / "results" / "sched_new"
+    src = Path(__file__).parent / "data" / "sched_new"
     for f in ("GEMM1_cpsat.json", "GEMM1_greedy.json", "FA3_cpsat.json", "FA3_greedy.json"):
         shutil.copy(src / f, tmp_path / f)
     got: list = []

@@ -16,7 +16,7 @@ from codegen.plan import default_plan, fa3_order_plan, plan_from_program
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-SCHEDULES = Path(__file__).parents[1] / "results" / "schedules_h200"
+SCHEDULES = Path(__file__).parent / "data" / "schedules_h200"  # committed schedules (results/schedules_h200)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -383,7 +383,7 @@ def test_tune_runner_times_candidates():
 @pytest.mark.parametrize("name", ["FA3c_cpsat-orders", "FA17c_cpsat-orders", "FA13c_cpsat-orders_p",
                                   "FA3c_cpsat_first"])
 def test_cpsat_orders_schedule(name):
-    """The FA3 order as the exact solver returns it (policy cpsat-orders, committed by scripts/orders_ab.py), lowered
+    """The FA3 order as the exact solver returns it (policy cpsat-orders, from `python -m bench orders_ab`), lowered
     through plan_from_program (warpgroup 1 rotated back to warpgroup 0's start), and the solver's persistent first
     choice, on reduced causal shapes (persistent: more tiles than SMs, so each CTA deals itself several)."""
     from codegen.bench import check_fa

@@ -1,17 +1,21 @@
 """The house's arrows: ``ptsolve`` (model, solvers) never imports ``codegen`` or ``baselines``, except its PyTorch
 front door ``ptsolve.torch`` (which sits above the code generator and imports it lazily); the library packages
 have no import cycle at module level (imports inside functions are the lazy edges that keep solver and GPU stacks
-optional, and may point back)."""
+optional, and may point back); the library (``ptsolve``, ``codegen``, ``baselines``) never imports ``bench`` (the
+studies that made the evidence), not even inside a function; and ``results/`` holds evidence, not code."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 FRONT_DOORS = {"ptsolve.torch"}
-# codegen's drivers compare against the libraries (mamba_ssm's Triton kernels through baselines/); the lowering,
-# skeleton, emitters, runtime and profiler never reach the baselines
-DRIVERS = {"codegen.bench", "codegen.mamba", "codegen.round", "codegen.sanitize", "codegen.study"}
+# codegen.mamba's compare() times our kernels next to mamba_ssm's Triton ones (through baselines/); the lowering,
+# skeleton, emitters, runtime, profiler and the checks and timing of codegen.bench never reach the baselines
+DRIVERS = {"codegen.mamba"}
+LIBRARY = ("ptsolve", "codegen", "baselines")
+RESULTS_MAX_BYTES = 5 * 1024 * 1024
 
 
 def _module(root: Path, p: Path) -> str:
@@ -49,6 +53,34 @@ def wrong_arrows(root: Path) -> list[tuple[str, str]]:
            if i.split(".")[0] in ("codegen", "baselines")]
     return out + [(_module(root, f), i) for f in _files(root, "codegen") if _module(root, f) not in DRIVERS
                   for i in sorted(_imports(root, f, top_level_only=False)) if i.split(".")[0] == "baselines"]
+
+
+def bench_arrows(root: Path) -> list[tuple[str, str]]:
+    """(module, import) pairs where the library imports ``bench``, at any depth (inside functions too)."""
+    return [(_module(root, f), i) for f in _files(root, *(p for p in LIBRARY if (root / p).is_dir()))
+            for i in sorted(_imports(root, f, top_level_only=False)) if i.split(".")[0] == "bench"]
+
+
+def results_files(root: Path) -> list[Path]:
+    """The files of ``root/results`` that a commit would hold: git's tracked and untracked-but-not-ignored files
+    that exist (a file deleted but not yet committed is gone) in a git checkout, else every file under it."""
+    res = root / "results"
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "results"],
+                             cwd=root, capture_output=True, check=True).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout
+        return sorted(p for p in res.rglob("*") if p.is_file())
+    return sorted({root / n for n in out.split("\0") if n and (root / n).is_file()})
+
+
+def results_problems(root: Path) -> list[str]:
+    """Code in ``results/`` (a .py or .sh file: scripts belong in bench/) and a results/ over RESULTS_MAX_BYTES."""
+    files = results_files(root)
+    out = [f"code in results/: {f.relative_to(root)}" for f in files if f.suffix in (".py", ".sh")]
+    total = sum(f.stat().st_size for f in files)
+    if total > RESULTS_MAX_BYTES:
+        out.append(f"results/ holds {total / 2**20:.2f} MiB, more than {RESULTS_MAX_BYTES / 2**20:.0f} MiB")
+    return out
 
 
 def cycles(root: Path, *pkgs: str) -> list[list[str]]:
@@ -93,3 +125,29 @@ def test_the_checks_bite(tmp_path):
     (pkg / "torch.py").write_text("import codegen.generic\n\ndef f():\n    import codegen.lower\n")
     assert wrong_arrows(tmp_path) == [("ptsolve.b", "codegen.lower"), ("ptsolve.torch", "codegen.generic")]
     assert cycles(tmp_path, "ptsolve") == [["ptsolve.a", "ptsolve.b", "ptsolve.a"]]
+
+
+def test_the_library_never_imports_bench():
+    assert not bench_arrows(ROOT)
+
+
+def test_results_is_evidence_not_code():
+    assert not results_problems(ROOT)
+
+
+def test_the_bench_and_results_checks_bite(tmp_path):
+    """An import of bench inside a library function, code in results/ and a results/ over the limit are all caught
+    (tmp_path is no git checkout: the folder is walked)."""
+    (tmp_path / "codegen").mkdir()
+    (tmp_path / "codegen" / "x.py").write_text("import os\n\ndef f():\n    from bench.round import round\n")
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "y.py").write_text("import bench\n")
+    assert bench_arrows(tmp_path) == [("baselines.y", "bench"), ("codegen.x", "bench.round"),
+                                      ("codegen.x", "bench.round.round")]
+    (tmp_path / "results" / "s").mkdir(parents=True)
+    (tmp_path / "results" / "s" / "README.md").write_text("what, device, date, commit, command\n")
+    assert results_problems(tmp_path) == []
+    (tmp_path / "results" / "s" / "run.sh").write_text("echo\n")
+    (tmp_path / "results" / "s" / "big.json").write_bytes(b"0" * (RESULTS_MAX_BYTES + 1))
+    got = results_problems(tmp_path)
+    assert got[0] == "code in results/: results/s/run.sh" and "more than 5 MiB" in got[1] and len(got) == 2

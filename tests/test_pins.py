@@ -28,7 +28,7 @@ def one_buffer_graph(regs: int) -> STaskGraph:
 
 def test_register_overhead_is_the_tables() -> None:
     # one consumer warpgroup on an H100 gets min(255, 240, (65536 - 128·24) // 128 rounded to 8) = 240 registers;
-    # the table's reg_overhead (32, fitted to ptxas by codegen.regfit) goes to addresses, loop counters and
+    # the table's reg_overhead (32, fitted to ptxas by python -m bench regfit) goes to addresses, loop counters and
     # barrier phases, so a 208-register buffer fits, 209 does not
     assert H100.reg_overhead == 32
     assert regs_per_thread(one_buffer_graph(208), {}, 0, H100) == (240, ["acc=208"])

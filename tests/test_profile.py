@@ -124,7 +124,7 @@ def test_task_means_average_the_loop_instances():
 
 @pytest.mark.skipif(not (DATA / "profile_fa_h200.npz").exists(), reason="no recorded device buffer yet")
 def test_recorded_device_buffer():
-    """A buffer recorded on the H200 (tests/data, written by codegen.study) parses into a sane timeline: every role
+    """A buffer recorded on the H200 (tests/data, written by `bench study`) parses into a sane timeline: every role
     of every sampled CTA recorded, iterations in order, waits non-negative, the II positive."""
     d = np.load(DATA / "profile_fa_h200.npz", allow_pickle=False)
     from codegen.kernel_ir import KernelIR
@@ -143,5 +143,5 @@ def test_profile_refuses_a_stale_schedule(tmp_path):
     from ptsolve.errors import PtsolveError
 
     with pytest.raises(PtsolveError, match="not valid for the current h200 table.*solve it again"):
-        main(["--schedules", str(Path(__file__).parents[1] / "results" / "schedules_h200"), "--only", "FA3_cpsat",
+        main(["--schedules", str(Path(__file__).parent / "data" / "schedules_h200"), "--only", "FA3_cpsat",
               "--out", str(tmp_path)])

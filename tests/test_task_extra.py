@@ -105,7 +105,7 @@ def test_cli_fits_the_committed_profiles(tmp_path, monkeypatch, capsys):
     committed = ROOT / "ptsolve/hw/h200.calibrated.json"
     (tmp_path / committed.name).write_text(committed.read_text())
     monkeypatch.setenv("PTSOLVE_CALIBRATION_DIR", str(tmp_path))
-    d = ROOT / "results/task_costs"
+    d = ROOT / "tests/data/task_costs"
     assert cli(["calibrate-tasks", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"), "--write"]) == 0
     out = capsys.readouterr().out
     assert "| flash_attention/rowmax/2 |" in out and "wrote" in out

@@ -1,0 +1,79 @@
+"""How a study runs its tools.
+
+A study is a package ``bench/<study>/``; each of its tools is a file in it: ``<tool>.py`` (run as ``__main__``,
+with ``sys.argv`` set to the tool's arguments, exactly as ``python3 <tool>.py ARGS`` ran it before it moved here)
+or ``<tool>.sh`` (run with bash, from the repository root: the device calls). ``python -m bench <study> <tool>
+ARGS`` runs one; a study with a ``default`` tool also takes ``python -m bench <study> ARGS`` for it (the first
+argument then is no tool name). ``python -m bench <study> --help`` lists the tools.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root
+RESULTS = ROOT / "results"  # the curated evidence; raw logs, sources and candidate files stay out of git
+
+
+def tools(pkg: str) -> dict[str, Path]:
+    """A study's tools: name -> file (``.py`` / ``.sh`` in the package, none starting with ``_``)."""
+    d = Path(importlib.import_module(pkg).__file__).parent
+    return {p.stem: p for p in sorted(d.iterdir())
+            if p.suffix in (".py", ".sh") and not p.name.startswith("_")}
+
+
+def summary(path: Path) -> str:
+    """A tool's one line: its module docstring's first line, or a shell script's first comment after the shebang."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+    for line in text.splitlines():
+        if line.startswith("#") and not line.startswith("#!"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def run_tool(pkg: str, name: str, path: Path, argv: list[str]) -> int:
+    """Run one tool with ``argv``; its exit status."""
+    if path.suffix == ".sh":
+        return subprocess.call(["bash", str(path), *argv], cwd=ROOT, env=os.environ.copy())
+    saved = sys.argv
+    sys.argv = [str(path), *argv]
+    try:
+        runpy.run_module(f"{pkg}.{name}", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def dispatch(pkg: str, argv: list[str] | None, default: str | None = None) -> int:
+    """``main(argv)`` of the study ``pkg``: ``[tool, *args]`` runs that tool, anything else the ``default`` tool."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    found = tools(pkg)
+    study = pkg.rpartition(".")[2]
+    if argv and argv[0] in found:
+        return run_tool(pkg, argv[0], found[argv[0]], argv[1:])
+    if argv[:1] in (["-h"], ["--help"]) or not (default or argv):
+        doc = (importlib.import_module(pkg).__doc__ or "").strip()
+        print(f"python -m bench {study} <tool> [args...]" + (f"  (or [args...] for {default})" if default else ""))
+        if doc:
+            print("\n" + doc + "\n")
+        width = max(map(len, found), default=0)
+        for n, p in found.items():
+            print(f"  {n:<{width}}  {summary(p)}{'  [default]' if n == default else ''}")
+        return 0
+    if default is None:
+        print(f"bench {study}: no tool {argv[0]!r}; tools: {', '.join(found)}", file=sys.stderr)
+        return 2
+    return run_tool(pkg, default, found[default], argv)
