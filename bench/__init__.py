@@ -35,6 +35,7 @@ STUDIES: dict[str, str] = {
     "placement": "How well each placement rule predicts the GPU (CPU model against the H200 round)",
     "polish": "CP-SAT's polish A/B against the hand plan",
     "regfit": "The register model against ptxas",
+    "real_software": "The wall times a newcomer meets: a cached answer, head_dim 96/256, --time-limit, the main job",
     "replay_orders": "The issue order chosen by the asap replay, next to the formula's and the hand plan",
     "round": "The paper-suite GPU round: the schedules as kernels next to the libraries (prepare, compile, run)",
     "sanitize": "What compute-sanitizer runs: small launches of every operator's kernels (precompile first)",

@@ -10,9 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 from ptsolve.hw import Hardware
 from ptsolve.kernelcheck import KernelCheck
+
+
+def _unsupported(e: CodegenError, target: str, t0: float) -> KernelCheck:
+    """The generator refused: about the operator's parameters (no tiling builds) or about this schedule."""
+    scope = "operator" if isinstance(e, UnsupportedOperatorError) else "schedule"
+    return KernelCheck("unsupported", str(e), scope=scope, target=target, seconds=time.perf_counter() - t0)
 
 
 def check_cuda(program: Any, hw: Hardware) -> KernelCheck:
@@ -24,24 +30,24 @@ def check_cuda(program: Any, hw: Hardware) -> KernelCheck:
     try:
         ks = emit(program, hw)
     except CodegenError as e:
-        return KernelCheck("unsupported", str(e), seconds=time.perf_counter() - t0)
+        return _unsupported(e, "sm_90a", t0)
     try:
         nvcc_path()
     except CodegenError:
         return KernelCheck("not compile-checked", "nvcc not found (install the CUDA toolkit or set $NVCC)",
-                           ks.name, seconds=time.perf_counter() - t0)
+                           ks.name, seconds=time.perf_counter() - t0, target="sm_90a")
     try:
         rep = compile_kernel(ks).report
     except CodegenError as e:
         return KernelCheck("rejected", f"nvcc failed: {str(e).splitlines()[-1][:200]}", ks.name,
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, target="sm_90a")
     spill = rep["spill_stores"] + rep["spill_loads"]
     ignored = any("C7507" in w for w in rep["warnings"])
     why = "; ".join(x for x in (f"{spill} bytes of register spills" if spill else "",
                                 "ptxas serialises the wgmma pipeline (C751x)" if rep["wgmma_serialized"] else "",
                                 "setmaxnreg ignored (C7507)" if ignored else "") if x)
     return KernelCheck("rejected" if why else "ok", why, ks.name, rep["registers"], spill, rep["wgmma_serialized"],
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, target="sm_90a")
 
 
 def check_hip(program: Any, hw: Hardware) -> KernelCheck:
@@ -53,17 +59,17 @@ def check_hip(program: Any, hw: Hardware) -> KernelCheck:
     try:
         src = emit(program, hw)
     except CodegenError as e:
-        return KernelCheck("unsupported", str(e), seconds=time.perf_counter() - t0)
+        return _unsupported(e, "gfx942", t0)
     if clang_path() is None:
         return KernelCheck("not compile-checked", "clang-19 not found (bash .ci/hip_toolchain.sh installs it)",
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, target="gfx942")
     try:
         rep = compile(src)
     except CodegenError as e:
         return KernelCheck("rejected", f"clang failed: {str(e).splitlines()[-1][:200]}",
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, target="gfx942")
     spill = rep.vgpr_spill + rep.sgpr_spill
     why = "; ".join(x for x in (f"{spill} spilled registers" if spill else "",
                                 f"{rep.scratch_bytes} bytes of scratch per lane" if rep.scratch_bytes else "") if x)
     return KernelCheck("rejected" if why else "ok", why, rep.name, rep.vgpr + rep.agpr, spill, False,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, target="gfx942")

@@ -172,6 +172,8 @@ class KernelIR:
     def from_json(cls, s: str) -> KernelIR:
         try:
             d = json.loads(s)
+            if not isinstance(d, dict):
+                raise SchemaError(f"KernelIR: expected a JSON object, got a {type(d).__name__}")
             if d.get("schema") != SCHEMA:
                 raise SchemaError(f"KernelIR: schema {d.get('schema')!r}, this codegen reads {SCHEMA}")
 
@@ -196,7 +198,7 @@ class KernelIR:
                        trips=int(d["trips"]), model_regs=int(d["model_regs"]), profile=bool(d["profile"]),
                        generic=bool(d.get("generic", False)), pingpong=bool(d.get("pingpong", False)),
                        multicast=tuple(str(t) for t in d.get("multicast", ())))
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as e:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"KernelIR JSON is malformed: {e!r}; write it with KernelIR.to_json()") from e

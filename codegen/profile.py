@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from ptsolve.errors import PtsolveError
+    from ptsolve.errors import ConfigError, PtsolveError
+    from ptsolve.fileio import read_json
     from ptsolve.hw import load as load_hw
     from ptsolve.result import Result
     from ptsolve.simulate import simulate
@@ -243,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from .lower import lower
 
-    ap = argparse.ArgumentParser(prog="ptsolve profile", description="profile committed schedules on this GPU: "
-                                 "per-task timelines, measured II and span, probe overhead, predicted-vs-measured "
-                                 "Gantt charts")
-    ap.add_argument("--schedules", default="results/sched_new",
-                    help="folder of Result JSON files solved with the current model (default: results/sched_new)")
+    class Parser(argparse.ArgumentParser):  # one-line errors, as every ptsolve command
+        def error(self, message: str) -> Any:  # type: ignore[override]
+            raise ConfigError(f"{message} (see `ptsolve profile --help`)")
+
+    ap = Parser(prog="ptsolve profile", description="profile committed schedules on this GPU: "
+                "per-task timelines, measured II and span, probe overhead, predicted-vs-measured Gantt charts")
+    ap.add_argument("--schedules", required=True,
+                    help="folder of Result JSON files solved with the current model (e.g. tests/data/sched_new)")
     ap.add_argument("--only", required=True, help="comma-separated file stems, e.g. FA3_cpsat,FA3_greedy")
     ap.add_argument("--hw", default="h200", help="hardware table the schedules were solved for")
     ap.add_argument("--out", required=True, help="output folder")
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = load_hw(a.hw)
     rows = []
     for name in a.only.split(","):
-        r = Result.from_json((Path(a.schedules) / f"{name}.json").read_text())
+        r = Result.from_json(json.dumps(read_json(Path(a.schedules) / f"{name}.json", "schedule")))
         if not (v := check_valid(r.program, hw)):  # its predicted timeline would be meaningless (or deadlock)
             first = str(v).splitlines()[1].strip() if len(str(v).splitlines()) > 1 else str(v)
             raise PtsolveError(f"{name}: the schedule is not valid for the current {hw.name} table ({first}); it was "

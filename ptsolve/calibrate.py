@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -118,12 +119,14 @@ def _set(hw: Hardware, k: str, v: float) -> Hardware:
 
 
 def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(FIT), rounds: int = 6,
-        progress: Callable[[str], None] | None = None, relative: float = 0.0) -> tuple[Hardware, list[float]]:
+        progress: Callable[[str], None] | None = None, relative: float = 0.0,
+        deadline: float | None = None) -> tuple[Hardware, list[float]]:
     """Constants of ``params`` (within FIT's ranges) that minimise ``loss`` on ``samples``, by pattern search in log
     space: a sweep tries every parameter scaled by 1 ± step and 1 ± step/2 (and 0 where 0 is in range; from 0, 1/64,
     1/16 and 1/4 of its range's top), keeping
     improvements; a sweep that improves nothing halves the step; ``rounds`` halvings in all (at most 8 sweeps per
-    step). Returns the fitted table and the loss after each sweep."""
+    step). Returns the fitted table and the loss after each sweep. ``deadline`` (``time.time()`` seconds): the search
+    stops there with the best constants so far (a wall-clock bound for ``ptsolve calibrate --time-limit``)."""
     if not samples:
         raise PtsolveError("calibrate: no samples to fit; give measured schedules (codegen.profile output)")
     bad = sorted(set(params) - set(FIT))
@@ -133,6 +136,10 @@ def fit(samples: Sequence[Sample], hw: Hardware, params: Sequence[str] = tuple(F
     hist = [cur]
     step = 0.5
     for _round in range(rounds):
+        if deadline is not None and time.time() > deadline:
+            if progress:
+                progress(f"the time limit ran out after {len(hist) - 1} sweeps; the best constants so far stand")
+            break
         for _sweep in range(8):
             before = cur
             for k in params:

@@ -11,17 +11,20 @@ import argparse
 import csv
 import hashlib
 import inspect
+import io
 import json
 import os
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from .calibrate import FIT as CAL_FIT
 from .checks import PLACEMENTS, SOLVER_NAMES
-from .errors import ConfigError, PtsolveError
+from .errors import ConfigError, PtsolveError, SchemaError
+from .fileio import read_json, write_text
 from .provenance import stamp
 
 OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
@@ -128,9 +131,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from .hw import load
 
     hw = load(a.hw, calibrated=False)  # fit from the datasheet table, not from an overlay already on disk
-    cands = json.loads(Path(a.candidates).read_text())
-    study = json.loads(Path(a.study).read_text())
-    samples = samples_from_study(cands, study)
+    cands = read_json(a.candidates, "--candidates file")
+    study = read_json(a.study, "--study file")
+    try:
+        samples = samples_from_study(cands, study)
+    except PtsolveError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise SchemaError(f"--candidates {a.candidates!r} / --study {a.study!r} are not a study's candidates and its "
+                          f"measurements ({type(e).__name__}: {e}); make them with `python -m bench study prepare` "
+                          "and `... run`") from None
     if a.op:
         ops = sorted({x.program.graph.op for x in samples})
         samples = [x for x in samples if x.program.graph.op == a.op]
@@ -141,7 +151,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     if not train:
         raise PtsolveError(f"{a.study}: no measured training schedules (were the checks all failing?)")
     params = tuple(x for x in a.params.split(",") if x)
-    fitted, hist = fit(train, hw, params, a.rounds, progress=lambda m: print(m, file=sys.stderr), relative=a.relative)
+    fitted, hist = fit(train, hw, params, a.rounds, progress=lambda m: print(m, file=sys.stderr), relative=a.relative,
+                       deadline=time.time() + a.time_limit)
     rep = {"hw": a.hw, "op": a.op, "relative": a.relative, "params": params, "loss": hist,
            "fitted": {k: getattr(fitted, k) for k in params},
            "table": {k: getattr(hw, k) for k in params}, "train": len(train), "held_out": len(held),
@@ -150,7 +161,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
            "study": {"device": study.get("device"), "candidates_date": cands.get("date")}} | provenance()
     out = out_dir(a)
     f = out / f"calibrate_{_safe(a.hw)}.json"
-    f.write_text(json.dumps(rep, indent=1, default=str))
+    write_text(f, json.dumps(rep, indent=1, default=str))
     print(f"wrote {f}")
     for when in ("before", "after"):
         for part in ("train", "held_out"):
@@ -191,7 +202,7 @@ def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
             if not sched.exists():
                 raise PtsolveError(f"{f}: its schedule {sched} does not exist; pass --schedules, the folder of the "
                                    "Result JSON files the profiles were measured from")
-            pairs.append((json.loads(f.read_text()), Result.from_json(sched.read_text()).program))
+            pairs.append((read_json(f, "profile"), Result.from_json(json.dumps(read_json(sched, "schedule"))).program))
     fit_ = task_extra(pairs, hw)
     print("| op/task | measured body, cycles (kernel: median per warpgroup) | model cycles | extra |")
     print("|---|---|---|---|")
@@ -221,25 +232,34 @@ def cmd_tune(a: argparse.Namespace) -> int:
     op = ops.make(OPS[a.op], **parse_params(a.params))
     hw = load(a.hw)
     if a.prepare:
-        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.time_limit, per=a.per, deterministic=a.deterministic)
+        cands, rejected = candidates(op, hw, a.top_k, a.solver, a.search_limit, per=a.per,
+                                     deterministic=a.deterministic, deadline=_deadline(a))
         doc = {"hw": hw.name, "op": op.op, "params": op.params, "top_k": a.top_k, "solver": a.solver,
-               "time_limit": a.time_limit, "rejected": rejected, **({"per": a.per} if a.per else {}),
+               "time_limit": a.search_limit, "rejected": rejected, **({"per": a.per} if a.per else {}),
                **({"deterministic": True} if a.deterministic else {}),
                "candidates": [{"rank": c.rank, "tiling": c.tiling, "predicted_us": c.result.predicted_us,
                                "check": c.check.status, "program": c.result.program.to_json(),
                                "result": c.result.to_json()} for c in cands]}
-        Path(a.prepare).write_text(json.dumps(doc, indent=1))
+        write_text(a.prepare, json.dumps(doc, indent=1))
         print(f"wrote {a.prepare} ({len(cands)} candidates, {len(rejected)} tilings rejected by the compiler)")
         return 0
     if a.finish:
-        r = finish(op, hw, json.loads(Path(a.finish).read_text()))
+        doc = read_json(a.finish, "--finish file")
+        try:
+            r = finish(op, hw, doc)
+        except PtsolveError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise SchemaError(f"--finish {a.finish!r} is not what `python3 -m codegen.tune` writes "
+                              f"({type(e).__name__}: {e})") from None
         for m in r.measured:
             print(f"rank {m['rank']}: {m['tiling']} predicted {m['predicted_us']:.1f} µs, measured "
                   f"{m['measured_us']:.1f} µs" + ("  <- measured best" if m["measured_us"] == r.measured_us else ""))
         print(r)
         print("cached: `ptsolve tune` of this shape now returns it without timing")
         return 0
-    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.time_limit, per=a.per, deterministic=a.deterministic))
+    print(tune(op, hw, a.top_k, solver=a.solver, time_limit=a.search_limit, per=a.per, deterministic=a.deterministic,
+               deadline=_deadline(a)))
     return 0
 
 
@@ -250,7 +270,7 @@ def cmd_ops(a: argparse.Namespace) -> int:
 
 def cmd_optimize(a: argparse.Namespace) -> int:
     from . import ops, optimize
-    from .report import gantt
+    from .report import gantt_svg
     from .simulate import simulate
 
     if a.op not in OPS:
@@ -270,25 +290,18 @@ def cmd_optimize(a: argparse.Namespace) -> int:
     print(res.program.summary(hw))
     print(LEGEND)
     stem = str(out / f"{_safe(res.program.graph.name)}_{_safe(hw.name)}_{a.solver}")
-    Path(stem + ".json").write_text(res.to_json())
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(14, 4.5))
-    gantt(simulate(res.program, hw), ax=ax, title=f"{res.program.graph.name} — {res.solver}, {res.predicted_us:.1f} µs")
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=110)
-    plt.close(fig)
-    _wrote(Path(stem + ".json"), Path(stem + ".png"))
+    write_text(stem + ".json", res.to_json())
+    # an SVG drawn by hand, not matplotlib: its import alone is slower than a cached answer is allowed to be
+    title = f"{res.program.graph.name} — {res.solver}, {res.predicted_us:.1f} µs"
+    write_text(stem + ".svg", gantt_svg(simulate(res.program, hw), title=title))
+    _wrote(Path(stem + ".json"), Path(stem + ".svg"))
     return 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from . import optimize
     from .cache import code_fingerprint
     from .search import check_deterministic
-    from .simulate import claimed_cycles, simulate
-    from .suites import SUITES, operator
+    from .suites import SUITES
 
     hw = _hw(a)
     solvers = list(dict.fromkeys(x.strip() for x in a.solvers.split(",") if x.strip()))
@@ -306,7 +319,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     out = out_dir(a)
     stem = out / f"compare_{_safe(hw.name)}"
     part = Path(str(stem) + ".partial.json")
-    sig = hashlib.sha256(json.dumps([a.suite, hw.to_dict(), solvers, a.time_limit, a.decoupled,
+    sig = hashlib.sha256(json.dumps([a.suite, hw.to_dict(), solvers, a.search_limit, a.decoupled,
                                      [c["name"] for c in cfgs], code_fingerprint(),
                                      *(["deterministic"] if a.deterministic else [])], sort_keys=True,
                                     default=str).encode()).hexdigest()
@@ -319,48 +332,24 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if saved.get("signature") == sig:
             done = {r["config"]: r for r in saved.get("rows", [])}
             print(f"resuming: {len(done)}/{len(cfgs)} configurations already in {part}", file=sys.stderr)
-    try:
-        from tqdm import tqdm
-        it = tqdm(cfgs, desc="compare", unit="config", file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        it = cfgs
-    rows: list[dict[str, Any]] = []
-    for c in it:
-        if c["name"] in done:
-            rows.append(done[c["name"]])
-            continue
-        op = operator(c)
-        row: dict[str, Any] = {"config": c["name"], "op": c["op"], "params": json.dumps(c["params"], sort_keys=True)}
-        for s in solvers:
-            if hasattr(it, "set_postfix_str"):
-                it.set_postfix_str(f"{c['name']} {s}")
-            r = optimize(op, hw=hw, solver=s, time_limit=a.time_limit, cache=not a.no_cache, jobs=a.jobs,
-                         compile_check=a.compile_check, deterministic=a.deterministic)
-            tl = simulate(r.program, hw)
-            if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
-                raise PtsolveError(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy "
-                                   f"claims {r.objective}: a ptsolve bug, please report it")
-            row |= {f"{s}_us": round(r.predicted_us, 3), f"{s}_tflops": round(r.tflops, 1), f"{s}_status": r.status,
-                    f"{s}_gap": round(r.gap, 4) if r.gap is not None else "", f"{s}_solve_s": round(r.solve_s, 2),
-                    f"{s}_cached": r.cached,
-                    f"{s}_tiling": json.dumps(r.tiling, sort_keys=True), f"{s}_solved": f"{r.solved}/{r.tilings}"}
-            if s != "greedy":
-                row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
-        if a.decoupled:
-            r = optimize(op, hw=hw, solver="cpsat", time_limit=a.time_limit, cache=not a.no_cache, decoupled=True,
-                         compile_check=a.compile_check, deterministic=a.deterministic)
-            row |= {"decoupled_us": round(r.predicted_us, 3), "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
-        if "greedy" in solvers:
-            for s in solvers:
-                if s != "greedy":
-                    row[f"speedup_{s}"] = round(row["greedy_us"] / row[f"{s}_us"], 4)
-        rows.append(row)
+    todo = [c for c in cfgs if c["name"] not in done]
+    rows_by = {c["name"]: done[c["name"]] for c in cfgs if c["name"] in done}
+    bar = _progress(len(cfgs), len(rows_by))
+    opts = dict(solvers=solvers, time_limit=a.search_limit, cache=not a.no_cache, compile_check=a.compile_check,
+                deterministic=a.deterministic, decoupled=a.decoupled, deadline=_deadline(a))
+    for row in _compare_rows(todo, hw, opts, a.jobs or os.cpu_count() or 1):
+        rows_by[row["config"]] = row
+        rows = [rows_by[c["name"]] for c in cfgs if c["name"] in rows_by]  # suite order, whatever finishes first
+        bar.update(1)
+        bar.set_postfix_str(row["config"])
         # partial results as they complete: a CSV to look at and a file to resume from after an interrupt
         _write_csv(Path(str(stem) + ".csv"), rows)
-        part.write_text(json.dumps({"signature": sig, "rows": rows}, sort_keys=True))
+        write_text(part, json.dumps({"signature": sig, "rows": rows}, sort_keys=True))
+    bar.close()
+    rows = [rows_by[c["name"]] for c in cfgs]
     _write_csv(Path(str(stem) + ".csv"), rows)
     prov = provenance()
-    Path(str(stem) + ".md").write_text(compare_markdown(rows, solvers, a, prov, hw.name))
+    write_text(str(stem) + ".md", compare_markdown(rows, solvers, a, prov, hw.name))
     written = [Path(str(stem) + ".csv"), Path(str(stem) + ".md")]
     if _bar_chart(rows, solvers, Path(str(stem) + ".png"), hw.name):
         written.append(Path(str(stem) + ".png"))
@@ -370,12 +359,97 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+WHOLE = {False: 600.0, True: 900.0}  # default --time-limit of placement, compare (s): far above a normal run
+
+
+def _deadline(a: argparse.Namespace) -> float | None:
+    """The epoch second the command's --time-limit runs out (time.time(): worker processes read the same clock);
+    None for a deterministic run, which no wall clock may cut short."""
+    return None if a.deterministic else time.time() + a.time_limit
+
+
+def _left(opts: dict[str, Any]) -> float | None:
+    """Seconds left of the command's --time-limit (None: no wall-clock bound)."""
+    return None if opts.get("deadline") is None else opts["deadline"] - time.time()
+
+
+def _progress(total: int, initial: int) -> Any:
+    """A progress bar on stderr with an ETA (tqdm), or a stand-in that prints nothing where tqdm is missing."""
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, initial=initial, desc="compare", unit="config", file=sys.stderr,
+                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining} left{postfix}]")
+    except ImportError:  # pragma: no cover
+        class _Quiet:
+            def update(self, n: int) -> None: ...
+            def set_postfix_str(self, s: str) -> None: ...
+            def close(self) -> None: ...
+        return _Quiet()
+
+
+def _compare_rows(cfgs: list[dict[str, Any]], hw: Any, opts: dict[str, Any], jobs: int) -> Any:
+    """Yield each configuration's compare row as it completes. With ``jobs`` > 1 the configurations are solved
+    side by side in worker processes, each search serial inside one: a configuration's solves are too short to keep
+    a pool of their own busy, the suite's many configurations are not. Ctrl-C stops the workers too."""
+    from .pools import unordered
+
+    if len(cfgs) == 1:  # one configuration: its searches get the processes
+        yield compare_row(cfgs[0], hw, opts, jobs)
+        return
+    for _, row in unordered(compare_row, [(c, hw, opts, 1) for c in cfgs], jobs):
+        yield row
+
+
+def compare_row(c: dict[str, Any], hw: Any, opts: dict[str, Any], jobs: int = 1) -> dict[str, Any]:
+    """One configuration of a suite under every solver of ``opts`` (and the decoupled ablation): latencies (µs),
+    TFLOP/s, status, gap, solve seconds, tiling, features; every answer replayed by ``simulate`` first."""
+    from . import optimize
+    from .errors import PtsolveError as Err
+    from .simulate import claimed_cycles, simulate
+    from .suites import operator
+
+    op = operator(c)
+    solvers = opts["solvers"]
+    row: dict[str, Any] = {"config": c["name"], "op": c["op"], "params": json.dumps(c["params"], sort_keys=True)}
+    if _left(opts) is not None and _left(opts) <= 0:
+        return row | {"reached": False}  # the command's --time-limit ran out before this configuration
+
+    def common() -> dict[str, Any]:
+        left = _left(opts)
+        # replay=False: every policy's answer under the one objective the study compares (optimize's declared-order
+        # replay would swap in a schedule the formula ranks lower, results/replay_orders)
+        return dict(hw=hw, time_limit=opts["time_limit"] if left is None else min(opts["time_limit"], max(0.5, left)),
+                    cache=opts["cache"], jobs=jobs, compile_check=opts["compile_check"],
+                    deterministic=opts["deterministic"], replay=False)
+    for s in solvers:
+        r = optimize(op, solver=s, **common())
+        tl = simulate(r.program, hw)
+        if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
+            raise Err(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy claims "
+                      f"{r.objective}: a ptsolve bug, please report it")
+        row |= {f"{s}_us": round(r.predicted_us, 3), f"{s}_tflops": round(r.tflops, 1), f"{s}_status": r.status,
+                f"{s}_gap": round(r.gap, 4) if r.gap is not None else "", f"{s}_solve_s": round(r.solve_s, 2),
+                f"{s}_cached": r.cached,
+                f"{s}_tiling": json.dumps(r.tiling, sort_keys=True), f"{s}_solved": f"{r.solved}/{r.tilings}"}
+        if s != "greedy":
+            row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
+    if opts["decoupled"]:
+        r = optimize(op, solver="cpsat", decoupled=True, **common())
+        row |= {"decoupled_us": round(r.predicted_us, 3), "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
+    if "greedy" in solvers:
+        for s in solvers:
+            if s != "greedy":
+                row[f"speedup_{s}"] = round(row["greedy_us"] / row[f"{s}_us"], 4)
+    return row
+
+
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    write_text(path, buf.getvalue())
 
 
 def cmd_placement(a: argparse.Namespace) -> int:
@@ -396,17 +470,24 @@ def cmd_placement(a: argparse.Namespace) -> int:
              "Kernel latency (µs, busiest SM + launch) of the CP-SAT schedule of each configuration whose CTAs have "
              "unequal trip counts, placed four ways over the SM slots (SMs × resident CTAs). `dynamic`: launch "
              "order, each CTA to the slot that frees first (the GPU's block scheduler); `exact`: CP-SAT over how "
-             f"many CTAs of each latency each slot runs ({a.time_limit:.0f} "
+             f"many CTAs of each latency each slot runs ({a.search_limit:.0f} "
              + ("units of CP-SAT deterministic time" if a.deterministic else "s")
              + " limit), proven = optimal; `bound`: max(average slot load, longest CTA). With co-resident CTAs every "
              "column is at least the SMs' shared-unit floor.", "",
              "| config | CTAs | even µs | dynamic µs | lpt µs | exact µs | exact proven | bound µs | even / lpt |",
              "|---|---|---|---|---|---|---|---|---|"]
     path = out / f"placement_{_safe(hw.name)}.md"
+    opts = {"deadline": _deadline(a)}
+    missed = []
     for c in SUITES[a.suite]():
+        left = _left(opts)
+        if left is not None and left <= 0:  # the command's --time-limit ran out
+            missed.append(c["name"])
+            continue
+        limit = a.search_limit if left is None else min(a.search_limit, max(0.5, left))
         op = operator(c)
-        r = optimize(op, hw=hw, solver="cpsat", time_limit=30, cache=not a.no_cache, jobs=a.jobs, compile_check=False,
-                     deterministic=a.deterministic)
+        r = optimize(op, hw=hw, solver="cpsat", time_limit=limit, cache=not a.no_cache, jobs=a.jobs,
+                     compile_check=False, deterministic=a.deterministic)
         g, p = r.program.graph, r.program
         if len(set(g.row)) < 2:
             continue
@@ -415,14 +496,18 @@ def cmd_placement(a: argparse.Namespace) -> int:
         fl = {x: unit_floor(g, hw, x) for x in ("even", "dynamic", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, dyn, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "dynamic", "lpt"))
-        ex, proven = exact_loads(costs, g.rows, slots, time_limit=a.time_limit, deterministic=a.deterministic)
+        left = _left(opts)
+        ex, proven = exact_loads(costs, g.rows, slots, deterministic=a.deterministic,
+                                 time_limit=a.search_limit if left is None else min(a.search_limit, max(0.5, left)))
         us = [hw.cycles_to_us(x) + hw.launch_us for x in (even, dyn, lpt, max(floor, int(ex.max())),
                                                           max(floor, lower_bound(costs, g.rows, slots)))]
         lines.append(f"| {c['name']} | {g.n_ctas} | {us[0]:.2f} | {us[1]:.2f} | {us[2]:.2f} | {us[3]:.2f} | {proven} "
                      f"| {us[4]:.2f} | {even / lpt:.3f} |")
         print(lines[-1], flush=True)
-        path.write_text("\n".join(lines) + "\n")  # partial results as they complete
-    path.write_text("\n".join(lines) + "\n")
+        write_text(path, "\n".join(lines) + "\n")  # partial results as they complete
+    if missed:
+        lines += ["", f"**not reached** before the command's --time-limit ({a.time_limit:g} s): {', '.join(missed)}."]
+    write_text(path, "\n".join(lines) + "\n")
     _wrote(path)
     return 0
 
@@ -433,14 +518,21 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
     column per exact solver when greedy ran, then the exact schedule's tiling and features."""
     exact = [s for s in solvers if s != "greedy"]
     speed = exact if "greedy" in solvers else []
+    missed = [r["config"] for r in rows if not r.get("reached", True)]
+    rows = [r for r in rows if r.get("reached", True)]
+    det = getattr(a, "deterministic", False)
     lines = [f"# Greedy vs exact schedules, {a.suite} suite on {hw_name or a.hw} (predicted by the ptsolve cost model)",
              "", f"- command: `{prov['command']}`", f"- date: {prov['date']}", f"- commit: {prov['commit']}",
-             f"- machine: {prov['machine']}", f"- time limit per configuration and solver: {a.time_limit} s"
-             + (" of CP-SAT deterministic time (--deterministic)" if getattr(a, "deterministic", False) else ""), "",
+             f"- machine: {prov['machine']}", f"- time limit per configuration and solver: {a.search_limit} s"
+             + (" of CP-SAT deterministic time (--deterministic)" if det else
+                f", within {a.time_limit:g} s for the whole command"), "",
              "Latencies are the cost model's predictions (µs), not GPU measurements; `simulate()` replayed every "
              "schedule and reproduced its claimed latency. Speedup = greedy latency / exact latency. Status: OPTIMAL "
              "= proven (gap 0), TIME_LIMIT = stopped by the time limit with the gap shown, FEASIBLE = no proof. "
-             "A solve time marked * comes from the schedule cache (the time of the search that produced it).", ""]
+             "A solve time marked * comes from the schedule cache (the time of the search that produced it). Every "
+             "policy's answer is its own under the one formula objective: `optimize`'s declared-order replay, which "
+             "may swap in FlashAttention-3's issue order that the formula ranks lower, is off here "
+             "(`optimize(..., replay=False)`).", ""]
     head = ["config"] + [f"{s} µs" for s in solvers] + [f"{s} status/gap" for s in exact]
     head += [f"{s} solve s" for s in solvers] + [f"speedup {s}" for s in speed]
     head += (["decoupled µs"] if a.decoupled else []) + ["exact tiling", "schedule"]
@@ -456,7 +548,7 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
         cells += [r[f"{ex}_tiling"].replace('"', ""), r.get(f"{ex}_features", "")]
         assert len(cells) == len(head)
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
-    for s in exact:
+    for s in exact if rows else ():
         st = [r[f"{s}_solve_s"] for r in rows]
         opt = sum(r[f"{s}_status"] == "OPTIMAL" for r in rows)
         line = f"**{s}**: proven optimal {opt}/{len(rows)}; solve time median {sorted(st)[len(st) // 2]:.2f} s, max " \
@@ -465,6 +557,11 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
             sp = [r[f"speedup_{s}"] for r in rows]
             line += f"; speedup over greedy mean {sum(sp) / len(sp):.3f}×, max {max(sp):.3f}×, min {min(sp):.3f}×"
         lines += ["", line + "."]
+    stopped = [f"{s} {r['config']}" for r in rows for s in exact if r[f"{s}_status"] == "TIME_LIMIT"]
+    lines += ["", f"**time limit**: {len(stopped)} solve(s) stopped by the time limit"
+              + (f" (hatched in the chart): {', '.join(stopped)}." if stopped else ".")]
+    if missed:
+        lines += ["", f"**not reached** before the command's --time-limit ({a.time_limit:g} s): {', '.join(missed)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -475,21 +572,40 @@ def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: s
     import matplotlib.pyplot as plt
     import numpy as np
 
-    ex = [s for s in solvers if s != "greedy" and f"speedup_{s}" in rows[0]]
+    rows = [r for r in rows if r.get("reached", True)]
+    ex = [s for s in solvers if s != "greedy" and rows and f"speedup_{s}" in rows[0]]
     if not ex:
         return False
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.28), 4))
     x = np.arange(len(rows))
     w = 0.8 / len(ex)
     for i, s in enumerate(ex):
-        ax.bar(x + i * w, [r[f"speedup_{s}"] for r in rows], w, label=s)
-    ax.axhline(1.0, color="black", lw=0.6)
+        sp = [r[f"speedup_{s}"] for r in rows]
+        bars = ax.bar(x + i * w, sp, w, label=s)
+        for b, r in zip(bars, rows):  # a solve the time limit stopped (or that proves nothing) is not a clean bar
+            if r[f"{s}_status"] != "OPTIMAL":
+                b.set_hatch("///")
+                b.set_edgecolor("black")
+    # the gains are a few percent: an axis from 0 would hide them
+    lo = min(r[f"speedup_{s}"] for r in rows for s in ex)
+    hi = max(r[f"speedup_{s}"] for r in rows for s in ex)
+    pad = max(0.005, 0.08 * (hi - lo))
+    ax.set_ylim(min(lo, 1.0) - pad, max(hi, 1.0) + pad)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="greedy (1.0)")
+    if any(r[f"{s}_status"] != "OPTIMAL" for r in rows for s in ex):
+        ax.bar([0], [0], 0, color="white", edgecolor="black", hatch="///", label="not proven optimal")
     ax.set_xticks(x + 0.4 - w / 2, [r["config"] for r in rows], rotation=90, fontsize=7)
     ax.set_ylabel("predicted speedup over greedy")
     ax.set_title(f"exact vs greedy schedules on {hw} (cost model)")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:  # whole or not at all, as every output (fileio.write_text)
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {str(path)!r}: {e.strerror or e}; free space or pick another --out") from None
     plt.close(fig)
     return True
 
@@ -559,8 +675,11 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ptsolve", description=__doc__, formatter_class=fmt)
     p.add_argument("--version", action="version", version=f"ptsolve {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    for name, ep in plugin_commands().items():  # listed here; main hands them their own command lines
+        sub.add_parser(name, help=f"{_first_doc_line(ep.value.split(':')[0])} (`ptsolve {name} --help`; from "
+                                  f"{ep.value.split(':')[0]})", add_help=False)
     o = sub.add_parser("optimize", formatter_class=fmt, epilog=op_help() + "\n\n" + LEGEND,
-                       help="schedule one operator; print the schedule, write its JSON and a Gantt PNG")
+                       help="schedule one operator; print the schedule, write its JSON and a Gantt chart (SVG)")
     o.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))} (`ptsolve ops OP` lists its "
                    "parameters)")
     o.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape, e.g. batch=64 heads=32 kv_heads=8 seq=4096")
@@ -581,12 +700,18 @@ def parser() -> argparse.ArgumentParser:
     for q in (o, c, pl):
         q.add_argument("--hw", default="h100", metavar="NAME|PATH",
                        help=f"hardware: {', '.join(known())}, or the path of a .json table")
-        q.add_argument("--time-limit", type=_seconds, default=30.0,
-                       help="seconds per search" + (" (placement: per exact placement)" if q is pl else ""))
+        q.add_argument("--time-limit", type=_seconds, default=30.0 if q is o else WHOLE[q is c],
+                       help="wall-clock seconds for the whole command, compile checks included; the answers it "
+                            "cut short say TIME_LIMIT" + ("" if q is o else " (what is not reached by then is listed "
+                                                            "as such); each search also keeps to --search-limit"))
         q.add_argument("--no-cache", action="store_true", help="ignore and do not fill the schedule cache")
         q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")
         q.add_argument("--out", default=None, metavar="DIR",
                        help="output folder (default: $PTSOLVE_OUT_DIR or ~/ptsolve-out)")
+    for q in (c, pl):
+        q.add_argument("--search-limit", type=_seconds, default=30.0,
+                       help="seconds per search" + (" and per exact placement" if q is pl else "")
+                            + " (--deterministic: CP-SAT deterministic time), within what --time-limit leaves")
     for q in (o, c, pl):
         q.add_argument("--deterministic", action="store_true", help=DETERMINISTIC_HELP)
     o.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
@@ -619,6 +744,8 @@ def parser() -> argparse.ArgumentParser:
                      help="weight of the spread of log ratios within each configuration in the loss (what choosing "
                           "among its candidates depends on; results/gemm_model used 4)")
     cal.add_argument("--write", action="store_true", help="write <hw>.calibrated.json beside the built-in table")
+    cal.add_argument("--time-limit", type=_seconds, default=600.0,
+                     help="wall-clock seconds for the fit: it stops there with the best constants so far")
     cal.add_argument("--out", default=None, metavar="DIR", help="report folder (default: $PTSOLVE_OUT_DIR or "
                      "~/ptsolve-out)")
     ct = sub.add_parser("calibrate-tasks", formatter_class=fmt,
@@ -638,9 +765,12 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--solver", default="cpsat", type=_policy_list, metavar="POLICY[,POLICY]",
                     help=f"policy, or several comma-separated (each tiling's distinct orders): "
                     f"{', '.join(SOLVER_NAMES)}")
-    tu.add_argument("--time-limit", type=_seconds, default=30.0, help="seconds per tiling's search")
+    tu.add_argument("--time-limit", type=_seconds, default=300.0,
+                    help="wall-clock seconds for the whole command: the walk over tilings stops there with the "
+                         "candidates it has (GPU timing, if any, comes after)")
+    tu.add_argument("--search-limit", type=_seconds, default=30.0, help="seconds per tiling's search")
     tu.add_argument("--deterministic", action="store_true",
-                    help="reproducible candidates: --time-limit is then CP-SAT deterministic time per tiling, not "
+                    help="reproducible candidates: --search-limit is then CP-SAT deterministic time per tiling, not "
                          "seconds (optimize --deterministic); the timing on the GPU is what it measures")
     tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
                     "(python3 -m codegen.tune FILE --out TIMED)")
@@ -648,6 +778,20 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--per", action="append", default=[], metavar="KEY", help="the K best of every value of this "
                     "structure key, e.g. --per pingpong (GEMM: cooperative and ping-pong both timed); repeatable")
     return p
+
+
+def _first_doc_line(module: str) -> str:
+    """The first line of a module's docstring, read from its source without importing it (a plugin's imports can
+    be heavy, and the parser is built for every command)."""
+    import ast
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec(module)
+        doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text())) if spec and spec.origin else None
+    except (ImportError, OSError, SyntaxError, ValueError):
+        doc = None
+    return (doc or "a plugin command").strip().splitlines()[0].rstrip(".:;")
 
 
 def plugin_commands() -> dict[str, Any]:
@@ -675,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ops": cmd_ops, "calibrate": cmd_calibrate,
                 "calibrate-tasks": cmd_calibrate_tasks, "tune": cmd_tune}[a.cmd](a)
     except PtsolveError as e:
+        if os.environ.get("PTSOLVE_DEBUG") == "1":  # where it came from, for a bug report
+            import traceback
+            traceback.print_exc()
         print(f"ptsolve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -34,6 +34,11 @@ class CodegenError(PtsolveError):
     """A program the code generator cannot emit, or a value unsafe to place in source."""
 
 
+class UnsupportedOperatorError(CodegenError):
+    """The code generator builds no schedule of these operator parameters (a head_dim, dtype or size it lacks),
+    whatever the tiling: the compiler in the loop stops asking (ptsolve.kernelcheck's scope "operator")."""
+
+
 class DeviceError(PtsolveError, RuntimeError):
     """No GPU, the wrong architecture, or a launch for a shape the kernel was not built for."""
 

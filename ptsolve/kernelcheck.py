@@ -24,8 +24,12 @@ STATUSES = ("ok", "rejected", "unsupported", "not compile-checked")
 @dataclass(frozen=True)
 class KernelCheck:
     """``status``: ok (compiled as scheduled), rejected (the compiler spills or serialises: ``reason`` says what),
-    unsupported (no code generator builds this tiling or order), not compile-checked (no compiler here). Registers
-    are per thread as the compiler reports them; ``spill_bytes`` stores + loads; ``seconds`` of compilation."""
+    unsupported (no code generator builds this tiling or order), not compile-checked (no compiler here, or the time
+    limit ran out first). Registers are per thread as the compiler reports them; ``spill_bytes`` stores + loads;
+    ``seconds`` of compilation. ``scope``: what an unsupported verdict is about: "schedule" (another tiling or order
+    may build) or "operator" (no schedule of these operator parameters builds, e.g. a head_dim the generator lacks:
+    the search stops asking). ``target``: the architecture compiled for (its words: wgmma on sm_90a, MFMA on
+    gfx942)."""
 
     status: str
     reason: str = ""
@@ -34,10 +38,17 @@ class KernelCheck:
     spill_bytes: int | None = None
     serialized: bool | None = None
     seconds: float = 0.0
+    scope: str = "schedule"
+    target: str = ""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def refused(self) -> bool:
+        """The compiler (or the generator) will not build this schedule as scheduled."""
+        return self.status in ("rejected", "unsupported")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

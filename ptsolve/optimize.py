@@ -1,52 +1,55 @@
 """optimize(): the one call most users need."""
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from . import cache as cache_mod
 from .cost import check_grain
-from .errors import InfeasibleError, PtsolveError
+from .errors import PtsolveError
 from .hw import Hardware, load
 from .ir import STaskGraph
 from .kernelcheck import KernelCheck, checker
 from .ops.base import Operator
 from .result import Result
-from .search import answer_key, check_args, search
-from .validate import register_excess
+from .search import check_args, search
 
 
 def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
              jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
              progress: Callable[[str], None] | None = None, compile_check: bool | None = None,
-             deterministic: bool = False) -> Result:
+             deterministic: bool = False, replay: bool = True) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
-    "exhaustive"). ``time_limit``: seconds for the whole search; a time-limited search returns its best
-    schedule with status TIME_LIMIT and its gap. ``fix`` pins tiling keys (e.g. ``{"ctas": 1}``: one CTA per
-    SM): only the operator's tilings with those values are searched. Results are cached (see ptsolve.cache);
-    a cache hit has ``cached=True`` and keeps the date and solve time of the search that produced it.
-    ``compile_check``: the compiler in the loop (ptsolve.kernelcheck): the best schedule's kernel is generated and
-    compiled; if the compiler spills or serialises it (or no generator builds it), its tiling is dropped and the
-    search goes on with the others (the first rejected tiling of an operator with declared issue orders stays in
-    with the best schedule of those orders if that one compiles: _compiler_in_the_loop); ``kernel_check`` and
-    ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is installed); None:
-    on unless ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a reproducible search, ``time_limit`` then a budget of
+    "exhaustive"). ``time_limit``: wall-clock seconds for the whole call, compile checks included; a time-limited
+    search returns its best schedule with status TIME_LIMIT and its gap. ``fix`` pins tiling keys (e.g.
+    ``{"ctas": 1}``: one CTA per SM): only the operator's tilings with those values are searched. Results are cached
+    (see ptsolve.cache); a cache hit has ``cached=True`` and keeps the date and solve time of the search that produced
+    it. ``compile_check``: the compiler in the loop (ptsolve.kernelcheck): the answer is the best schedule whose kernel
+    the compiler builds without spills or a serialised tensor-core pipeline; a refused schedule gives way to its
+    tiling's next one (the declared issue order, then greedy's), never dropping a tiling unasked (ptsolve.search);
+    ``kernel_check`` and ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is
+    installed, or the time limit ran out first); None: on unless ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a
+    reproducible search, ``time_limit`` then a budget of
     CP-SAT deterministic time, not seconds (ptsolve.search.search; cpsat, cpsat-orders, greedy, exhaustive only).
     An operator with declared issue orders (FlashAttention's FA3 order) gets the best schedule of those orders on the
     answer's tiling instead of CP-SAT's where the orders' ``asap`` replay is faster (_replayed_order: FEASIBLE, the
-    reason in ``features``). Every argument is checked (ptsolve.checks) before the cache is looked at."""
+    reason in ``features``); ``replay=False`` keeps the search's own answer, the formula's optimum (what ``compare``
+    studies: greedy and the exact solvers under one objective). Every argument is checked (ptsolve.checks) before the
+    cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
     check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
     if compile_check is None:
         compile_check = compile_check_default()
-    if not isinstance(cache, bool) or not isinstance(decoupled, bool) or not isinstance(compile_check, bool):
-        raise PtsolveError(f"cache, decoupled and compile_check must be True or False, got cache={cache!r}, "
-                           f"decoupled={decoupled!r}, compile_check={compile_check!r}")
+    if not all(isinstance(x, bool) for x in (cache, decoupled, compile_check, replay)):
+        raise PtsolveError(f"cache, decoupled, compile_check and replay must be True or False, got cache={cache!r}, "
+                           f"decoupled={decoupled!r}, compile_check={compile_check!r}, replay={replay!r}")
     hwt = load(hw)
     chk = checker(hwt) if compile_check else None
     from . import __version__
@@ -54,22 +57,24 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     # A deterministic result is keyed apart, with its budget: served for a smaller or larger time_limit (as a
     # wall-clock one is, cache.get) it would not be what that search returns
     k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, check_grain(), __version__,
-                      f"compile_check={chk is not None}", ORDER_CHOICE, *(sorted(fix.items()) if fix else ()),
+                      f"compile_check={chk is not None}", ORDER_CHOICE if replay else "orders=formula",
+                      *(sorted(fix.items()) if fix else ()),
                       *((f"deterministic={float(time_limit)!r}",) if deterministic else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
         if hit is not None:
             return replace(hit, cached=True)
-    admit = None if chk is None else (lambda p: _refusal(chk(p, hwt)))
+    t0 = time.perf_counter()
     kw = dict(solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
-              decoupled=decoupled, fix=fix, progress=progress, admit=admit, deterministic=deterministic)
+              decoupled=decoupled, fix=fix, progress=progress, deterministic=deterministic,
+              verify=None if chk is None else (lambda p: chk(p, hwt)))
     res = search(op, hwt, **kw)
     if compile_check and chk is None:
         res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
                                                     f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
-    if chk is not None:
-        res = _compiler_in_the_loop(op, hwt, res, chk, kw)
-    res = _replayed_order(op, hwt, res, chk, kw)
+    left = time_limit - (time.perf_counter() - t0)
+    if replay and (deterministic or left >= 1.0):  # the whole call keeps to a wall-clock limit
+        res = _replayed_order(op, hwt, res, chk, kw | ({} if deterministic else {"time_limit": left}))
     if cache:
         cache_mod.put(k, time_limit, res)
     return res
@@ -83,54 +88,6 @@ def compile_check_default() -> bool:
     return v == "1"
 
 
-def _compiler_in_the_loop(op: Operator | STaskGraph, hw: Hardware, res: Result, chk: Any, kw: dict[str, Any]
-                          ) -> Result:
-    """Check the best schedule's kernel; while the compiler rejects it, drop its tiling and search again (a graph,
-    one tiling, can only be reported). The first tiling the compiler rejects, if its operator declares hand-known
-    issue orders (OpSpec.orders), stays in the race with the best schedule of those orders (policy cpsat-orders)
-    when the compiler takes that one: the compiler rejected one order of the model's best tiling, not the tiling.
-    Such an answer is FEASIBLE (the pinned order proves nothing about the tiling's other orders). Only the first:
-    one more solve per optimize, not one per rejection. The Result says what the compiler said and which tilings
-    it rejected."""
-    say = kw.get("progress") or (lambda s: None)
-    rejected: list[tuple[dict[str, int], str]] = []
-    kept: Result | None = None  # the first rejected tiling's compile-clean declared-order schedule
-    tried = False
-
-    def answer(*rs: Result | None) -> Result:
-        best = min((r for r in rs if r is not None), key=lambda r: answer_key(r.program, hw))
-        return replace(best, rejected=tuple(rejected))
-
-    while True:
-        kc = chk(res.program, hw)
-        if kc.status not in ("rejected", "unsupported") or isinstance(op, STaskGraph):
-            p = res.program
-            if kc.status == "ok" and register_excess(p.graph, p.copies, hw):  # ptxas, not the estimate, says it fits
-                res = replace(res, program=replace(p, registers=kc.registers or 0))
-            return answer(replace(res, kernel_check=kc.to_dict()), kept)
-        rejected.append((dict(res.tiling), f"{kc.status}: {kc.reason}"))
-        say(f"tiling {res.tiling}: the compiler {kc.status} its kernel ({kc.reason}); searching the others")
-        if kc.status == "rejected" and not tried:
-            tried = True
-            kept = _declared_order(op, hw, res.tiling, chk, kw)
-            if kept is not None:
-                say(f"tiling {res.tiling}: its declared-order schedule compiles ({kept.objective} cycles); kept")
-        try:
-            res = search(op, hw, exclude=tuple(t for t, _ in rejected), **kw)
-            if any(res.tiling == t for t, _ in rejected):  # the search must not hand back what it was told to skip
-                raise PtsolveError(f"the search returned the excluded tiling {res.tiling} again")
-        except InfeasibleError as e:
-            if kept is not None:
-                return answer(kept)
-            raise InfeasibleError(f"every tiling of {op.describe()} that fits {hw.name} was rejected by the compiler: "
-                                  + "; ".join(f"{t}: {w}" for t, w in rejected[:4]) + f" ({e})") from e
-
-
-def _refusal(kc: KernelCheck) -> str | None:
-    """None when the compiler built the kernel as scheduled, else what it said (or that it was not asked)."""
-    return None if kc.ok else f"{kc.status}" + (f": {kc.reason}" if kc.reason else "")
-
-
 def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any, kw: dict[str, Any]
                     ) -> Result | None:
     """The best schedule of ``tiling`` with ``op``'s declared issue orders pinned (cpsat-orders), compile-checked
@@ -138,16 +95,24 @@ def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any
     the compiler rejects it too."""
     if kw.get("solver") != "cpsat" or op.spec.orders is None:
         return None
-    try:
-        alt = search(op.graph(dict(tiling), hw), hw, **(kw | {"solver": "cpsat-orders", "fix": None}))
-    except PtsolveError:
-        return None
-    if chk is None:
-        return replace(alt, status="FEASIBLE")
-    kc = chk(alt.program, hw)
-    if kc.status in ("rejected", "unsupported"):
-        return None
-    return replace(alt, status="FEASIBLE", kernel_check=kc.to_dict())
+    g = op.graph(dict(tiling), hw)
+    # the same tiling comes back (compare's decoupled column, tune's walk): its pinned solves are done once per process
+    key = (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), kw.get("placement"), chk,
+           kw.get("deterministic") and float(kw["time_limit"]))
+    if key not in _DECLARED:
+        try:
+            alt = search(g, hw, **(kw | {"solver": "cpsat-orders", "fix": None}))
+        except PtsolveError:
+            alt = None
+        if alt is not None and chk is not None and KernelCheck(**alt.kernel_check).refused:
+            alt = None
+        if len(_DECLARED) > 256:
+            _DECLARED.clear()
+        _DECLARED[key] = None if alt is None else replace(alt, status="FEASIBLE")
+    return _DECLARED[key]
+
+
+_DECLARED: dict[tuple, Result | None] = {}
 
 
 ORDER_CHOICE = "orders=replay"  # in optimize's cache key: answers before _replayed_order are not served

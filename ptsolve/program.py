@@ -177,7 +177,7 @@ class SProgram:
                        copies={k: int(v) for k, v in d["copies"].items()},
                        barriers=tuple(Barrier(**b) for b in d["barriers"]), placement=str(d["placement"]),
                        policy=str(d["policy"]), registers=int(d.get("registers", 0)))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, SchemaError):
                 raise
             raise SchemaError(f"SProgram JSON is malformed: {e!r}; write it with SProgram.to_json()") from e

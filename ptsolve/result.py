@@ -10,6 +10,14 @@ from .ir import SCHEMA_VERSION, check_schema, loads
 from .program import SProgram
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "TIME_LIMIT", "INFEASIBLE")
+_N = type(None)
+# what each field of a Result's JSON may hold (an int is a number; true/false is not)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "program": (dict, _N), "solver": (str,), "status": (str,), "objective": (int, _N), "bound": (int, _N),
+    "solve_s": (int, float), "predicted_us": (int, float, _N), "tflops": (int, float, _N), "hw": (str,),
+    "tiling": (dict,), "tilings": (int,), "solved": (int,), "features": (list,), "cached": (bool,),
+    "provenance": (dict,), "schema": (int,), "kernel_check": (dict, _N), "rejected": (list,),
+    "measured_us": (int, float, _N), "measured": (list,)}
 OPTIONAL = {"cached", "provenance", "kernel_check", "rejected", "measured_us", "measured"}  # older files lack them
 
 
@@ -75,6 +83,13 @@ class Result:
                               "Write one with Result.to_json()")
         if d["status"] not in STATUSES:
             raise SchemaError(f"Result JSON: status {d['status']!r} is not one of {STATUSES}")
+        for k, kinds in FIELD_TYPES.items():  # a value of the wrong kind is refused here, not used later
+            if k in d and not (isinstance(d[k], kinds) and not (isinstance(d[k], bool) and bool not in kinds)):
+                want = " or ".join("null" if t is type(None) else {"int": "a whole number", "float": "a number",
+                                                                   "str": "a string", "dict": "an object",
+                                                                   "list": "an array", "bool": "true or false"}
+                                   [t.__name__] for t in kinds)
+                raise SchemaError(f"Result JSON: field {k!r} must be {want}, got {d[k]!r}")
         try:
             d["program"] = SProgram.from_dict(d["program"]) if d["program"] else None
             d["features"] = tuple(d["features"])
@@ -115,7 +130,9 @@ class Result:
         k = self.kernel_check or {}
         what = k.get("status", "not compile-checked")
         if what == "ok":
-            what = f"compile-checked ({k.get('registers')} registers, no spills, wgmma pipelined)"
+            # in the target's words: AMD's matrix cores have no wgmma (older files name no target: NVIDIA's)
+            mma = {"gfx942": "MFMA"}.get(k.get("target", ""), "wgmma pipelined")
+            what = f"compile-checked ({k.get('registers')} registers, no spills, {mma})"
             if self.program.registers:
                 what += "; ptxas, not the model's register estimate, fit this tiling"
         elif k.get("reason"):

@@ -8,12 +8,14 @@ the paper's ablation: pick the tiling by its roofline bound alone, then schedule
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import checks
@@ -21,16 +23,18 @@ from .cost import check_grain
 from .errors import InfeasibleError, PtsolveError, SolverError
 from .hw import Hardware, load
 from .ir import STaskGraph
+from .kernelcheck import KernelCheck
 from .ops.base import Operator
 from .policies import SOLVERS
 from .policies import greedy as greedy_mod
 from .policies.model import Problem, build, fits, tiling_tie
+from .pools import terminate
 from .program import SProgram
 from .provenance import stamp
 from .report import features
 from .result import Result
 from .simulate import claimed, replay
-from .validate import check_valid
+from .validate import check_valid, register_excess
 
 EXECUTORS = checks.EXECUTORS
 
@@ -167,185 +171,368 @@ def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: 
 def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat", time_limit: float = 30.0,
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
-           exclude: tuple[dict[str, int], ...] = (),
-           admit: Callable[[SProgram], str | None] | None = None, deterministic: bool = False) -> Result:
-    """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds
-    bounds the whole search; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings (those
-    whose kernels the compiler rejected, ptsolve.optimize). A graph instead of an operator is scheduled as it is.
-    ``admit`` (the compiler in the loop): a tiling that fits except for the model's register estimate is searched
-    too when it could beat the tilings that fit (its bound is not above their best greedy schedule) and ``admit``
-    of its greedy schedule says None (ptxas builds the kernel without spilling; else why not).
+           exclude: tuple[dict[str, int], ...] = (), verify: Callable[[SProgram], KernelCheck] | None = None,
+           deterministic: bool = False) -> Result:
+    """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds bounds the whole
+    search, compile checks included; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings.
+    A graph instead of an operator is scheduled as it is.
+
+    ``verify`` (the compiler in the loop, ptsolve.kernelcheck): the answer is the best schedule whose kernel the
+    compiler builds as scheduled. A refused schedule is not the end of its tiling: the tiling's next schedule (the
+    operator's declared issue order, solved by cpsat-orders, then greedy's) takes its place, ranked by its own
+    objective, and the tilings pruned against the refused one are searched again. The refused tiling's bound still
+    counts, so OPTIMAL means optimal over compile-clean schedules; an answer whose better-predicted rivals the compiler
+    refused is FEASIBLE (or TIME_LIMIT) with the gap. A tiling that fits except for the model's register estimate is
+    searched too when it could beat the tilings that fit and the compiler builds its greedy schedule. With a wall-clock
+    limit the solves stop at VERIFY_SHARE of it, keeping the rest for compile checks; an answer the limit leaves
+    unchecked is TIME_LIMIT and says so in ``kernel_check``. A verdict about the operator itself (scope "operator": no
+    generator builds these parameters) stops the checks: the model's answer comes back with that verdict.
 
     ``deterministic``: a reproducible search, the same Result program, status and bound on any machine load and with
     any ``executor`` and ``jobs``. ``time_limit`` is then not wall-clock: the search spends at most ``time_limit``
     seconds of CP-SAT deterministic time (policies.cpsat.SEARCH_DET_PER_S per second; CP-SAT's unit, about a second
     of one core, 3-4 s on the reference machine), an equal share per tiling that fits (policies.cpsat.det_budget),
-    each solve on one CP-SAT worker with a fixed seed and no wall-clock limit; no deadline cuts the tilings short.
-    For policies greedy, cpsat, cpsat-orders and exhaustive; a MILP back-end (wall-clock limits only) or placement
-    ``exact`` is a SolverError. ``solved`` and ``solve_s`` still vary: a serial search prunes more.
+    each solve on one CP-SAT worker with a fixed seed and no wall-clock limit; no deadline cuts the tilings short or
+    skips a compile check. For policies greedy, cpsat, cpsat-orders and exhaustive; a MILP back-end (wall-clock
+    limits only) or placement ``exact`` is a SolverError. ``solved`` and ``solve_s`` still vary: a serial search
+    prunes more.
 
-    Status: OPTIMAL when the best program's kernel time meets the least bound over all tilings; TIME_LIMIT
-    when the time limit (or deterministic budget) stopped a solve, or left tilings unsolved, whose bound is below
-    the answer; FEASIBLE otherwise (greedy, which proves nothing, or an exact back-end whose proof did not survive
-    re-checking)."""
+    Status: OPTIMAL when the answer's kernel time meets the least bound over all tilings; TIME_LIMIT when the time
+    limit (or deterministic budget) stopped a solve, or left tilings unsolved, whose bound is below the answer, or left
+    the answer unchecked; FEASIBLE otherwise (greedy, which proves nothing, an exact back-end whose proof did not
+    survive re-checking, or a better-predicted schedule the compiler refused)."""
     check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
     hw = load(hw)
     t0 = time.perf_counter()
-    say = progress or (lambda s: None)
-    cands: list[tuple[int, dict[str, int], Problem, SProgram, int]] = []
-    reasons = []
-    if isinstance(op, STaskGraph):
-        graphs = [op]
-    else:  # a graph's tiling (what a caller excludes) holds the optional keys' defaults; op.tilings() may not
-        opt = op.spec.optional
-        gone = [{**opt, **x} for x in exclude]
-        graphs = [op.graph(t, hw) for t in _fixed(op, fix) if {**opt, **t} not in gone]
-    over: list[tuple[Problem, str]] = []  # fit but for the register estimate: for ``admit`` to decide
-    for g in graphs:
-        t = g.tiling
-        why = fits(g, hw)
-        if why and admit is not None and fits(g, hw, registers=False) is None:
-            over.append((build(g, hw, placement, registers=False), why))
-            continue
-        if why:
-            reasons.append(f"{t}: {why}")
-            continue
-        P = build(g, hw, placement)
-        gp, _ = greedy_mod.solve(P)
-        cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
-    compiled: set[tuple] = set()  # tilings ptxas admitted: their workers skip the estimate too
-    best_greedy = min((c[4] for c in cands), default=math.inf)
-    for P, why in sorted(over, key=lambda x: (lower_bound(x[0]), x[0].tie)):
-        t = P.graph.tiling
-        if lower_bound(P) > best_greedy:  # cannot win: no compile
-            reasons.append(f"{t}: {why}")
-            continue
-        gp, _ = greedy_mod.solve(P)
-        no = admit(gp)
-        say(f"tiling {t}: {why} by the model's estimate; the compiler " + (f"refuses it ({no})" if no else "fits it"))
-        if no:
-            reasons.append(f"{t}: {why}; the compiler: {no}")
-            continue
-        compiled.add(P.tie)
-        cands.append((lower_bound(P), t, P, gp, *claimed(gp, hw), latency_lower_bound(P)))
-    what = op.name if isinstance(op, STaskGraph) else op.describe()
-    if not cands:
-        if not reasons and exclude:  # every tiling was excluded by the caller (the compiler in the loop rejected all)
-            raise InfeasibleError(f"no tiling of {what} is left: the {len(exclude)} excluded were all it had")
-        raise InfeasibleError(f"no tiling of {what} fits {hw.name}: " + "; ".join(reasons[:4])
-                              + (f" (and {len(reasons) - 4} more)" if len(reasons) > 4 else ""))
+    s = _Search(op, hw, solver, time_limit, placement, executor, jobs, deterministic, progress, verify, t0)
+    s.collect(_graphs(op, hw, fix, exclude))
+    if not s.cands:
+        if not s.reasons and exclude:  # every tiling was excluded by the caller
+            raise InfeasibleError(f"no tiling of {s.what} is left: the {len(exclude)} excluded were all it had")
+        raise InfeasibleError(f"no tiling of {s.what} fits {hw.name}: " + "; ".join(s.reasons[:4])
+                              + (f" (and {len(s.reasons) - 4} more)" if len(s.reasons) > 4 else ""))
     if solver == "exhaustive":
-        _exhaustive_fits(cands, what)
-    cands.sort(key=lambda c: (c[0], c[2].tie))
-    if decoupled:
-        cands = cands[:1]
-    say(f"{len(cands)} tilings fit; greedy best {min(c[4] for c in cands)} cycles")
-    # ties in kernel time (a shared-unit floor) go to the smaller slot latency, then to the smaller tiling key
-    best = min(cands, key=lambda c: (c[4], c[5], c[2].tie))
-    inc_prog, inc_obj, inc_lat = best[3], best[4], best[5]
-    inc_key = best[2].tie
-    if solver == "cpsat-orders":  # greedy's program is not of the pinned orders: no incumbent from it
-        inc_obj = inc_lat = math.inf
-    bounds = [c[0] for c in cands]  # greedy proves nothing: the roofline bounds stand
-    solved = len(cands)
-    timed_out = False
-    if solver != "greedy":
-        solved = 0
-        own: dict[tuple, int] = {}  # per tiling: the bound its solve proved, or its bound when pruned or unreached
-        limited: set[tuple] = set()  # tilings the time limit stopped or left unsolved
-        # deterministic: no deadline, and a per-tiling budget fixed before any solve (solve_one, det_time); solves
-        # run with one CP-SAT worker each (solve_one's default): the pool runs ``jobs`` of them at once
-        deadline = math.inf if deterministic else t0 + time_limit
-        det = None
-        if deterministic:
-            from .policies.cpsat import det_budget
-            det = det_budget(time_limit, len(cands))
-        jobs = max(1, jobs or os.cpu_count() or 1)
-        # a deeper ring only removes constraints, so a tiling's optimum bounds every shallower twin from below;
-        # solve the deepest first and let its optimum prune the rest
-        lbs = {c[2].tie: c[0] for c in cands}
-        lat_lbs = {c[2].tie: c[6] for c in cands}
-        todo = sorted(cands, key=lambda c: (c[0], -c[1].get("depth", 0), c[2].tie))
-        pool: Any = None
-        if executor == "ray":
-            pool = _RayPool()
-        elif executor == "process" and jobs > 1 and len(todo) > 1:
-            pool = ProcessPoolExecutor(max_workers=jobs)
-        running: dict[Any, tuple] = {}
-        try:
-            while todo or running:
-                while todo and len(running) < (jobs if pool is not None else 1) and time.perf_counter() < deadline:
-                    c = todo.pop(0)
-                    # prune only what cannot win even the tie-break (time, slot latency, tiling key): a serial
-                    # search, which prunes more, and a parallel one then return the same program
-                    k = c[2].tie
-                    if (lbs[k], lat_lbs[k], k) > (inc_obj, inc_lat, inc_key):
-                        own[k] = lbs[k]
-                        continue
-                    left = time_limit if deterministic else max(0.2, deadline - time.perf_counter())
-                    # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
-                    args = (c[2].graph.to_json(), hw, solver, left, placement, c[3].to_json(), None,
-                            k not in compiled, *(() if det is None else (det,)))
-                    running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
-                if not running:
-                    break
-                done = _first_done(list(running), pool)
-                for fut in done:
-                    c = running.pop(fut)
-                    pj, st = fut.result()
-                    solved += 1
-                    prog = SProgram.from_json(pj) if pj else None
-                    obj, lat = claimed(prog, hw) if prog else (None, None)
-                    status = st["status"]
-                    if status == "OPTIMAL" and (st.get("objective") != obj or not replays(prog, hw)):
-                        # the optimum is of the model's number; if the replay disagrees, nothing is proven
-                        say(f"tiling {c[1]}: {solver}'s optimum {st.get('objective')} cycles is not what the "
-                            f"program replays to ({obj}); keeping it unproven")
-                        status = "FEASIBLE"
-                    # equal objectives go to the smaller slot latency, then the smaller tiling key, so parallel
-                    # solves finishing in any order give the same answer
-                    if obj is not None and (obj, lat, c[2].tie) < (inc_obj, inc_lat, inc_key):
-                        inc_prog, inc_obj, inc_lat, inc_key = prog, obj, lat, c[2].tie
-                    # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
-                    b = (obj if status == "OPTIMAL" and obj is not None else
-                         inc_obj if status == "INFEASIBLE" else
-                         max(c[0], st.get("bound") or 0) if status == "TIME_LIMIT" else c[0])
-                    own[c[2].tie] = b
-                    if status == "TIME_LIMIT":
-                        limited.add(c[2].tie)
-                    for o in todo:
-                        if _twin(o[1], c[1]) and o[1].get("depth", 0) < c[1].get("depth", 0):
-                            lbs[o[2].tie] = max(lbs[o[2].tie], b)
-                            if status == "OPTIMAL" and lat is not None:
-                                lat_lbs[o[2].tie] = max(lat_lbs[o[2].tie], lat)
-                    say(f"tiling {c[1]}: {status} in {st.get('solve_s', 0):.2f} s; best {inc_obj} cycles")
-        except BaseException:
-            _stop(pool)  # SIGINT (KeyboardInterrupt) or an error: no worker may outlive the search
-            raise
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True) if not isinstance(pool, _RayPool) else pool.shutdown()
-        for c in todo:  # not reached before the deadline
-            own[c[2].tie] = lbs[c[2].tie]
-            limited.add(c[2].tie)
-        bounds, timed_out = _settle([(c[1], c[2].tie) for c in cands], own, limited, inc_obj)
-    if inc_obj == math.inf:
-        raise InfeasibleError(f"{solver} found no schedule of {what} within {time_limit:g} s"
-                              + (" of CP-SAT deterministic time" if deterministic else "") + "; raise time_limit")
-    bound = min([*bounds, inc_obj])
-    status = ("FEASIBLE" if solver == "greedy" else "OPTIMAL" if bound >= inc_obj else
-              "TIME_LIMIT" if timed_out else "FEASIBLE")
-    if solver == "cpsat" and status == "OPTIMAL":
-        inc_prog = _polish(inc_prog, [c[2] for c in cands], hw, say)
-    if not isinstance(op, STaskGraph) and "depth" not in (fix or {}):  # a given graph or depth is the caller's
-        inc_prog = _deepen(inc_prog, hw, say, exclude)
-    inc_prog = _relabel(inc_prog, solver, status)
-    us = hw.cycles_to_us(inc_obj) + hw.launch_us
-    return Result(program=inc_prog, solver=solver, status=status, objective=inc_obj, bound=bound,
+        _exhaustive_fits(list(s.cands.values()), s.what)
+    if decoupled:  # the paper's ablation: the tiling with the least roofline bound, alone
+        first = min(s.cands.values(), key=lambda c: (c.lb, c.key))
+        s.cands, s.alts = {first.key: first}, {first.key: s.alts[first.key]}
+    s.say(f"{len(s.cands)} tilings fit; greedy best {min(c.g_obj for c in s.cands.values())} cycles")
+    try:
+        prog, status, bound, kc = s.run(fix, exclude)
+    except BaseException:
+        _stop(s.pool)  # SIGINT (KeyboardInterrupt) or an error: no worker may outlive the search
+        raise
+    finally:
+        s.close()
+    obj = claimed(prog, hw)[0]
+    if kc is not None and kc.ok and register_excess(prog.graph, prog.copies, hw):
+        prog = replace(prog, registers=kc.registers or 0)  # ptxas, not the estimate, says it fits
+    prog = _relabel(prog, solver, status)
+    us = hw.cycles_to_us(obj) + hw.launch_us
+    return Result(program=prog, solver=solver, status=status, objective=obj, bound=bound,
                   solve_s=time.perf_counter() - t0, predicted_us=us,
-                  tflops=inc_prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
-                  tiling=dict(inc_prog.graph.tiling), tilings=len(cands), solved=solved,
-                  features=tuple(features(inc_prog, hw)), provenance=stamp())
+                  tflops=prog.graph.useful_flops / (us * 1e-6) / 1e12, hw=hw.name,
+                  tiling=dict(prog.graph.tiling), tilings=len(s.cands), solved=s.n_solved,
+                  features=tuple(features(prog, hw)), provenance=stamp(),
+                  kernel_check=kc.to_dict() if kc is not None else None, rejected=tuple(s.rejected))
+
+
+# with a compiler in the loop and a wall-clock limit, the share of it the solves may use: the rest is kept for the
+# compile checks of the answer (and of the schedules that replace it where the compiler refuses one)
+VERIFY_SHARE = 0.75
+
+
+def _graphs(op: Operator | STaskGraph, hw: Hardware, fix: dict[str, int] | None,
+            exclude: Sequence[dict[str, int]]) -> list[STaskGraph]:
+    """The graphs to search: ``op`` itself, or one per tiling of ``op`` that ``fix`` keeps and ``exclude`` does not
+    name (a graph's tiling, what a caller excludes, holds the optional keys' defaults; op.tilings() may not)."""
+    if isinstance(op, STaskGraph):
+        return [op]
+    opt = op.spec.optional
+    gone = [{**opt, **x} for x in exclude]
+    return [op.graph(t, hw) for t in _fixed(op, fix) if {**opt, **t} not in gone]
+
+
+@dataclass
+class _Cand:
+    """A tiling that fits, as the search sees it: its Problem, its lower bounds (kernel cycles, busiest-slot cycles)
+    and greedy's schedule with that schedule's (kernel cycles, busiest-slot cycles)."""
+
+    P: Problem
+    lb: int
+    lat_lb: int
+    greedy: SProgram
+    g_obj: int
+    g_lat: int
+
+    @property
+    def tiling(self) -> dict[str, int]:
+        return self.P.graph.tiling
+
+    @property
+    def key(self) -> tuple:
+        return self.P.tie
+
+
+# (graph, table, placement, register estimate, grain) -> its _Cand: the Problem, bounds and greedy schedule of a
+# tiling depend on nothing else, and `compare` searches every configuration with several policies
+_PREPARED: OrderedDict[tuple, _Cand] = OrderedDict()
+
+
+def _prepare(g: STaskGraph, hw: Hardware, placement: str, registers: bool = True) -> _Cand:
+    """A tiling's Problem, lower bounds and greedy schedule, from the process's memo when it has them."""
+    key = (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), placement, registers, check_grain())
+    c = _PREPARED.get(key)
+    if c is not None:
+        _PREPARED.move_to_end(key)
+        return c
+    P = build(g, hw, placement, registers=registers)
+    gp = greedy_mod.solve(P)[0]
+    c = _Cand(P, lower_bound(P), latency_lower_bound(P), gp, *claimed(gp, hw))
+    _PREPARED[key] = c
+    if len(_PREPARED) > 2048:
+        _PREPARED.popitem(last=False)
+    return c
+
+
+class _Search:
+    """One search's state: the tilings that fit, each tiling's known schedules best first (``alts``: what the compiler
+    is asked about, in that order), the bounds proven so far, the process pool."""
+
+    def __init__(self, op: Operator | STaskGraph, hw: Hardware, solver: str, time_limit: float, placement: str,
+                 executor: str, jobs: int | None, deterministic: bool, progress: Callable[[str], None] | None,
+                 verify: Callable[[SProgram], KernelCheck] | None, t0: float) -> None:
+        self.hw, self.solver, self.time_limit, self.placement = hw, solver, time_limit, placement
+        self.executor, self.jobs, self.deterministic, self.verify = executor, max(1, jobs or os.cpu_count() or 1), \
+            deterministic, verify
+        self.graph = isinstance(op, STaskGraph)
+        self.what = op.name if isinstance(op, STaskGraph) else op.describe()
+        # an operator's declared issue orders (FlashAttention-3's) are a tiling's next schedule when CP-SAT's is refused
+        self.declared = solver == "cpsat" and not self.graph and op.spec.orders is not None
+        self.say = progress or (lambda s: None)
+        wall = not deterministic
+        self.deadline = t0 + time_limit if wall else math.inf
+        self.solve_deadline = t0 + time_limit * (VERIFY_SHARE if verify is not None else 1.0) if wall else math.inf
+        self.cands: dict[tuple, _Cand] = {}
+        self.reasons: list[str] = []
+        self.compiled: set[tuple] = set()  # tilings ptxas admitted over the register estimate: their workers skip it
+        self.alts: dict[tuple, list[tuple[int, int, SProgram]]] = {}
+        self.lbs: dict[tuple, int] = {}
+        self.lat_lbs: dict[tuple, int] = {}
+        self.own: dict[tuple, int] = {}  # per tiling: the bound its solve proved, or its bound when pruned/unreached
+        self.limited: set[tuple] = set()  # tilings the time limit stopped or left unsolved
+        self.solved: set[tuple] = set()
+        self.tried: set[tuple] = set()  # tilings whose declared-order schedule was solved
+        self.fallback: set[tuple] = set()  # tilings one of whose schedules the compiler refused
+        self.rejected: list[tuple[dict[str, int], str]] = []
+        self.unbuildable: KernelCheck | None = None  # a verdict about the operator: no kernel of it builds
+        self.n_solved = 0
+        self.det: float | None = None
+        self.pool: Any = None
+
+    # ------------------------------------------------------------------ the tilings
+    def collect(self, graphs: list[STaskGraph]) -> None:
+        """Every graph that fits becomes a candidate with its bounds and greedy schedule; one that fits but for the
+        register estimate is asked of the compiler when it could beat the rest."""
+        hw, over = self.hw, []
+        for g in graphs:
+            why = fits(g, hw)
+            if why and self.verify is not None and fits(g, hw, registers=False) is None:
+                over.append((_prepare(g, hw, self.placement, registers=False), why))
+            elif why:
+                self.reasons.append(f"{g.tiling}: {why}")
+            else:
+                self._add(_prepare(g, hw, self.placement))
+        best_greedy = min((c.g_obj for c in self.cands.values()), default=math.inf)
+        for c, why in sorted(over, key=lambda x: (x[0].lb, x[0].key)):
+            t, gp = c.tiling, c.greedy
+            if c.lb > best_greedy or self.unbuildable is not None or self._late():
+                self.reasons.append(f"{t}: {why}")  # cannot win, or the compiler cannot be asked: no compile
+                continue
+            kc = self.verify(gp)  # type: ignore[misc]
+            if kc.refused and kc.scope == "operator":
+                self.unbuildable = kc
+            no = None if kc.ok else f"{kc.status}" + (f": {kc.reason}" if kc.reason else "")
+            self.say(f"tiling {t}: {why} by the model's estimate; the compiler "
+                     + (f"refuses it ({no})" if no else "fits it"))
+            if no:
+                self.reasons.append(f"{t}: {why}; the compiler: {no}")
+                continue
+            self.compiled.add(c.key)
+            self._add(c)
+        if self.deterministic and self.cands:
+            from .policies.cpsat import det_budget
+            self.det = det_budget(self.time_limit, len(self.cands))
+
+    def _add(self, c: _Cand) -> None:
+        self.cands[c.key] = c
+        self.lbs[c.key], self.lat_lbs[c.key] = c.lb, c.lat_lb
+        # greedy's program is not of the pinned orders: no schedule for cpsat-orders until it solves
+        self.alts[c.key] = [] if self.solver == "cpsat-orders" else [(c.g_obj, c.g_lat, c.greedy)]
+
+    def _inc(self) -> tuple:
+        """(kernel cycles, busiest-slot cycles, tiling key) of the best schedule not refused, the order answers rank
+        by (answer_key); (inf, inf, ()) when there is none."""
+        heads = [(a[0][0], a[0][1], k) for k, a in self.alts.items() if a]
+        return min(heads, default=(math.inf, math.inf, ()))
+
+    def _late(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    # ------------------------------------------------------------------ the solves
+    def _pool(self, n: int) -> Any:
+        if self.pool is None and self.executor == "ray":
+            self.pool = _RayPool()
+        elif self.pool is None and self.executor == "process" and self.jobs > 1 and n > 1:
+            self.pool = ProcessPoolExecutor(max_workers=self.jobs)
+        return self.pool
+
+    def solve_all(self) -> None:
+        """Solve, best bound first, every tiling not solved yet that could still beat the best schedule (deepest ring
+        first among twins: a deeper ring only removes constraints, so its optimum bounds the shallower twins)."""
+        if self.solver == "greedy":
+            return
+        todo = sorted((c for k, c in self.cands.items() if k not in self.solved),
+                      key=lambda c: (c.lb, -c.tiling.get("depth", 0), c.key))
+        pool = self._pool(len(todo))
+        running: dict[Any, _Cand] = {}
+        while todo or running:
+            while todo and len(running) < (self.jobs if pool is not None else 1) \
+                    and time.perf_counter() < self.solve_deadline:
+                c = todo.pop(0)
+                k = c.key
+                # prune only what cannot win even the tie-break (time, slot latency, tiling key): a serial search,
+                # which prunes more, and a parallel one then return the same program
+                if (self.lbs[k], self.lat_lbs[k], k) > self._inc():
+                    self.own[k] = self.lbs[k]
+                    continue
+                left = self.time_limit if self.deterministic else max(0.2, self.solve_deadline - time.perf_counter())
+                # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
+                args = (c.P.graph.to_json(), self.hw, self.solver, left, self.placement, c.greedy.to_json(), None,
+                        k not in self.compiled, self.det)
+                running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
+            if not running:
+                break
+            for fut in _first_done(list(running), pool):
+                c = running.pop(fut)
+                self._take(c, *fut.result())
+        for c in todo:  # not reached before the deadline
+            self.own[c.key] = self.lbs[c.key]
+            self.limited.add(c.key)
+
+    def _take(self, c: _Cand, pj: str | None, st: dict[str, Any]) -> None:
+        """Record one tiling's solve: its schedule among the tiling's schedules, the bound it proves for it and its
+        shallower twins."""
+        k, hw = c.key, self.hw
+        self.n_solved += 1
+        self.solved.add(k)
+        prog = SProgram.from_json(pj) if pj else None
+        obj, lat = claimed(prog, hw) if prog else (None, None)
+        status = st["status"]
+        if status == "OPTIMAL" and (st.get("objective") != obj or not replays(prog, hw)):
+            # the optimum is of the model's number; if the replay disagrees, nothing is proven
+            self.say(f"tiling {c.tiling}: {self.solver}'s optimum {st.get('objective')} cycles is not what the "
+                     f"program replays to ({obj}); keeping it unproven")
+            status = "FEASIBLE"
+        inc = self._inc()[0]
+        if obj is not None:
+            _insert(self.alts[k], obj, lat, prog)
+        # a tiling solved to optimality cannot beat its own optimum; otherwise its proven bound
+        b = (obj if status == "OPTIMAL" and obj is not None else inc if status == "INFEASIBLE" else
+             max(c.lb, st.get("bound") or 0) if status == "TIME_LIMIT" else c.lb)
+        self.own[k] = b
+        self.limited.discard(k)
+        if status == "TIME_LIMIT":
+            self.limited.add(k)
+        for o in self.cands.values():
+            if o.key not in self.solved and _twin(o.tiling, c.tiling) and o.tiling.get("depth", 0) < \
+                    c.tiling.get("depth", 0):
+                self.lbs[o.key] = max(self.lbs[o.key], b)
+                if status == "OPTIMAL" and lat is not None:
+                    self.lat_lbs[o.key] = max(self.lat_lbs[o.key], lat)
+        self.say(f"tiling {c.tiling}: {status} in {st.get('solve_s', 0):.2f} s; best {self._inc()[0]} cycles")
+
+    def status(self) -> tuple[str, int]:
+        """(status, bound) of the best schedule not refused, over every tiling (refused ones too: a tiling whose
+        better schedule the compiler refused may have compile-clean schedules between that one and the answer)."""
+        inc = self._inc()[0]
+        if self.solver == "greedy":
+            return "FEASIBLE", min([*self.lbs.values(), inc])
+        bounds, timed_out = _settle([(c.tiling, k) for k, c in self.cands.items()], self.own, self.limited, inc)
+        bound = min([*bounds, inc])
+        return ("OPTIMAL" if bound >= inc else "TIME_LIMIT" if timed_out else "FEASIBLE"), bound
+
+    # ------------------------------------------------------------------ the answer
+    def run(self, fix: dict[str, int] | None, exclude: Sequence[dict[str, int]]) -> tuple[SProgram, str, int,
+                                                                                          KernelCheck | None]:
+        """(program, status, bound, the compiler's verdict or None): solve, ask the compiler about the best schedule,
+        and while it refuses, go on with the refused tiling's next schedule and whatever that lets back in."""
+        while True:
+            self.solve_all()
+            obj, _, k = self._inc()
+            if obj == math.inf:
+                if self.rejected:
+                    raise InfeasibleError(f"every tiling of {self.what} that fits {self.hw.name} was rejected by the "
+                                          "compiler: " + "; ".join(f"{t}: {w}" for t, w in self.rejected[:4]))
+                raise InfeasibleError(f"{self.solver} found no schedule of {self.what} within {self.time_limit:g} s"
+                                      + (" of CP-SAT deterministic time" if self.deterministic else "")
+                                      + "; raise time_limit")
+            prog = self.alts[k][0][2]
+            status, bound = self.status()
+            if k in self.fallback and prog.policy == "greedy":
+                prog = replace(prog, policy=f"{self.solver} (greedy's schedule: the compiler refused a better one)")
+            final = self._finish(k, prog, status, fix, exclude)
+            if self.verify is None or self.unbuildable is not None:
+                return final, status, bound, self.unbuildable
+            for v in (final, prog) if final is not prog else (final,):
+                if self._late():
+                    return v, "TIME_LIMIT", bound, KernelCheck(
+                        "not compile-checked", f"the time limit ({self.time_limit:g} s) ran out before the compiler "
+                        "was asked")
+                kc = self.verify(v)
+                if not kc.refused or kc.scope == "operator" or self.graph:  # a graph's verdict is reported as it is
+                    return v, status, bound, kc
+                self.rejected.append((dict(v.graph.tiling), f"{kc.status}: {kc.reason} ({v.policy} schedule)"))
+                self.say(f"tiling {v.graph.tiling}: the compiler {kc.status} its {v.policy} schedule ({kc.reason})")
+            self._next(k)
+
+    def _finish(self, k: tuple, prog: SProgram, status: str, fix: dict[str, int] | None,
+                exclude: Sequence[dict[str, int]]) -> SProgram:
+        """The schedule as returned: CP-SAT's optimum polished, the ring deepened where the table asks (neither
+        changes the objective), never into a tiling the caller excluded or the compiler refused."""
+        if self.solver == "cpsat" and status == "OPTIMAL":
+            prog = _polish(prog, [self.cands[k].P], self.hw, self.say)
+        if not self.graph and "depth" not in (fix or {}):  # a given graph or depth is the caller's
+            prog = _deepen(prog, self.hw, self.say, [*exclude, *(t for t, _ in self.rejected)])
+        return prog
+
+    def _next(self, k: tuple) -> None:
+        """Tiling ``k``'s best schedule was refused: its next one (the declared issue order, solved once) takes its
+        place; with none left, the tiling is out."""
+        self.alts[k].pop(0)
+        self.fallback.add(k)
+        if self.declared and k not in self.tried:
+            self.tried.add(k)
+            from .policies import orders
+            left = self.time_limit if self.deterministic else max(0.2, self.deadline - time.perf_counter())
+            prog, st = orders.solve(self.cands[k].P, time_limit=left, num_workers=1,
+                                    **({} if self.det is None else {"det_time": self.det}))
+            if prog is not None:
+                prog = replace(prog, policy="cpsat-orders")
+                _insert(self.alts[k], *claimed(prog, self.hw), prog)
+                self.say(f"tiling {self.cands[k].tiling}: its declared-order schedule, {claimed(prog, self.hw)[0]} "
+                         "cycles, is next")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True) if not isinstance(self.pool, _RayPool) else self.pool.shutdown()
+
+
+def _insert(alts: list[tuple[int, int, SProgram]], obj: int, lat: int, prog: SProgram) -> None:
+    """Into a tiling's schedules, best (kernel cycles, busiest slot) first, after any equal one (an equal solver
+    schedule does not displace greedy's, which the search keeps as its incumbent)."""
+    i = next((j for j, x in enumerate(alts) if (obj, lat) < (x[0], x[1])), len(alts))
+    alts.insert(i, (obj, lat, prog))
 
 
 def _polish(prog: SProgram, problems: list[Problem], hw: Hardware, say: Callable[[str], None]) -> SProgram:
@@ -382,12 +569,12 @@ def _deepen(prog: SProgram, hw: Hardware, say: Callable[[str], None], exclude: S
     return new
 
 
-def _exhaustive_fits(cands: list[tuple], what: str) -> None:
+def _exhaustive_fits(cands: list[_Cand], what: str) -> None:
     """Refuse, before any solve, an exhaustive search none of whose tilings is small enough to enumerate."""
     from .policies import exhaustive
 
-    if not any(len(c[2].tasks) <= exhaustive.MAX_TASKS and c[2].horizon <= exhaustive.MAX_HORIZON for c in cands):
-        n = min(len(c[2].tasks) for c in cands)
+    if not any(len(c.P.tasks) <= exhaustive.MAX_TASKS and c.P.horizon <= exhaustive.MAX_HORIZON for c in cands):
+        n = min(len(c.P.tasks) for c in cands)
         raise SolverError(f"solver 'exhaustive' enumerates every schedule of graphs of at most {exhaustive.MAX_TASKS} "
                           f"tasks and a horizon of {exhaustive.MAX_HORIZON} grains (tests' tiny graphs); {what} has "
                           f"{n}+ tasks per CTA: use solver 'cpsat' or 'milp'")
@@ -398,11 +585,7 @@ def _stop(pool: Any) -> None:
     if isinstance(pool, _RayPool):
         pool.cancel()
     elif isinstance(pool, ProcessPoolExecutor):
-        procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API lists them
-        for pr in procs:
-            pr.terminate()
-        for pr in procs:
-            pr.join(5)
+        terminate(pool)
 
 
 def answer_key(p: SProgram, hw: Hardware) -> tuple:
@@ -447,8 +630,9 @@ class _Done:
 
 
 def _relabel(p: SProgram, solver: str, status: str) -> SProgram:
-    """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal or not."""
-    if p.policy == solver:
+    """Name the policy that returned ``p``: an exact solver may keep greedy's program, proven optimal or not. A
+    schedule that stands in for a refused one (the declared order's, greedy's) keeps the name it was given."""
+    if p.policy == solver or (p.policy != solver and p.policy.startswith(("cpsat-orders", f"{solver} ("))):
         return p
     if p.policy != "greedy":
         return replace(p, policy=solver)

@@ -56,14 +56,17 @@ def order_key(p: Any) -> tuple:
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
                check: bool = True, progress: Callable[[str], None] | None = None,
                fix: dict[str, int] | None = None, per: Sequence[str] = (),
-               deterministic: bool = False) -> tuple[list[Candidate], list[tuple[dict, str]]]:
+               deterministic: bool = False, deadline: float | None = None
+               ) -> tuple[list[Candidate], list[tuple[dict, str]]]:
     """The ``k`` best distinct compile-clean schedules of ``op`` (best predicted first) and the tilings the
     compiler rejected on the way, with why. ``solver``: one policy, or several comma-separated (each tiling then
     gives one schedule per distinct order, ``order_key``). ``check`` False (or no checker for ``hw.arch``) keeps
     every schedule, marked "not compile-checked". ``fix``: only the tilings with these values (as ``optimize``'s).
     ``per``: tiling keys that pick a kernel structure (GEMM: ``pingpong``): the ``k`` best of every combination of
     their values, ranked together by prediction, so a structure the model ranks below another still gets timed.
-    ``deterministic``: reproducible solves (ptsolve.optimize's), ``time_limit`` CP-SAT deterministic time per tiling."""
+    ``deterministic``: reproducible solves (ptsolve.optimize's), ``time_limit`` CP-SAT deterministic time per tiling.
+    ``deadline`` (``time.time()`` seconds, wall-clock runs only): no search runs past it, and the walk stops there
+    with the candidates it has."""
     from .search import _fixed, answer_key, check_deterministic, lower_bound
 
     if per:
@@ -75,7 +78,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
         for v in combos:
             try:
                 cs, rs = candidates(op, hw, k, solver, time_limit, check, progress, (fix or {}) | dict(zip(per, v)),
-                                    deterministic=deterministic)
+                                    deterministic=deterministic, deadline=deadline)
             except InfeasibleError:
                 continue  # no tiling of this structure fits
             got += cs
@@ -105,6 +108,14 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
         raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}")
     bounded.sort(key=lambda x: (x[0], x[1]))
     from .optimize import optimize
+
+    def limit() -> float:  # each search within what the deadline leaves
+        if deadline is None or deterministic:
+            return time_limit
+        return min(time_limit, max(0.5, deadline - time.time()))
+
+    def late() -> bool:
+        return deadline is not None and not deterministic and time.time() > deadline
     found: list[Result] = []
     checks: list[KernelCheck] = []
     rejected: list[tuple[dict, str]] = []
@@ -121,7 +132,7 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     # first rejected tiling with the operator's declared issue order, optimize._compiler_in_the_loop), and the first
     # choice must be among what is timed
     try:
-        first = optimize(op, hw, solver=solvers[0], time_limit=time_limit, compile_check=check, fix=fix,
+        first = optimize(op, hw, solver=solvers[0], time_limit=limit(), compile_check=check, fix=fix,
                          deterministic=deterministic)
     except InfeasibleError:
         first = None
@@ -133,8 +144,11 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     for lb, _, g in bounded:
         if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
             break
+        if found and late():
+            say(f"the time limit ran out with {len(found)} candidate(s)")
+            break
         for pol in solvers:
-            r = optimize(g, hw, solver=pol, time_limit=time_limit, compile_check=check, deterministic=deterministic)
+            r = optimize(g, hw, solver=pol, time_limit=limit(), compile_check=check, deterministic=deterministic)
             if "depth" not in (fix or {}):  # the ring optimize gives an operator's winner (a graph keeps its own)
                 r = _deepened(r, hw, check)
                 if deepened.setdefault(tuple(sorted(r.tiling.items())), g.tiling) != g.tiling:
@@ -199,7 +213,8 @@ def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
 
 def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
          solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
-         cache: bool = True, per: Sequence[str] = (), deterministic: bool = False) -> Result:
+         cache: bool = True, per: Sequence[str] = (), deterministic: bool = False,
+         deadline: float | None = None) -> Result:
     """The measured best of the model's ``top_k`` best compile-clean schedules. ``runner(programs, hw)`` returns
     their kernel times in µs (default: the code generator's, codegen.tune.runner, which needs a GPU). The Result
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
@@ -214,7 +229,7 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
         return hit
     t0 = time.perf_counter()
     cands, rejected = candidates(op, hw, top_k, solver, time_limit, progress=progress, per=per,
-                                 deterministic=deterministic)
+                                 deterministic=deterministic, deadline=deadline)
     if runner is None:
         runner = find_runner(hw)
         if runner is None:

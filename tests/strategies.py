@@ -11,9 +11,13 @@ from ptsolve.ir import Buffer, Edge, STask, STaskGraph
 
 
 def examples(n: int) -> int:
-    """Hypothesis examples per property test: ``n``, or 6 under mutation testing (scripts/mutate.sh sets
-    PTSOLVE_MUTATION=1), where every mutant reruns the tests and derandomized runs keep the same first examples."""
-    return min(n, 6) if os.environ.get("PTSOLVE_MUTATION") else n
+    """Hypothesis examples per property test: ``n`` (sized for CI's 2 cores), ten times that for the deeper run
+    (``PTSOLVE_DEEP_TESTS=1 python -m pytest -n auto``, README), or 6 under mutation testing (`python -m bench
+    mutation` sets PTSOLVE_MUTATION=1), where every mutant reruns the tests and derandomized runs keep the same first
+    examples."""
+    if os.environ.get("PTSOLVE_MUTATION"):
+        return min(n, 6)
+    return 10 * n if os.environ.get("PTSOLVE_DEEP_TESTS") == "1" else n
 
 
 def tiny_hw(sms: int = 2) -> Hardware:

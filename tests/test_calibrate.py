@@ -28,7 +28,10 @@ def samples():
     for k, op in ops.items():
         for pol in ("greedy", "cpsat"):
             # GEMM with two consumer warpgroups: the samples must exercise the tensor-core turns (tc_handoff)
-            r = ptsolve.optimize(op, hw=hw, solver=pol, cache=False, fix={"groups": 2} if k == "gemm" else None)
+            # deterministic: the same schedules on any machine and load (a wall-clock limit that binds on a busy
+            # machine changes them, and with them what the fit can recover)
+            r = ptsolve.optimize(op, hw=hw, solver=pol, cache=False, fix={"groups": 2} if k == "gemm" else None,
+                                 deterministic=True, time_limit=4)
             s = Sample(f"{k}_{pol}", k, pol, r.program, 0.0, trip=r.program.graph.trip_count)
             us, ii = predicted(s, true)
             out.append(replace(s, kernel_us=us, ii=ii, starts=replayed_starts(s, true)))
@@ -105,3 +108,11 @@ def test_overlay_round_trip(tmp_path, monkeypatch):
     assert p.name == "h200.calibrated.json"
     base = load("h200", calibrated=False)  # what a fit starts from: the datasheet table, overlay ignored
     assert (base.tc_fixed, base.mem_latency) == (hw_table("h200")["tc_fixed"], hw_table("h200")["mem_latency"])
+
+
+def test_fit_stops_at_its_deadline(samples):
+    """A deadline already past: no sweep runs, the table comes back unchanged, and the progress line says why."""
+    hw = load("h200")
+    said = []
+    fitted, hist = fit(samples, hw, tuple(TRUE), deadline=0.0, progress=said.append)
+    assert fitted == hw and len(hist) == 1 and "time limit" in said[0]

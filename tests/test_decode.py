@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+from strategies import examples
 
 import ptsolve
 from ptsolve.errors import ShapeError
@@ -348,7 +349,7 @@ def test_merge_tail_grows_with_the_queued_merge_ctas() -> None:
     hw = load("h200")
     cap = hw.for_op("flash_decode").follow_cycles
 
-    @settings(max_examples=40, deadline=None, derandomize=True)
+    @settings(max_examples=examples(40), deadline=None, derandomize=True)
     @example((71, 1, 64), 15, 2049, 1)  # more pieces, fewer merge CTAs: a smaller tail at a larger piece count
     @given(st.sampled_from([(32, 8, 128), (14, 2, 64), (12, 12, 64), (71, 1, 64)]), st.integers(1, 64),
            st.integers(64, 20000), st.sampled_from([1, 2]))

@@ -206,6 +206,6 @@ def test_exact_placement_runs_deterministically(monkeypatch: pytest.MonkeyPatch,
     cfg = {"name": "T0c", "op": "flash_attention", "params": {"batch": 1, "heads": 2, "seq": 512, "head_dim": 64,
                                                              "causal": True}}
     monkeypatch.setitem(suites.SUITES, "paper", lambda: [cfg])
-    assert main(["placement", "--hw", "h200", "--time-limit", "0.5", "--deterministic", "--no-cache",
+    assert main(["placement", "--hw", "h200", "--search-limit", "0.5", "--deterministic", "--no-cache",
                  "--out", str(tmp_path)]) == 0
     assert searched == [True] and placed == [True]

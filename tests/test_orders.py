@@ -155,3 +155,28 @@ def test_the_asap_replay_is_never_later_than_the_plan():
         assert all(a.start <= b.start for a, b in zip(asap.events, timed.events))
         assert replay_us(p, H200) == asap.kernel_us <= predicted_us(p, H200) == timed.kernel_us
         assert solver == "greedy" or asap.kernel_us < timed.kernel_us
+
+
+def test_a_cutoff_keeps_only_strictly_better_schedules():
+    """cpsat's ``cutoff``: at the optimum nothing is left (INFEASIBLE, a quick refutation); one cycle above, the
+    optimum comes back."""
+    P = build(FA.graph(T, H200), H200)
+    prog, st = cpsat.solve(P, time_limit=30, num_workers=1)
+    assert st["status"] == "OPTIMAL"
+    none, st0 = cpsat.solve(P, time_limit=30, num_workers=1, cutoff=st["objective"])
+    assert none is None and st0["status"] == "INFEASIBLE"
+    again, st1 = cpsat.solve(P, time_limit=30, num_workers=1, cutoff=st["objective"] + 1)
+    assert st1["objective"] == st["objective"]
+
+
+def test_pins_with_cutoffs_find_what_every_pin_solved_alone_finds():
+    """cpsat-orders solves its pins one after another, each under the best so far as a cutoff, and solves the winner
+    again without one: the same schedule as solving every pin in full and keeping the first best."""
+    P = build(FA.graph(T | {"persistent": 1}, H200), H200, )
+    prog, st = orders_policy.solve(P, time_limit=60, num_workers=1)
+    Q = orders_policy.one_copy(P)
+    full = [cpsat.solve(Q, time_limit=30, num_workers=1, pin=pin, cycle=cyc or None)
+            for pin, cyc in orders_policy.pins(P)]
+    best = min(range(len(full)), key=lambda i: (full[i][1]["objective"], i))
+    assert len(full) > 1 and best > 0  # the winner is not the first pin: it was found under a cutoff
+    assert st["objective"] == full[best][1]["objective"] and prog == full[best][0]

@@ -12,7 +12,7 @@ from ptsolve.errors import PtsolveError
 from ptsolve.tune import candidates, tune
 
 OP = ptsolve.ops.gemm(M=512, N=512, K=512)
-ARGS = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "3", "--time-limit", "10"]
+ARGS = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "3", "--search-limit", "10"]
 
 
 def test_candidates_are_distinct_and_in_the_models_order():
@@ -139,7 +139,7 @@ def test_prepare_per_structure_round_trip(tmp_path, capsys):
     """``ptsolve tune --per pingpong``: the prepare file holds both structures' candidates and names ``per``; its
     finished selection is cached under its own key (a plain ``tune`` of the shape is not answered by it)."""
     f = tmp_path / "cands.json"
-    args = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "1", "--time-limit", "10", "--solver",
+    args = ["gemm", "M=512", "N=512", "K=512", "--hw", "h200", "--top-k", "1", "--search-limit", "10", "--solver",
             "greedy"]
     assert main(["tune", *args, "--prepare", str(f), "--per", "pingpong"]) == 0
     doc = json.loads(f.read_text())

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
 from .common import CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
@@ -32,7 +32,7 @@ def check_tile(op: str, ir: KernelIR) -> None:
     p, t = ir.params, ir.tiling
     check_dtype(p)
     if p["head_dim"] not in (64, 128):
-        raise CodegenError(f"{op}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
+        raise UnsupportedOperatorError(f"{op}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
     if t["BM"] != 64 * t["groups"]:
         raise CodegenError(f"{op}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
 
@@ -43,8 +43,9 @@ def _check(ir: KernelIR) -> None:
     # element offsets into o are 64-bit (``store``) and q/k/v go through TMA coordinates, so tensors of 2^31 elements
     # and more run; what stays 32-bit is a row index batch·seq (and each TMA coordinate)
     if p["batch"] * max(p["seq_q"], p["seq_kv"]) >= 1 << 31:
-        raise CodegenError(f"flash_attention: batch·seq = {p['batch'] * max(p['seq_q'], p['seq_kv'])} rows; the "
-                           "kernel's row indices are 32-bit: split the batch into launches of fewer than 2^31 rows")
+        rows = p["batch"] * max(p["seq_q"], p["seq_kv"])
+        raise UnsupportedOperatorError(f"flash_attention: batch·seq = {rows} rows; the kernel's row indices are "
+                                       "32-bit: split the batch into launches of fewer than 2^31 rows")
 
 
 def _copies(ir: KernelIR, buf: str, g: int) -> int:

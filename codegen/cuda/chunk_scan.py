@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
 from .common import BULK, CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
@@ -64,15 +64,16 @@ def _check(ir: KernelIR) -> None:
     check_dtype(p)
     B, L, H, P, N, Q, G = _dims(p)
     if P != 64:
-        raise CodegenError(f"{OP}: the CUDA generator supports head_dim 64, got {P}")
+        raise UnsupportedOperatorError(f"{OP}: the CUDA generator supports head_dim 64, got {P}")
     if N % 64 or N > 256:
-        raise CodegenError(f"{OP}: d_state must be a multiple of 64 up to 256 (64-column TMA boxes), got {N}")
+        raise UnsupportedOperatorError(f"{OP}: d_state must be a multiple of 64 up to 256 (64-column TMA boxes), "
+                                       f"got {N}")
     if Q % 64 or Q > 256:
-        raise CodegenError(f"{OP}: chunk must be a multiple of 64 up to 256, got {Q}")
+        raise UnsupportedOperatorError(f"{OP}: chunk must be a multiple of 64 up to 256, got {Q}")
     if t["BM"] != 64 * t["groups"] or t["BK"] not in (16, 32, 64, 128):
         raise CodegenError(f"{OP}: tiling {t}: BM must be 64 rows per warpgroup, BK one of 16, 32, 64, 128")
     if index_error(p):
-        raise CodegenError(index_error(p))
+        raise UnsupportedOperatorError(index_error(p))
 
 
 def _consts(ir: KernelIR) -> str:

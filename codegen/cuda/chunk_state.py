@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
 from .common import BULK, TensorMapSpec, check_dtype, wgmma_smem
@@ -58,13 +58,15 @@ def _check(ir: KernelIR) -> None:
     check_dtype(p)
     B, L, H, P, N, Q, G = _dims(p)
     if P not in (64, 128):
-        raise CodegenError(f"{OP}: head_dim must be 64 or 128, got {P}")
-    if N % 64 or N % t["BM"]:
+        raise UnsupportedOperatorError(f"{OP}: head_dim must be 64 or 128, got {P}")
+    if N % 64:
+        raise UnsupportedOperatorError(f"{OP}: d_state={N} must be a multiple of 64 (128-byte TMA boxes)")
+    if N % t["BM"]:
         raise CodegenError(f"{OP}: d_state={N} must be a multiple of 64 and of BM={t['BM']} (128-byte TMA boxes)")
     if (t["BM"] // t["groups"]) not in (64, 128) or Q % t["BK"]:
         raise CodegenError(f"{OP}: tiling {t}: 64 or 128 columns per warpgroup and a BK that divides chunk={Q}")
     if index_error(p):
-        raise CodegenError(index_error(p))
+        raise UnsupportedOperatorError(index_error(p))
 
 
 def _consts(ir: KernelIR) -> str:

@@ -76,9 +76,9 @@ def persistent_grid(tiles: int, sms: int, cluster: int = 1) -> int:
 
 def check_dtype(p: dict[str, Any]) -> None:
     """CodegenError unless the operator's dtype is one the wgmma wrappers take."""
-    from ptsolve.errors import CodegenError
+    from ptsolve.errors import UnsupportedOperatorError
     if p.get("dtype", "fp16") not in CTYPE:
-        raise CodegenError(f"dtype {p.get('dtype')!r} is not supported by the CUDA generator; use one of "
+        raise UnsupportedOperatorError(f"dtype {p.get('dtype')!r} is not supported by the CUDA generator; use one of "
                            f"{sorted(CTYPE)}")
 
 

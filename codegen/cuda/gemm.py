@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 from ptsolve.ops.base import cluster_of
 from ptsolve.ops.gemm import STAGE_COLS, a_rows, reduce_ctas, stage_bytes
 
@@ -63,7 +63,7 @@ def _check(ir: KernelIR) -> None:
         raise CodegenError(f"gemm: splits={_splits(ir)} must be in [1, {-(-p['K'] // 64)}] (one K step per split "
                            "at least)")
     if max(p["M"], p["N"], p["K"]) >= 1 << 30:
-        raise CodegenError("gemm: M, N and K must stay below 2^30 (32-bit TMA coordinates)")
+        raise UnsupportedOperatorError("gemm: M, N and K must stay below 2^30 (32-bit TMA coordinates)")
     if ir.pingpong and (_splits(ir) > 1 or not ir.persistent):
         raise CodegenError("gemm: ping-pong warpgroups alternate over a persistent CTA's tiles: it takes splits=1 "
                            "and persistent=1")

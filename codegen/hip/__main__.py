@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from ptsolve.errors import PtsolveError
+from ptsolve.fileio import write_text
 
 
 def load_schedule(path: Path) -> Any:
     """A Result (its program), a KernelPlan or a KernelIR from its JSON file."""
     from codegen.kernel_ir import KernelIR
     from codegen.plan import KernelPlan
+    from ptsolve.fileio import read_json
     from ptsolve.result import Result
 
-    text = path.read_text()
-    d = json.loads(text)
+    d = read_json(path, "schedule")
+    text = json.dumps(d)
     if "program" in d:
         return Result.from_json(text).program
     if "roles" in d and "rings" in d:
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         src = emit(load_schedule(a.schedule), a.hw)
         a.out.mkdir(parents=True, exist_ok=True)
         stem = a.out / src.name
-        stem.with_suffix(".hip").write_text(src.source)
+        write_text(stem.with_suffix(".hip"), src.source)
         meta: dict[str, Any] = {"name": src.name, "op": src.op, "params": src.params, "grid": src.grid,
                                 "block": src.block, "lds_bytes": src.lds_bytes, "args": src.args, "arch": src.arch,
                                 "persistent_tiles": src.persistent_tiles, "info": src.info,
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             stem.with_suffix(".hsaco").write_bytes(rep.code_object)
             meta["resources"] = rep.summary()
             print(" ".join(f"{k}={v}" for k, v in rep.summary().items() if k not in ("name", "cached")))
-        stem.with_suffix(".json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=list))
+        write_text(stem.with_suffix(".json"), json.dumps(meta, indent=1, sort_keys=True, default=list))
         print(f"wrote {stem}.hip" + ("" if a.no_compile else f", {stem}.hsaco") + f" and {stem}.json")
     except PtsolveError as e:
         print(f"codegen.hip: error: {e}", file=sys.stderr)

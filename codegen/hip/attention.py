@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
 from .common import (
@@ -52,7 +52,8 @@ def _check(ir: KernelIR) -> None:
                            f"wave) and BN={t['BN']}, head_dim={p['head_dim']} multiples of 16 (the MFMA tile)")
     if p["batch"] * p["heads"] * p["seq_q"] * p["head_dim"] >= 1 << 31 or \
             p["batch"] * p["kv_heads"] * p["seq_kv"] * p["head_dim"] >= 1 << 31:
-        raise CodegenError("flash_attention: a tensor of 2^31 elements or more; the kernel's indices are 32-bit")
+        raise UnsupportedOperatorError("flash_attention: a tensor of 2^31 elements or more; the kernel's indices are "
+                                       "32-bit")
 
 
 def _copies(ir: KernelIR, buf: str, g: int) -> int:

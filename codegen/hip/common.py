@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 WAVE = 64  # lanes of a CDNA3 wavefront
 GROUP_WAVES = 4  # waves of one role (the producer or one consumer group): one per SIMD of the CU
@@ -43,7 +43,8 @@ class HipSource:
 
 def check_dtype(p: dict[str, Any]) -> None:
     if p.get("dtype", "fp16") not in DTYPES:
-        raise CodegenError(f"dtype {p.get('dtype')!r} is not supported by the HIP generator; use one of {DTYPES}")
+        raise UnsupportedOperatorError(f"dtype {p.get('dtype')!r} is not supported by the HIP generator; use one of "
+                                       f"{DTYPES}")
 
 
 def mfma_shape(rows: int, cols: int) -> int:

@@ -9,7 +9,7 @@ B, B operand = rows of A), so each lane ends up holding 4 consecutive columns of
 """
 from __future__ import annotations
 
-from ptsolve.errors import CodegenError
+from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
 from .common import GROUP_WAVES, LdsTile, acc_regs, acc_row, copy_rows, copy_rows_regs, mfma_k, mfma_shape
@@ -38,9 +38,9 @@ def _check(ir: KernelIR) -> None:
                            "(2x2 waves of at least 16x16 each)")
     if max(p["M"], p["N"], p["K"]) >= 1 << 30 or p["M"] * p["K"] >= 1 << 31 or p["N"] * p["K"] >= 1 << 31 \
             or p["M"] * p["N"] >= 1 << 31:
-        raise CodegenError("gemm: a matrix of 2^31 elements or more; the HIP kernel's indices are 32-bit")
+        raise UnsupportedOperatorError("gemm: a matrix of 2^31 elements or more; the HIP kernel's indices are 32-bit")
     if p["N"] % 8:
-        raise CodegenError(f"gemm: N={p['N']}; the HIP kernel stores C in 16-byte rows (N a multiple of 8)")
+        raise UnsupportedOperatorError(f"gemm: N={p['N']}; the HIP kernel stores C in 16-byte rows (N a multiple of 8)")
     if t.get("splits", 1) != 1:
         raise CodegenError(f"gemm: splits={t['splits']}; the HIP kernel has no split-K (use splits=1)")
     _geom(ir)

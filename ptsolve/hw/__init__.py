@@ -171,6 +171,12 @@ def load(name_or_path: str | os.PathLike[str] | Hardware, calibrated: bool = Tru
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise HardwareError(f"hardware table {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise HardwareError(f"hardware table {str(p)!r} cannot be read ({getattr(e, 'strerror', None) or e}); "
+                            "name a readable .json file") from e
+    if not isinstance(raw, dict):
+        raise HardwareError(f"hardware table {str(p)!r}: expected a JSON object of fields (e.g. {{\"sms\": 132, "
+                            f"...}}), got a {type(raw).__name__}")
     overlay = _calibration(p) if calibrated else {}
     return _from_raw(raw | overlay, str(p))
 
@@ -183,7 +189,36 @@ def overlay_path(table: Path) -> Path:
 
 def _calibration(p: Path) -> dict[str, Any]:
     c = overlay_path(p)
-    return json.loads(c.read_text()) if c.exists() else {}
+    if not c.exists():
+        return {}
+    try:
+        raw = json.loads(c.read_text())
+    except (OSError, ValueError) as e:
+        raise HardwareError(f"calibration overlay {str(c)!r} cannot be read ({e}); rewrite it with `ptsolve "
+                            "calibrate --write` or delete it") from e
+    if not isinstance(raw, dict):
+        raise HardwareError(f"calibration overlay {str(c)!r}: expected a JSON object of fields, got a "
+                            f"{type(raw).__name__}")
+    return raw
+
+
+# fields the model divides by or sizes against: a table with 0 there describes no device
+POSITIVE = ("sms", "clock_ghz", "tc_flops_per_clk", "fp32_flops_per_clk", "sfu_per_clk", "hbm_bytes_per_s",
+            "l2_bytes_per_clk", "smem_per_sm", "smem_per_block", "regs_per_sm", "regs_per_thread", "max_threads",
+            "tc_efficiency", "vector_efficiency")
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _typed(name: str, kind: str, v: Any, where: str) -> None:
+    """HardwareError unless ``v`` is of the field's declared type (an int is a float; a bool is no number)."""
+    want = _TYPES.get(kind) or ((dict,) if kind.startswith("dict") else None)
+    if want is None:
+        return
+    bad = not isinstance(v, want) or (isinstance(v, bool) and bool not in want)
+    if bad:
+        what = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}.get(
+            kind, "an object")
+        raise HardwareError(f"hardware table {where}: field {name!r} must be {what}, got {v!r}")
 
 
 def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
@@ -197,11 +232,14 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
         if f.name not in raw:
             raise HardwareError(f"hardware table {where}: missing field {f.name!r}")
         v = raw[f.name]
-        if isinstance(v, dict):
+        # an entry with its source is {"value": ..., "source": ...}; the dict-valued fields (task_extra, op_constants)
+        # may also come bare, as Hardware.to_dict writes them
+        if isinstance(v, dict) and (not str(f.type).startswith("dict") or set(v) == {"value", "source"}):
             if "value" not in v or "source" not in v:
                 raise HardwareError(f"hardware table {where}: field {f.name!r} needs 'value' and 'source'")
             sources[f.name] = v["source"]
             v = v["value"]
+        _typed(f.name, str(f.type), v, where)
         vals[f.name] = v
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             raise HardwareError(f"hardware table {where}: field {f.name!r} is negative ({v})")
@@ -222,7 +260,9 @@ def _from_raw(raw: dict[str, Any], where: str) -> Hardware:
     if not 0 < vals.get("misaligned_l2_factor", 1.0) <= 1:
         raise HardwareError(f"hardware table {where}: field 'misaligned_l2_factor' must be in (0, 1], got "
                             f"{vals['misaligned_l2_factor']} (the fraction of the L2 rate misaligned rows get)")
-    for k in ("sms", "clock_ghz", "tc_flops_per_clk", "hbm_bytes_per_s", "smem_per_block", "regs_per_sm"):
+    for k in POSITIVE:
         if not vals[k] > 0:
             raise HardwareError(f"hardware table {where}: field {k!r} must be > 0, got {vals[k]}")
+    if isinstance(raw.get("sources"), dict):  # Hardware.to_dict keeps them apart from the values
+        sources = {str(k): str(v) for k, v in raw["sources"].items()} | sources
     return Hardware(**vals, sources=sources)

@@ -22,6 +22,11 @@ KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
     if "seq" in p:
         s = p.pop("seq")
+        clash = {k: p[k] for k in ("seq_q", "seq_kv") if k in p and p[k] != s}
+        if clash:  # which one was meant is the user's to say, not ours to guess
+            raise ShapeError(f"flash_attention: seq={s!r} sets both seq_q and seq_kv, but "
+                             + " and ".join(f"{k}={v!r}" for k, v in clash.items())
+                             + " too; give seq alone, or seq_q and seq_kv")
         p.setdefault("seq_q", s)
         p.setdefault("seq_kv", s)
     if "heads" in p:

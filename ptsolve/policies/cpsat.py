@@ -182,7 +182,8 @@ def cp_solver(cp_model: Any, workers: int, seed: int = 0, time_limit: float | No
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,
           hint: SProgram | None = None, ii_max: int | None = None,
           pin: dict[str, list[tuple[str, int]]] | None = None,
-          cycle: list[str] | None = None, det_time: float | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+          cycle: list[str] | None = None, det_time: float | None = None,
+          cutoff: int | None = None) -> tuple[SProgram | None, dict[str, Any]]:
     """Solve ``P`` exactly (within ``time_limit`` seconds, or, given ``det_time``, within that much CP-SAT
     deterministic time and no wall-clock limit: reproducible, cp_solver). Returns (program or None, stats) where stats
     has status OPTIMAL / FEASIBLE / TIME_LIMIT / INFEASIBLE, objective and bound (cycles), solve_s; a solve the
@@ -193,7 +194,8 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     the first: the best schedule with a given order (a hand plan's, e.g. codegen.plan.fa3_order_plan) instead
     of the best of all orders. A cyclic rotation of an order is the same steady state: rotate it (the tasks
     moved to the end one stage earlier) to pin that one. ``cycle``: loop tasks whose slots follow this cyclic order
-    (any rotation; e.g. the tensor cores' turn order), stages free."""
+    (any rotation; e.g. the tensor cores' turn order), stages free. ``cutoff`` (kernel cycles): only schedules
+    predicted strictly faster count; none is INFEASIBLE (a quick proof where another solve already did better)."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -202,6 +204,11 @@ def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int 
     ii_hi = max(P.ii_lb, min(P.ii_ub, ii_max or P.ii_ub))
     M = _model(cp_model, P, ii_hi, pin, cycle)
     m, ii, s, obj = M.m, M.ii, M.s, M.obj
+    if cutoff is not None:  # total(latency) = max(floor, latency) + tail < cutoff, in grains
+        most = -(-cutoff // P.grain) - 1 - P.tail
+        if P.floor > most:
+            return None, {"solve_s": time.perf_counter() - t0, "bound": None, "branches": 0, "status": "INFEASIBLE"}
+        m.add(obj <= most)
     m.minimize(obj)
     if hint is not None:
         _hint(M, P, hint)

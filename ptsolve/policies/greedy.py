@@ -112,20 +112,22 @@ def priority(t: str, asyn: dict[str, bool], ins: dict[str, list[tuple[str, int, 
     return not asyn[t], sum(u not in S for u, _, _ in ins[t]), -dep[t], t
 
 
-def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
-    """Greedy list schedule at initiation interval ``ii``; None if some task cannot be placed."""
-    ins, outs = _deps(P)
-    dep = _dependants(P)
-    asyn = {t.name: t.is_async for t in P.graph.tasks}
+def schedule_at(P: Problem, ii: int, facts: tuple | None = None) -> dict[str, int] | None:
+    """Greedy list schedule at initiation interval ``ii``; None if some task cannot be placed. ``facts``: what
+    ``_facts(P)`` returns, when the caller tries many intervals of one problem."""
+    tasks, ins, outs, dep, asyn, need0, left0, per_phase0 = facts or _facts(P)
     S: dict[str, int] = {}
     tab = _Table(P, ii)
     now = 0
-    while len(S) < len(P.tasks):
-        ready = [t for t in P.tasks if t not in S and all(u in S for u, d, _ in ins[t] if d == 0)]
+    # kept as tasks are placed: zero-distance predecessors still unplaced (ready at 0), every predecessor edge still
+    # unplaced (rule 3b), unplaced tasks per phase (rule 2)
+    need, left, per_phase = dict(need0), dict(left0), list(per_phase0)
+    while len(S) < len(tasks):
+        ready = [t for t in tasks if t not in S and need[t] == 0]
         # a later phase waits until the earlier phases are placed (the program is prologue, loop, epilogue)
-        low = min(RANK[P.phase[t]] for t in P.tasks if t not in S)
+        low = next(r for r in range(3) if per_phase[r])
         ready = [t for t in ready if RANK[P.phase[t]] == low] or ready
-        ready.sort(key=lambda t: priority(t, asyn, ins, dep, S))
+        ready.sort(key=lambda t: (not asyn[t], left[t], -dep[t], t))  # rule 3: priority()
         nxt = None
         placed = False
         for t in ready:
@@ -137,6 +139,10 @@ def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
             if x == now:
                 S[t] = x
                 tab.place(t, x)
+                per_phase[RANK[P.phase[t]]] -= 1
+                for v, d, _ in outs[t]:
+                    left[v] -= 1
+                    need[v] -= d == 0
                 placed = True
                 break
             nxt = x if nxt is None else min(nxt, x)
@@ -147,15 +153,27 @@ def schedule_at(P: Problem, ii: int) -> dict[str, int] | None:
     return S
 
 
+def _facts(P: Problem) -> tuple:
+    """What the list schedule reads at every initiation interval: edges in and out, dependants, asynchrony."""
+    ins, outs = _deps(P)
+    tasks = P.tasks
+    per_phase = [0, 0, 0]
+    for t in tasks:
+        per_phase[RANK[P.phase[t]]] += 1
+    return (tasks, ins, outs, _dependants(P), {t.name: t.is_async for t in P.graph.tasks},
+            {t: sum(d == 0 for _, d, _ in ins[t]) for t in tasks}, {t: len(ins[t]) for t in tasks}, per_phase)
+
+
 def solve(P: Problem, time_limit: float | None = None, step: int | None = None) -> tuple[SProgram, dict]:
     """The greedy program of ``P`` and solver statistics (status FEASIBLE: greedy proves nothing)."""
     t0 = time.perf_counter()
     step = step or max(1, P.ii_lb // 256)
     ii = P.ii_lb
     tries = 0
+    facts = _facts(P)
     while ii <= P.ii_ub + step:
         tries += 1
-        S = schedule_at(P, ii)
+        S = schedule_at(P, ii, facts)
         if S is not None:
             prog = P.program(ii, S, "greedy")
             return prog, {"status": "FEASIBLE", "ii_tries": tries, "solve_s": time.perf_counter() - t0}

@@ -1,0 +1,105 @@
+"""The compiler in the loop inside the search (ptsolve.search): a refused schedule gives way to its tiling's next
+one, the exact answer is never worse than greedy's compile-clean answer, OPTIMAL stays honest, and an operator the
+generator cannot build at all is answered at once."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import pytest
+
+import ptsolve
+from ptsolve.kernelcheck import KernelCheck
+
+pytest.importorskip("ortools")
+
+OPS = {
+    "fa": lambda: ptsolve.ops.flash_attention(batch=1, heads=4, kv_heads=2, seq=700, head_dim=64, causal=True),
+    "gemm": lambda: ptsolve.ops.gemm(1000, 1024, 2048),
+    "scan": lambda: ptsolve.ops.mamba2_chunk_scan(1, 1000, 4, 64, 64, 128),
+    "state": lambda: ptsolve.ops.mamba2_chunk_state(1, 1000, 4, 64, 64, 128),
+}
+
+
+def coin(salt: str):
+    """A stand-in compiler that refuses about half of all schedules, by a hash of the schedule itself (so greedy's
+    and CP-SAT's schedules of one tiling get independent verdicts, and a run gets the same ones every time)."""
+    def chk(p, hw):
+        key = json.dumps([salt, p.graph.tiling, p.ii, sorted(p.start.items())], sort_keys=True)
+        bad = hashlib.sha256(key.encode()).digest()[0] % 2
+        return KernelCheck("rejected", "coin") if bad else KernelCheck("ok", kernel="k", target="test")
+    return chk
+
+
+def _opt(op, hw, solver, chk, monkeypatch):
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda h: chk)
+    return ptsolve.optimize(op, hw=hw, solver=solver, cache=False, compile_check=True, jobs=1, deterministic=True,
+                            time_limit=3, replay=False)
+
+
+@pytest.mark.parametrize("hw", ["h200", "mi300x"])
+@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("salt", ["a", "b"])
+def test_exact_is_never_worse_than_greedy_with_the_compiler_in_the_loop(name, hw, salt, monkeypatch):
+    op, chk = OPS[name](), coin(salt)
+    try:
+        g = _opt(op, hw, "greedy", chk, monkeypatch)
+    except ptsolve.errors.InfeasibleError:
+        pytest.skip(f"no tiling of {name} fits {hw}")
+    x = _opt(op, hw, "cpsat", chk, monkeypatch)
+    assert g.kernel_check["status"] == x.kernel_check["status"] == "ok"
+    assert chk(x.program, None).ok and chk(g.program, None).ok  # what is returned is what the compiler took
+    assert x.objective <= g.objective, (x.tiling, x.objective, g.tiling, g.objective)
+    # OPTIMAL is over compile-clean schedules and honest: it is the model's optimum, which the compiler happened to
+    # take (a refused better schedule leaves its tiling's bound below the answer)
+    free = _opt(op, hw, "cpsat", lambda p, h: KernelCheck("ok", kernel="k"), monkeypatch)
+    assert x.objective >= free.objective and x.bound <= free.objective
+    if x.status == "OPTIMAL":
+        assert x.objective == free.objective
+    elif x.rejected:
+        assert x.status in ("FEASIBLE", "TIME_LIMIT") or x.objective == free.objective
+
+
+def test_a_refused_schedule_keeps_its_tiling(monkeypatch):
+    """One tiling searched (at its ring depths): CP-SAT's schedules refused, greedy's taken. The tiling stays with
+    greedy's schedule (named so), FEASIBLE with the gap to the refused optimum: never an error for a tiling the
+    compiler builds."""
+    op = OPS["gemm"]()
+    free = _opt(op, "h200", "cpsat", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
+    fix = {k: v for k, v in free.tiling.items() if k != "depth"}  # the ring depths of that tiling
+
+    def chk(p, hw):
+        return KernelCheck("ok", kernel="k") if "greedy" in p.policy else KernelCheck("rejected", "serialised")
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda h: chk)
+    r = ptsolve.optimize(op, hw="h200", cache=False, compile_check=True, jobs=1, deterministic=True, time_limit=3,
+                         replay=False, fix=fix)
+    same = lambda t: {k: v for k, v in t.items() if k != "depth"} == fix  # noqa: E731
+    assert same(r.tiling) and r.rejected and all(same(t) for t, _ in r.rejected)
+    assert "greedy's schedule" in r.program.policy and r.kernel_check["status"] == "ok"
+    if r.objective > free.objective:  # the refused optimum bounds the answer: not proven
+        assert r.status == "FEASIBLE" and r.bound <= free.objective
+
+
+@pytest.mark.parametrize("head_dim", [96, 256])
+def test_an_operator_no_generator_builds_is_answered_at_once(head_dim, monkeypatch):
+    """head_dim 96 / 256: the generator refuses the operator, not a schedule. The first verdict stops the checks:
+    the model's answer comes back marked, after one compile check, not one per tiling."""
+    calls = []
+
+    def chk(p, hw):
+        calls.append(p.graph.tiling)
+        return KernelCheck("unsupported", f"head_dim {head_dim}", scope="operator")
+    op = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=head_dim)
+    r = _opt(op, "h100", "cpsat", chk, monkeypatch)
+    assert r.kernel_check["status"] == "unsupported" and r.kernel_check["scope"] == "operator"
+    assert len(calls) == 1 and not r.rejected
+
+
+def test_the_verdict_speaks_the_targets_words(monkeypatch):
+    """A compile-clean gfx942 kernel is MFMA work, not a wgmma pipeline; an sm_90a one is."""
+    op = OPS["gemm"]()
+    for target, word, not_word in (("gfx942", "MFMA", "wgmma"), ("sm_90a", "wgmma pipelined", "MFMA")):
+        r = _opt(op, "h200", "greedy", lambda p, hw, t=target: KernelCheck("ok", kernel="k", registers=90, target=t),
+                 monkeypatch)
+        assert word in r.kernel_summary() and not_word not in r.kernel_summary()
