@@ -8,29 +8,32 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, SchemaError
+from .errors import ConfigError, PtsolveError, SchemaError
 
 
-def read_json(path: str | os.PathLike[str], what: str, kind: type = dict) -> Any:
+def read_json(path: str | os.PathLike[str], what: str, kind: type = dict,
+              error: type[PtsolveError] | None = None) -> Any:
     """The JSON document in ``path`` (``what`` it should be, for the message), which must be a ``kind`` (dict or
-    list). ConfigError when the file cannot be read, SchemaError when it is not such a document."""
+    list). ConfigError when the file cannot be read, SchemaError when it is not such a document; ``error``, when
+    given, for both (a hardware table's HardwareError)."""
     p = Path(path)
+    unreadable, malformed = error or ConfigError, error or SchemaError
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"{what} {str(p)!r} does not exist") from None
+        raise unreadable(f"{what} {str(p)!r} does not exist") from None
     except IsADirectoryError:
-        raise ConfigError(f"{what} {str(p)!r} is a folder; name the file") from None
+        raise unreadable(f"{what} {str(p)!r} is a folder; name the file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what} {str(p)!r} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        raise unreadable(f"{what} {str(p)!r} cannot be read ({getattr(e, 'strerror', None) or e})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SchemaError(f"{what} {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-                          "is it truncated?") from None
+        raise malformed(f"{what} {str(p)!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                        "is it truncated?") from None
     if not isinstance(doc, kind):
-        raise SchemaError(f"{what} {str(p)!r}: expected a JSON {'object' if kind is dict else 'array'}, got "
-                          f"a {type(doc).__name__}")
+        raise malformed(f"{what} {str(p)!r}: expected a JSON {'object' if kind is dict else 'array'}, got "
+                        f"a {type(doc).__name__}")
     return doc
 
 

@@ -14,7 +14,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -315,7 +315,9 @@ class _Search:
         self.solve_deadline = t0 + time_limit * (VERIFY_SHARE if verify is not None else 1.0) if wall else math.inf
         self.cands: dict[tuple, _Cand] = {}
         self.reasons: list[str] = []
-        self.compiled: set[tuple] = set()  # tilings ptxas admitted over the register estimate: their workers skip it
+        self.compiled: set[tuple] = set()  # tilings the compiler admits over the register estimate: workers skip it
+        self.over: set[tuple] = set()  # of them, those past the model's estimate (none of theirs built: not counted)
+        self.out: set[tuple] = set()  # tilings every schedule of which the compiler was asked about refused
         self.alts: dict[tuple, list[tuple[int, int, SProgram]]] = {}
         self.lbs: dict[tuple, int] = {}
         self.lat_lbs: dict[tuple, int] = {}
@@ -329,6 +331,8 @@ class _Search:
         self.n_solved = 0
         self.det: float | None = None
         self.pool: Any = None
+        self.vpool: ThreadPoolExecutor | None = None
+        self.verdicts: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the tilings
     def collect(self, graphs: list[STaskGraph]) -> None:
@@ -345,19 +349,12 @@ class _Search:
                 self._add(_prepare(g, hw, self.placement))
         best_greedy = min((c.g_obj for c in self.cands.values()), default=math.inf)
         for c, why in sorted(over, key=lambda x: (x[0].lb, x[0].key)):
-            t, gp = c.tiling, c.greedy
-            if c.lb > best_greedy or self.unbuildable is not None or self._late():
-                self.reasons.append(f"{t}: {why}")  # cannot win, or the compiler cannot be asked: no compile
+            if c.lb > best_greedy:  # cannot win: not worth a compile
+                self.reasons.append(f"{c.tiling}: {why}")
                 continue
-            kc = self.verify(gp)  # type: ignore[misc]
-            if kc.refused and kc.scope == "operator":
-                self.unbuildable = kc
-            no = None if kc.ok else f"{kc.status}" + (f": {kc.reason}" if kc.reason else "")
-            self.say(f"tiling {t}: {why} by the model's estimate; the compiler "
-                     + (f"refuses it ({no})" if no else "fits it"))
-            if no:
-                self.reasons.append(f"{t}: {why}; the compiler: {no}")
-                continue
+            # the compiler, not the estimate, decides: asked only if one of its schedules becomes the answer
+            self.say(f"tiling {c.tiling}: {why} by the model's estimate; searched, the compiler decides")
+            self.over.add(c.key)
             self.compiled.add(c.key)
             self._add(c)
         if self.deterministic and self.cands:
@@ -373,8 +370,10 @@ class _Search:
     def _inc(self) -> tuple:
         """(kernel cycles, busiest-slot cycles, tiling key) of the best schedule not refused, the order answers rank
         by (answer_key); (inf, inf, ()) when there is none."""
-        heads = [(a[0][0], a[0][1], k) for k, a in self.alts.items() if a]
-        return min(heads, default=(math.inf, math.inf, ()))
+        # at equal time a schedule in hand goes before a place-holder (a declared order not solved yet)
+        heads = [(a[0][0], a[0][1], a[0][2] is None, k) for k, a in self.alts.items() if a]
+        obj, lat, _, k = min(heads, default=(math.inf, math.inf, False, ()))
+        return obj, lat, k
 
     def _late(self) -> bool:
         return time.perf_counter() > self.deadline
@@ -456,9 +455,12 @@ class _Search:
         """(status, bound) of the best schedule not refused, over every tiling (refused ones too: a tiling whose
         better schedule the compiler refused may have compile-clean schedules between that one and the answer)."""
         inc = self._inc()[0]
+        # a tiling past the model's register estimate is the model's only while the compiler builds one of its
+        # schedules: once all it was asked about are refused, its bound is no longer the model's
+        keys = [k for k in self.cands if not (k in self.over and k in self.out)]
         if self.solver == "greedy":
-            return "FEASIBLE", min([*self.lbs.values(), inc])
-        bounds, timed_out = _settle([(c.tiling, k) for k, c in self.cands.items()], self.own, self.limited, inc)
+            return "FEASIBLE", min([*(self.lbs[k] for k in keys), inc])
+        bounds, timed_out = _settle([(self.cands[k].tiling, k) for k in keys], self.own, self.limited, inc)
         bound = min([*bounds, inc])
         return ("OPTIMAL" if bound >= inc else "TIME_LIMIT" if timed_out else "FEASIBLE"), bound
 
@@ -478,18 +480,24 @@ class _Search:
                                       + (" of CP-SAT deterministic time" if self.deterministic else "")
                                       + "; raise time_limit")
             prog = self.alts[k][0][2]
+            if prog is None:  # the declared order's turn: solved only now that it could be the answer
+                self._declared(k)
+                continue
             status, bound = self.status()
             if k in self.fallback and prog.policy == "greedy":
                 prog = replace(prog, policy=f"{self.solver} (greedy's schedule: the compiler refused a better one)")
             final = self._finish(k, prog, status, fix, exclude)
             if self.verify is None or self.unbuildable is not None:
                 return final, status, bound, self.unbuildable
-            for v in (final, prog) if final is not prog else (final,):
+            variants = (final, prog) if final is not prog else (final,)
+            for v in variants:  # asked side by side: the second verdict is ready if the first is a refusal
+                self._ask(v)
+            for v in variants:
                 if self._late():
                     return v, "TIME_LIMIT", bound, KernelCheck(
                         "not compile-checked", f"the time limit ({self.time_limit:g} s) ran out before the compiler "
                         "was asked")
-                kc = self.verify(v)
+                kc = self._ask(v).result()
                 if not kc.refused or kc.scope == "operator" or self.graph:  # a graph's verdict is reported as it is
                     return v, status, bound, kc
                 self.rejected.append((dict(v.graph.tiling), f"{kc.status}: {kc.reason} ({v.policy} schedule)"))
@@ -509,28 +517,52 @@ class _Search:
     def _next(self, k: tuple) -> None:
         """Tiling ``k``'s best schedule was refused: its next one (the declared issue order, solved once) takes its
         place; with none left, the tiling is out."""
-        self.alts[k].pop(0)
+        obj, lat, _ = self.alts[k].pop(0)
         self.fallback.add(k)
         if self.declared and k not in self.tried:
+            # the declared order's schedule is no better than the refused optimum: it waits in the queue at that
+            # value and is solved when it comes first (run), not before (most never do)
             self.tried.add(k)
-            from .policies import orders
-            left = self.time_limit if self.deterministic else max(0.2, self.deadline - time.perf_counter())
-            prog, st = orders.solve(self.cands[k].P, time_limit=left, num_workers=1,
-                                    **({} if self.det is None else {"det_time": self.det}))
-            if prog is not None:
-                prog = replace(prog, policy="cpsat-orders")
-                _insert(self.alts[k], *claimed(prog, self.hw), prog)
-                self.say(f"tiling {self.cands[k].tiling}: its declared-order schedule, {claimed(prog, self.hw)[0]} "
-                         "cycles, is next")
+            _insert(self.alts[k], obj, lat, None)
+        if not self.alts[k]:
+            self.out.add(k)
+
+    def _declared(self, k: tuple) -> None:
+        """Solve tiling ``k``'s declared-order schedule (policy cpsat-orders), in place of its place-holder."""
+        from .policies import orders
+        self.alts[k].pop(0)
+        left = self.time_limit if self.deterministic else max(0.2, self.deadline - time.perf_counter())
+        prog, st = orders.solve(self.cands[k].P, time_limit=left, num_workers=1,
+                                **({} if self.det is None else {"det_time": self.det}))
+        if prog is not None:
+            prog = replace(prog, policy="cpsat-orders")
+            _insert(self.alts[k], *claimed(prog, self.hw), prog)
+            self.say(f"tiling {self.cands[k].tiling}: its declared-order schedule, {claimed(prog, self.hw)[0]} "
+                     "cycles, is next")
+        if not self.alts[k]:
+            self.out.add(k)
+
+    def _ask(self, prog: SProgram) -> Any:
+        """The compiler's verdict on ``prog``, as a future: asked once per schedule, on up to ``jobs`` threads (the
+        compiler runs as a process of its own, so its runs overlap)."""
+        key = prog.to_json()
+        if key not in self.verdicts:
+            if self.vpool is None:
+                self.vpool = ThreadPoolExecutor(max_workers=self.jobs)
+            self.verdicts[key] = self.vpool.submit(self.verify, prog)  # type: ignore[arg-type]
+        return self.verdicts[key]
 
     def close(self) -> None:
+        if self.vpool is not None:  # a compile still running finishes on its own; nobody waits for it
+            self.vpool.shutdown(wait=False, cancel_futures=True)
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True) if not isinstance(self.pool, _RayPool) else self.pool.shutdown()
 
 
-def _insert(alts: list[tuple[int, int, SProgram]], obj: int, lat: int, prog: SProgram) -> None:
+def _insert(alts: list[tuple[int, int, SProgram | None]], obj: int, lat: int, prog: SProgram | None) -> None:
     """Into a tiling's schedules, best (kernel cycles, busiest slot) first, after any equal one (an equal solver
-    schedule does not displace greedy's, which the search keeps as its incumbent)."""
+    schedule does not displace greedy's, which the search keeps as its incumbent). None: a schedule not solved yet,
+    no better than (obj, lat)."""
     i = next((j for j, x in enumerate(alts) if (obj, lat) < (x[0], x[1])), len(alts))
     alts.insert(i, (obj, lat, prog))
 

@@ -49,7 +49,7 @@ HW_CASES = [("smem0.json", "'smem_per_sm' must be > 0"), ("sms_str.json", "'sms'
             ("rows.json", "expected a JSON object"), ("zero_sfu.json", "'sfu_per_clk' must be > 0"),
             ("neg.json", "'tc_fixed' is negative"), ("threads0.json", "'max_threads' must be > 0"),
             ("extra_str.json", "task_extra entry"), ("trunc.json", "not valid JSON"), ("text.json", "not valid JSON"),
-            ("missing.json", "does not exist"), ("folder.json", "cannot be read"), ("empty.json", "missing field")]
+            ("missing.json", "does not exist"), ("folder.json", "is a folder"), ("empty.json", "missing field")]
 
 
 @pytest.mark.parametrize("name,says", HW_CASES)

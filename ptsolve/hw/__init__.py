@@ -6,13 +6,13 @@ measured values on the datasheet ones.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import HardwareError
+from ..fileio import read_json
 
 HERE = Path(__file__).parent
 
@@ -167,16 +167,7 @@ def load(name_or_path: str | os.PathLike[str] | Hardware, calibrated: bool = Tru
         p = HERE / f"{str(name_or_path).lower()}.json"
     if not p.exists():
         raise HardwareError(f"hardware table {str(p)!r} does not exist; known names: {', '.join(known())}")
-    try:
-        raw = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise HardwareError(f"hardware table {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise HardwareError(f"hardware table {str(p)!r} cannot be read ({getattr(e, 'strerror', None) or e}); "
-                            "name a readable .json file") from e
-    if not isinstance(raw, dict):
-        raise HardwareError(f"hardware table {str(p)!r}: expected a JSON object of fields (e.g. {{\"sms\": 132, "
-                            f"...}}), got a {type(raw).__name__}")
+    raw = read_json(p, "hardware table", error=HardwareError)
     overlay = _calibration(p) if calibrated else {}
     return _from_raw(raw | overlay, str(p))
 
@@ -189,17 +180,8 @@ def overlay_path(table: Path) -> Path:
 
 def _calibration(p: Path) -> dict[str, Any]:
     c = overlay_path(p)
-    if not c.exists():
-        return {}
-    try:
-        raw = json.loads(c.read_text())
-    except (OSError, ValueError) as e:
-        raise HardwareError(f"calibration overlay {str(c)!r} cannot be read ({e}); rewrite it with `ptsolve "
-                            "calibrate --write` or delete it") from e
-    if not isinstance(raw, dict):
-        raise HardwareError(f"calibration overlay {str(c)!r}: expected a JSON object of fields, got a "
-                            f"{type(raw).__name__}")
-    return raw
+    return read_json(c, "calibration overlay (rewrite it with `ptsolve calibrate --write` or delete it)",
+                     error=HardwareError) if c.exists() else {}
 
 
 # fields the model divides by or sizes against: a table with 0 there describes no device
