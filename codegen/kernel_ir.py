@@ -1,7 +1,7 @@
 """KernelIR: everything about a kernel's pipeline that follows from the schedule, as plain data.
 
 ``codegen.lower`` builds it from an SProgram (or a hand-written KernelPlan); ``codegen.cuda.skeleton`` (and
-the HIP emitter) turn it into source with an operator's task bodies; ``codegen.protocol`` simulates its
+the HIP emitter) turn it into source with an operator's task bodies; ``codegen.sync_sim`` simulates its
 synchronisation on the CPU. Nothing here is operator-specific: the roles, their (task, stage) orders, the
 rings with their fill and release points, the wgmma waits, the tensor-core turns, the copies and the
 shared-memory layout all come from the graph and the schedule (``ptsolve.protocol``).

@@ -131,7 +131,7 @@ def _source(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None
 
 def _check_tiling(plan: KernelPlan, g: STaskGraph, copies: dict[str, int]) -> int:
     """CodegenError for tiling keys neither the model nor the generator reads, bad copies, or a ring too shallow
-    for its release point; returns the persistent flag. Registers are the compiler's to judge (codegen.check
+    for its release point; returns the persistent flag. Registers are the compiler's to judge (codegen.compile_check
     compiles and reads ptxas); the model's count goes into the KernelIR."""
     from ptsolve import ops
     spec = ops.REGISTRY[g.op]
@@ -272,7 +272,7 @@ def pingpong(ir: KernelIR, groups: int, regs: int, turns: bool) -> KernelIR:
     """The ping-pong kernel of a one-warpgroup tile's KernelIR (GEMM tiling key ``pingpong``): ``groups`` consumer
     warpgroups take the persistent CTA's tiles in turn, each running warpgroup 0's orders on its own tile with its
     own names (``mma@1``, ``acc@1``); the tensor cores serve their main loops in warpgroup order
-    (``tc_order`` mma@0, mma@1, ... passed once per tile, ``codegen.protocol``), so one's epilogue overlaps the
+    (``tc_order`` mma@0, mma@1, ... passed once per tile, ``codegen.sync_sim``), so one's epilogue overlaps the
     next one's main loop; a ring slot is released by the one warpgroup whose tile it holds (``arrivals``: its
     warps). A warpgroup-0 buffer outside the main loop is the graph's for all the kernel's warpgroups, sized so
     (GEMM's TMA-store staging ``cs@0``: each warpgroup its half). ``regs``: registers per consumer thread for

@@ -1,4 +1,4 @@
-"""The hand plans and the reduced-shape check of a GPU round: what ``codegen.tune`` checks every candidate with
+"""The hand plans and the reduced-shape check of a GPU round: what ``codegen.tune_runner`` checks every candidate with
 (``check``, ``reduced``) and the hand-written plans measurements compare against (``_hand``, ``FIXED``, ``HAND``).
 The round itself (prepare, compile, run, its table) is ``python -m bench round`` (bench/round/round.py).
 """

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from . import checks
+from . import arguments
 from .errors import CacheError, PtsolveError
 from .result import Result
 
@@ -48,7 +48,7 @@ def path() -> Path:
 
 def enabled() -> bool:
     """PTSOLVE_CACHE (default on); ConfigError for a value that is not a boolean."""
-    return checks.env_flag("PTSOLVE_CACHE", True)
+    return arguments.env_flag("PTSOLVE_CACHE", True)
 
 
 @lru_cache(maxsize=1)

@@ -21,8 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .arguments import PLACEMENTS, SOLVER_NAMES
 from .calibrate import FIT as CAL_FIT
-from .checks import PLACEMENTS, SOLVER_NAMES
 from .errors import ConfigError, PtsolveError, SchemaError
 from .fileio import read_json, write_text
 from .provenance import stamp
@@ -250,7 +250,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         except PtsolveError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise SchemaError(f"--finish {a.finish!r} is not what `python3 -m codegen.tune` writes "
+            raise SchemaError(f"--finish {a.finish!r} is not what `python3 -m codegen.tune_runner` writes "
                               f"({type(e).__name__}: {e})") from None
         for m in r.measured:
             print(f"rank {m['rank']}: {m['tiling']} predicted {m['predicted_us']:.1f} µs, measured "
@@ -773,8 +773,9 @@ def parser() -> argparse.ArgumentParser:
                     help="reproducible candidates: --search-limit is then CP-SAT deterministic time per tiling, not "
                          "seconds (optimize --deterministic); the timing on the GPU is what it measures")
     tu.add_argument("--prepare", metavar="FILE", help="only solve: write the candidates for a GPU machine "
-                    "(python3 -m codegen.tune FILE --out TIMED)")
-    tu.add_argument("--finish", metavar="TIMED", help="read the GPU's times (codegen.tune output), report the best")
+                    "(python3 -m codegen.tune_runner FILE --out TIMED)")
+    tu.add_argument("--finish", metavar="TIMED",
+                    help="read the GPU's times (codegen.tune_runner output), report the best")
     tu.add_argument("--per", action="append", default=[], metavar="KEY", help="the K best of every value of this "
                     "structure key, e.g. --per pingpong (GEMM: cooperative and ping-pong both timed); repeatable")
     return p

@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from . import checks
+from . import arguments
 from .errors import ConfigError
 from .hw import Hardware
 from .ir import STask, STaskGraph
@@ -26,10 +26,10 @@ from .ops.base import slots_of
 # An invalid PTSOLVE_GRAIN must not break ``import ptsolve`` (the CLI could not print its one-line error): it is
 # kept here and raised by grain(), which every duration of the cost model goes through.
 try:
-    GRAIN = checks.env_grain(os.environ.get("PTSOLVE_GRAIN"))
+    GRAIN = arguments.env_grain(os.environ.get("PTSOLVE_GRAIN"))
     GRAIN_ERROR: ConfigError | None = None
 except ConfigError as _e:
-    GRAIN, GRAIN_ERROR = checks.GRAIN_DEFAULT, _e
+    GRAIN, GRAIN_ERROR = arguments.GRAIN_DEFAULT, _e
 
 
 def check_grain() -> int:

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from . import checks
+from . import arguments
 from .errors import GraphError, PtsolveError, SchemaError
 
 SCHEMA_VERSION = 1
@@ -202,7 +202,7 @@ class STaskGraph:
         bad = {k: v for k, v in self.tiling.items() if not _count(v) or v < 1}
         if bad:
             raise GraphError(f"graph {self.name!r}: tiling values {bad} must be integers >= 1")
-        checks.size(f"graph {self.name!r}", len(self.row) * self.rows, "len(row)·rows",
+        arguments.size(f"graph {self.name!r}", len(self.row) * self.rows, "len(row)·rows",
                     len(self.tasks) * sum(set(self.row)), "the trip counts in row")
         self.topo_order()
 

@@ -40,7 +40,7 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str
     An operator with declared issue orders (FlashAttention's FA3 order) gets the best schedule of those orders on the
     answer's tiling instead of CP-SAT's where the orders' ``asap`` replay is faster (_replayed_order: FEASIBLE, the
     reason in ``features``); ``replay=False`` keeps the search's own answer, the formula's optimum (what ``compare``
-    studies: greedy and the exact solvers under one objective). Every argument is checked (ptsolve.checks) before the
+    studies: greedy and the exact solvers under one objective). Every argument is checked (ptsolve.arguments) before the
     cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")

@@ -12,7 +12,7 @@ import heapq
 
 import numpy as np
 
-from .checks import PLACEMENTS as POLICIES
+from .arguments import PLACEMENTS as POLICIES
 from .errors import PtsolveError
 
 STRIDED = "strided"  # not a user's choice: how a persistent kernel deals its tiles (ptsolve.program.persistent)

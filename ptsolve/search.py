@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolE
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import checks
+from . import arguments
 from .cost import check_grain
 from .errors import InfeasibleError, PtsolveError, SolverError
 from .hw import Hardware, load
@@ -36,7 +36,7 @@ from .result import Result
 from .simulate import claimed, replay
 from .validate import check_valid, register_excess
 
-EXECUTORS = checks.EXECUTORS
+EXECUTORS = arguments.EXECUTORS
 
 
 def ends_lower_bound(P: Problem) -> tuple[int, int]:
@@ -126,7 +126,7 @@ def _fixed(op: Operator, fix: dict[str, int] | None, keep: Sequence[str] = ()) -
 
 def check_solver(solver: str) -> None:
     """Raise SolverError for a solver name ptsolve does not know."""
-    checks.solver(solver)
+    arguments.solver(solver)
 
 
 # policies that can run reproducibly (search's ``deterministic``): greedy and exhaustive have no time-dependent step
@@ -144,7 +144,7 @@ def check_deterministic(solver: str, placement: str, deterministic: Any) -> None
         raise PtsolveError(f"deterministic must be True or False, got {deterministic!r}")
     if not deterministic:
         return
-    if checks.solver(solver) not in DETERMINISTIC:
+    if arguments.solver(solver) not in DETERMINISTIC:
         raise SolverError(f"solver {solver!r} cannot run deterministically: HiGHS and CBC stop on a wall-clock time "
                           f"limit only; use solver 'cpsat' (or greedy, cpsat-orders, exhaustive) with "
                           "deterministic=True / --deterministic, or drop deterministic for a MILP")
@@ -156,14 +156,14 @@ def check_deterministic(solver: str, placement: str, deterministic: Any) -> None
 
 def check_args(hw: Any, solver: str, time_limit: Any, placement: Any, executor: Any, jobs: Any, fix: Any,
                deterministic: Any = False) -> None:
-    """Every argument of search() / optimize() checked before any cache lookup or solve (ptsolve.checks)."""
-    checks.solver(solver)
-    checks.time_limit(time_limit)
-    checks.choice("placement", placement, checks.PLACEMENTS)
-    checks.choice("executor", executor, EXECUTORS)
-    checks.jobs(jobs)
-    checks.fix(fix)
-    checks.hw_spec(hw)
+    """Every argument of search() / optimize() checked before any cache lookup or solve (ptsolve.arguments)."""
+    arguments.solver(solver)
+    arguments.time_limit(time_limit)
+    arguments.choice("placement", placement, arguments.PLACEMENTS)
+    arguments.choice("executor", executor, EXECUTORS)
+    arguments.jobs(jobs)
+    arguments.fix(fix)
+    arguments.hw_spec(hw)
     check_deterministic(solver, placement, deterministic)
     check_grain()
 

@@ -7,10 +7,10 @@ compile-clean schedules are found and no remaining tiling's bound can beat the K
 With several policies (``solver="cpsat,greedy"``) each tiling also contributes every policy's schedule whose order
 differs (the orders and stages that make a different kernel), so a measured selection can pick an order
 the model ranks lower on the same tiling. ``tune`` times them with a ``runner`` (a code generator's:
-codegen.tune.runner compiles and times them in one process on this machine's GPU, or one worker per GPU) and returns
-the measured best as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table, K and
-policy) so the next ``tune`` of that shape times nothing. Without a GPU, ``--prepare`` writes the candidates for a
-GPU machine to time (codegen.tune) and ``finish`` turns its times into the same cached Result.
+codegen.tune_runner.runner compiles and times them in one process on this machine's GPU, or one worker per GPU) and
+returns the measured best as a Result whose ``measured_us`` is set, cached (ptsolve.cache, keyed by operator, table,
+K and policy) so the next ``tune`` of that shape times nothing. Without a GPU, ``--prepare`` writes the candidates for a
+GPU machine to time (codegen.tune_runner) and ``finish`` turns its times into the same cached Result.
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
          cache: bool = True, per: Sequence[str] = (), deterministic: bool = False,
          deadline: float | None = None) -> Result:
     """The measured best of the model's ``top_k`` best compile-clean schedules. ``runner(programs, hw)`` returns
-    their kernel times in µs (default: the code generator's, codegen.tune.runner, which needs a GPU). The Result
+    their kernel times in µs (default: the code generator's, codegen.tune_runner.runner, which needs a GPU). The Result
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
     time; the model's own first choice is candidate 0. A measured selection of the same shape, table, K and
     policy already in the schedule cache is returned without timing anything (``cache`` False times again).
@@ -234,7 +234,8 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
         runner = find_runner(hw)
         if runner is None:
             raise PtsolveError(f"tune: no kernel runner for {hw.arch} is installed (codegen registers one); time the "
-                               "candidates elsewhere: ptsolve tune --prepare, then python3 -m codegen.tune on the GPU")
+                               "candidates elsewhere: ptsolve tune --prepare, then python3 -m codegen.tune_runner on "
+                               "the GPU")
     us = list(runner([c.result.program for c in cands], hw))
     r = choose([c.result for c in cands], us, [c.check.status for c in cands], rejected, time.perf_counter() - t0)
     store.put(k, time_limit, r)
@@ -243,7 +244,7 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
 
 def finish(op: Operator, hw: str | Hardware, doc: dict[str, Any]) -> Result:
     """The measured selection of a ``--prepare`` document timed on a GPU machine (``measured_us`` added by
-    ``python3 -m codegen.tune``), cached as ``tune`` would have cached it."""
+    ``python3 -m codegen.tune_runner``), cached as ``tune`` would have cached it."""
     from . import cache as store
 
     hw = load(hw)
@@ -251,8 +252,8 @@ def finish(op: Operator, hw: str | Hardware, doc: dict[str, Any]) -> Result:
         raise PtsolveError(f"tune --finish: the file holds candidates of {doc.get('op')} {doc.get('params')}, not of "
                            f"{op.op} {op.params}")
     if "measured_us" not in doc:
-        raise PtsolveError("tune --finish: the file has no measured_us; time it first: python3 -m codegen.tune FILE "
-                           "--out TIMED")
+        raise PtsolveError("tune --finish: the file has no measured_us; time it first: python3 -m "
+                           "codegen.tune_runner FILE --out TIMED")
     cands = [Result.from_json(c["result"]) for c in doc["candidates"]]
     r = choose(cands, doc["measured_us"], [c["check"] for c in doc["candidates"]],
                [(t, why) for t, why in doc.get("rejected", [])], 0.0)

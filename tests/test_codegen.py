@@ -121,7 +121,7 @@ PLANS = {
                                                                   "ctas": 2}),
 }
 # hand plans ptxas compiles with a serialised wgmma pipeline (C7512, register pressure: two score buffers at
-# d=128, or a third stage on one warpgroup); the search never returns such a schedule (codegen.check)
+# d=128, or a third stage on one warpgroup); the search never returns such a schedule (codegen.compile_check)
 SERIALISED = {"fa_d128_g2_overlap", "fa_skewed_turns_causal"}
 PTX_CHECK = ("gemm_g2_bn256_d4", "fa_d128_g2_causal", "cs_g2_bk64", "st_g2_bk64_d3_overlap")
 
@@ -475,20 +475,20 @@ def test_import_without_gpu_stack():
 
 
 def test_tune_split_round_robin():
-    from codegen.tune import split
+    from codegen.tune_runner import split
     assert split(5, 2) == [[0, 2, 4], [1, 3]]
     assert split(3, 1) == [[0, 1, 2]] and split(2, 0) == [[0, 1]]
     assert sorted(i for part in split(7, 3) for i in part) == list(range(7))
 
 
 def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
-    """`python3 -m codegen.tune C --compile-only` (CPU) compiles exactly the kernels the GPU run launches (full and
-    reduced shapes), so the device call finds them all in the carried cache."""
+    """`python3 -m codegen.tune_runner C --compile-only` (CPU) compiles exactly the kernels the GPU run launches (full
+    and reduced shapes), so the device call finds them all in the carried cache."""
     if not _have_nvcc():
         pytest.skip("nvcc not available")
     import json
 
-    from codegen import tune
+    from codegen import tune_runner
     from codegen.cuda import emit
     from codegen.plan import plan_from_program
     from codegen.round import reduced
@@ -499,13 +499,13 @@ def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
     d["candidates"] = d["candidates"][:1]
     (tmp_path / "c.json").write_text(json.dumps(d))
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
-    assert tune.main([str(tmp_path / "c.json"), "--compile-only"]) == 0
+    assert tune_runner.main([str(tmp_path / "c.json"), "--compile-only"]) == 0
     plan = plan_from_program(SProgram.from_json(d["candidates"][0]["program"]), d["hw"])
     want = {_key(emit(plan)), _key(emit(reduced(plan)))}
     got = {p.stem for p in (tmp_path / "cache" / "cubin").glob("*.cubin")}
     assert want <= got, (want, got)
     with pytest.raises(SystemExit):
-        tune.main([str(tmp_path / "c.json")])  # neither --out nor --compile-only
+        tune_runner.main([str(tmp_path / "c.json")])  # neither --out nor --compile-only
 
 
 # ---------------------------------------------------------------------------------------------- split-K
@@ -693,7 +693,7 @@ def test_pingpong_lowered_with_tile_turns():
     alternating turn order mma@0 -> mma@1 -> mma@0, one ring released by the owner of each tile; the protocol
     simulator accepts it; the kernel takes the turn once per tile (sync before the main loop, arrive after it)."""
     from codegen.lower import lower
-    from codegen.protocol import check
+    from codegen.sync_sim import check
     ir = lower(gemm_plan(128, 128, 4, 1, pingpong=1), "h200")
     assert ir.pingpong and ir.turns and ir.groups == 2 and ir.threads == 384
     assert ir.tc_order == ("mma@0", "mma@1")
@@ -723,7 +723,7 @@ def test_pingpong_broken_turn_order_fails():
     simulator (wg1's tile needs ring slots that only wg0's release frees), the emitter refuses it, and lowering
     without turns is refused (the model's protocol alternates the warpgroups on the tensor cores)."""
     from codegen.lower import lower
-    from codegen.protocol import check
+    from codegen.sync_sim import check
     plan = gemm_plan(128, 128, 4, 1, pingpong=1)
     ir = lower(plan, "h200")
     bad = dataclasses.replace(ir, tc_order=("mma@1", "mma@0"))

@@ -370,13 +370,13 @@ def test_profile_measures_every_role():
 
 
 def test_tune_runner_times_candidates():
-    """codegen.tune: each candidate is checked on a reduced shape, then all are timed in one process."""
-    from codegen import tune
+    """codegen.tune_runner: each candidate is checked on a reduced shape, then all are timed in one process."""
+    from codegen import tune_runner
 
     p = _fa(2, 16, 4, 1024, 1024, 128, True)
     good = fa3_order_plan(p, T2)
     other = default_plan("flash_attention", p, {"BM": 128, "BN": 128, "depth": 3, "groups": 2})
-    us = tune.time_plans([good, other])
+    us = tune_runner.time_plans([good, other])
     assert all(0 < u < 1e4 for u in us), us
 
 

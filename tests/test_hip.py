@@ -14,7 +14,7 @@ from codegen.hip import emulate
 from codegen.kernel_ir import KernelIR
 from codegen.lower import lower
 from codegen.plan import default_plan, fa3_order_plan
-from codegen.protocol import loops
+from codegen.sync_sim import loops
 from ptsolve.errors import CodegenError
 
 pytestmark = pytest.mark.skipif(hip.clang_path() is None or emulate.host_compiler() is None,

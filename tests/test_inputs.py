@@ -1,5 +1,5 @@
 """Every bad input is refused with a PtsolveError naming the value and the fix, before any cache lookup or solve
-(issue 10). Each case here was accepted, or gave a traceback, before ptsolve/checks.py."""
+(issue 10). Each case here was accepted, or gave a traceback, before ptsolve/arguments.py."""
 from __future__ import annotations
 
 import json
@@ -84,7 +84,7 @@ def test_grain_env_var() -> None:
         assert f"ConfigError: PTSOLVE_GRAIN='{bad}' is not a whole number of cycles" in p.stderr
         c = run("optimize", "gemm", "M=256", "N=256", "K=256", "--solver", "greedy", env={"PTSOLVE_GRAIN": bad})
         assert c.returncode == 2 and c.stderr.count("\n") == 1 and "PTSOLVE_GRAIN" in c.stderr, c.stderr
-    assert ptsolve.checks.env_grain("16") == 16 and ptsolve.checks.env_grain(None) == 8
+    assert ptsolve.arguments.env_grain("16") == 16 and ptsolve.arguments.env_grain(None) == 8
 
 
 def test_cache_env_var(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,7 +120,7 @@ def test_prepare_time_finish_round_trip(tmp_path, capsys):
     assert len(doc["candidates"]) == 3 and doc["top_k"] == 3 and doc["solver"] == "cpsat"
     assert main(["tune", *ARGS, "--finish", str(f)]) == 2  # not timed yet: one line, non-zero
     assert "measured_us" in capsys.readouterr().err
-    doc["measured_us"] = [12.0, 11.0, float("inf")]  # what codegen.tune writes on the GPU (inf: failed check)
+    doc["measured_us"] = [12.0, 11.0, float("inf")]  # what codegen.tune_runner writes on the GPU (inf: failed check)
     doc["rejected"] = [[{"BM": 256}, "rejected: 64 bytes of register spills"]]
     f.write_text(json.dumps(doc))
     assert main(["tune", *ARGS, "--finish", str(f)]) == 0

@@ -24,8 +24,8 @@ from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
 
 from ..kernel_ir import KernelIR, Ring, Role
-from ..protocol import check as check_protocol
-from ..protocol import loops, tile_turns, turns
+from ..sync_sim import check as check_protocol
+from ..sync_sim import loops, tile_turns, turns
 from .common import CLUSTER_FNS, PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, persistent_grid, setup
 from .schedule import emit_loop, wait_depths
 
@@ -194,7 +194,7 @@ def _ptr(ir: KernelIR, buf: str, slot: str | None) -> str:
 
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     """CUDA C++ source and launch metadata of ``ir``; CodegenError when its operator has no task bodies here,
-    the operator refuses the shape, or the synchronisation could deadlock (``codegen.protocol.check``)."""
+    the operator refuses the shape, or the synchronisation could deadlock (``codegen.sync_sim.check``)."""
     if ir.op not in REGISTRY:
         raise CodegenError(f"the CUDA generator emits {sorted(REGISTRY)}, not {ir.op!r}")
     opk = REGISTRY[ir.op]

@@ -14,7 +14,7 @@ assumed it.
 The producer has no TMA: each load task's global reads are issued one of its iterations early into the producer's
 registers (``stg_<task>``), and at the task's place in the order the producer waits for the slot's release,
 writes the registers into LDS and arrives on the slot's full semaphore. The synchronisation sequence is the
-KernelIR's, so ``codegen.protocol.check`` (the CPU deadlock simulator) covers this kernel too.
+KernelIR's, so ``codegen.sync_sim.check`` (the CPU deadlock simulator) covers this kernel too.
 
 An operator (``OpKernel``) adds: constants, a tile decoder, the producer's staging registers and each load's
 stage (global -> registers) and commit (registers -> LDS at ``dst_``) code, the consumers' declarations and task
@@ -33,8 +33,8 @@ from ptsolve.hw import load
 
 from ..cuda.schedule import emit_loop
 from ..kernel_ir import KernelIR, Ring, Role
-from ..protocol import check as check_protocol
-from ..protocol import loops, turns
+from ..sync_sim import check as check_protocol
+from ..sync_sim import loops, turns
 from .common import COMMON, GROUP_LANES, GROUP_WAVES, PRELUDE, PRELUDE_END, HipSource, check_dtype
 
 
@@ -127,7 +127,7 @@ def check_target(ir: KernelIR) -> None:
 
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:
     """HIP source and launch metadata of ``ir``; CodegenError when its operator has no HIP task bodies, the target is
-    not gfx942, the operator refuses the shape, or the synchronisation could deadlock (``codegen.protocol.check``)."""
+    not gfx942, the operator refuses the shape, or the synchronisation could deadlock (``codegen.sync_sim.check``)."""
     if ir.op not in REGISTRY:
         raise CodegenError(f"the HIP generator emits {sorted(REGISTRY)}, not {ir.op!r}")
     check_target(ir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .. import checks
+from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STask, STaskGraph
@@ -45,7 +45,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(p["causal"], bool):
         raise ShapeError(f"flash_attention: causal={p['causal']!r} must be true or false")
     T = cdiv(p["seq_kv"], WG_ROWS)  # most key blocks a CTA visits (smallest BN); causal CTAs visit 1..T of them
-    checks.size("flash_attention", p["batch"] * p["heads"] * cdiv(p["seq_q"], WG_ROWS), "batch·heads·seq_q",
+    arguments.size("flash_attention", p["batch"] * p["heads"] * cdiv(p["seq_q"], WG_ROWS), "batch·heads·seq_q",
                 30 * (T * (T + 1) // 2 if p["causal"] else T), "seq_kv" + (" (causal)" if p["causal"] else ""))
     if p["causal"] and p["seq_q"] > p["seq_kv"]:
         raise ShapeError(f"flash_attention: causal with seq_q={p['seq_q']} > seq_kv={p['seq_kv']} leaves query rows "

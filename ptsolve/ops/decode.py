@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .. import checks
+from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
@@ -72,7 +72,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     # simulate replays one CTA per distinct trip count: a query tile's pieces take at most two lengths (as even as
     # whole blocks allow), so at most twice the query tiles' distinct counts of at most T blocks each
     distinct = min(T, 2 * query_tiles(p, WG_ROWS)) if p["causal"] else 2
-    checks.size("flash_decode", p["batch"] * p["kv_heads"] * max(SPLITS) * cdiv(rows, WG_ROWS),
+    arguments.size("flash_decode", p["batch"] * p["kv_heads"] * max(SPLITS) * cdiv(rows, WG_ROWS),
                 "batch·kv_heads·seq_q·heads/kv_heads", 30 * T * distinct,
                 "seq_kv" + (" (causal)" if p["causal"] else ""))
     return p

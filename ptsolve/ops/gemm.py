@@ -47,7 +47,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from .. import checks
+from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
@@ -60,7 +60,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     dtype_ok(p["dtype"])
     if p["K"] % 8:
         raise ShapeError(f"gemm: K={p['K']} must be a multiple of 8 (16-byte TMA rows of A and B in fp16); pad K")
-    checks.size("gemm", cdiv(p["M"], WG_ROWS) * cdiv(p["N"], 64), "M·N", 12 * cdiv(p["K"], 64), "K")
+    arguments.size("gemm", cdiv(p["M"], WG_ROWS) * cdiv(p["N"], 64), "M·N", 12 * cdiv(p["K"], 64), "K")
     return p
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .. import checks
+from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import Edge, STaskGraph
@@ -37,7 +37,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
         raise ShapeError(f"mamba2: chunk={p['chunk']} must be at least 64")
     blocks = max(cdiv(p["chunk"], WG_ROWS), cdiv(p["d_state"], WG_ROWS))  # CTAs per (batch, chunk, head), at most
     T = cdiv(p["chunk"], 32)
-    checks.size("mamba2", p["batch"] * cdiv(p["seq"], p["chunk"]) * p["heads"] * blocks,
+    arguments.size("mamba2", p["batch"] * cdiv(p["seq"], p["chunk"]) * p["heads"] * blocks,
                 "batch·seq·heads (and chunk or d_state)", 20 * T * T, "chunk")
     return p
 

@@ -8,7 +8,7 @@ the comparison is within one process. With several GPUs the candidates are split
 per GPU (through Ray where it is installed)::
 
     ptsolve tune fa batch=1 heads=32 kv_heads=8 seq=4096 --hw h200 --top-k 5 --prepare cands.json   # CPU
-    python3 -m codegen.tune cands.json --out timed.json                                          # GPU
+    python3 -m codegen.tune_runner cands.json --out timed.json                                          # GPU
     ptsolve tune ... --finish timed.json                                                         # CPU: cache it
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ def runner(programs: Sequence[SProgram], hw: Hardware) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python3 -m codegen.tune CANDIDATES.json --out TIMED.json: time the candidates ``ptsolve tune --prepare``
+    """python3 -m codegen.tune_runner CANDIDATES.json --out TIMED.json: time the candidates ``ptsolve tune --prepare``
     wrote (on a machine with a GPU and no solver) and write their kernel times."""
     ap = argparse.ArgumentParser(description="time the candidates of ptsolve tune --prepare on this GPU")
     ap.add_argument("candidates", help="JSON written by ptsolve tune --prepare")
