@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,12 +257,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", required=True, help="comma-separated file stems, e.g. FA3_cpsat,FA3_greedy")
     ap.add_argument("--hw", default="h200", help="hardware table the schedules were solved for")
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--time-limit", type=float, default=900.0,
+                    help="wall-clock seconds: no schedule starts after it (the ones left are named)")
     a = ap.parse_args(argv)
+    deadline = time.time() + a.time_limit
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     hw = load_hw(a.hw)
     rows = []
-    for name in a.only.split(","):
+    names = a.only.split(",")
+    for i, name in enumerate(names):
+        if i and time.time() > deadline:
+            print(f"ptsolve profile: the time limit ({a.time_limit:g} s) ran out; not profiled: "
+                  f"{', '.join(names[i:])}", file=sys.stderr)
+            break
         r = Result.from_json(json.dumps(read_json(Path(a.schedules) / f"{name}.json", "schedule")))
         if not (v := check_valid(r.program, hw)):  # its predicted timeline would be meaningless (or deadlock)
             first = str(v).splitlines()[1].strip() if len(str(v).splitlines()) > 1 else str(v)

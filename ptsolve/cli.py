@@ -193,16 +193,22 @@ def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
 
     hw = load(a.hw)
     pairs = []
+    deadline, left_out = time.time() + a.time_limit, []
     for d in a.profiles:
         files = sorted(Path(d).glob("*.profile.json"))
         if not files:
             raise PtsolveError(f"{d}: no *.profile.json files (write them with `ptsolve profile --out {d}`)")
         for f in files:
+            if pairs and time.time() > deadline:  # the fit takes what was read in time, and says what was not
+                left_out.append(str(f))
+                continue
             sched = Path(a.schedules) / f"{f.name[:-len('.profile.json')]}.json"
             if not sched.exists():
                 raise PtsolveError(f"{f}: its schedule {sched} does not exist; pass --schedules, the folder of the "
                                    "Result JSON files the profiles were measured from")
             pairs.append((read_json(f, "profile"), Result.from_json(json.dumps(read_json(sched, "schedule"))).program))
+    if left_out:
+        print(f"ptsolve: the time limit ({a.time_limit:g} s) ran out; not read: {', '.join(left_out)}", file=sys.stderr)
     fit_ = task_extra(pairs, hw)
     print("| op/task | measured body, cycles (kernel: median per warpgroup) | model cycles | extra |")
     print("|---|---|---|---|")
@@ -756,6 +762,8 @@ def parser() -> argparse.ArgumentParser:
                     help="folder of the Result JSON files the profiles ran (<name>.json beside <name>.profile.json)")
     ct.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
     ct.add_argument("--write", action="store_true", help="write task_extra into <hw>.calibrated.json")
+    ct.add_argument("--time-limit", type=_seconds, default=600.0,
+                    help="wall-clock seconds for reading the profiles; the fit takes those read by then")
     tu = sub.add_parser("tune", formatter_class=fmt, epilog=op_help(),
                         help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
     tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")

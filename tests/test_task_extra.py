@@ -164,3 +164,17 @@ def test_fitted_zeros_are_written():
     entry (the committed table: rowsum with two warpgroups 0, with one 16)."""
     hw = load("h200")
     assert hw.task_extra["flash_attention/rowsum/2"] == 0 and hw.task_extra["flash_attention/rowsum/1"] > 0
+
+
+def test_cli_keeps_to_its_time_limit(monkeypatch, capsys):
+    """calibrate-tasks --time-limit: once it has run out (the test's clock: one minute per read), the profiles left
+    are not read, the fit takes what was, and stderr names the rest."""
+    import ptsolve.cli as c
+    clock = iter(range(0, 10_000, 60))
+    monkeypatch.setattr(c.time, "time", lambda: float(next(clock)))
+    d = ROOT / "tests/data/task_costs"
+    assert cli(["calibrate-tasks", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"),
+                "--time-limit", "90"]) == 0
+    err = capsys.readouterr().err
+    assert "ran out; not read:" in err and "T3_cpsat.profile.json" in err and "T4_cpsat.profile.json" in err
+    assert "T1_cpsat" not in err and "T2_cpsat" not in err
