@@ -486,6 +486,9 @@ class _Search:
             status, bound = self.status()
             if k in self.fallback and prog.policy == "greedy":
                 prog = replace(prog, policy=f"{self.solver} (greedy's schedule: the compiler refused a better one)")
+            if k in self.over and (self.unbuildable is not None or self._late()):
+                self._drop(k)  # past the model's register estimate, only the compiler's yes admits it: none to be had
+                continue
             final = self._finish(k, prog, status, fix, exclude)
             if self.verify is None or self.unbuildable is not None:
                 return final, status, bound, self.unbuildable
@@ -498,11 +501,18 @@ class _Search:
                         "not compile-checked", f"the time limit ({self.time_limit:g} s) ran out before the compiler "
                         "was asked")
                 kc = self._ask(v).result()
+                if kc.refused and kc.scope == "operator":
+                    self.unbuildable = kc
+                if k in self.over and not kc.ok and not (kc.refused and kc.scope == "schedule"):
+                    break  # no compiler's yes to be had (none here, or the operator is refused): the estimate stands
                 if not kc.refused or kc.scope == "operator" or self.graph:  # a graph's verdict is reported as it is
                     return v, status, bound, kc
                 self.rejected.append((dict(v.graph.tiling), f"{kc.status}: {kc.reason} ({v.policy} schedule)"))
                 self.say(f"tiling {v.graph.tiling}: the compiler {kc.status} its {v.policy} schedule ({kc.reason})")
-            self._next(k)
+            else:
+                self._next(k)
+                continue
+            self._drop(k)
 
     def _finish(self, k: tuple, prog: SProgram, status: str, fix: dict[str, int] | None,
                 exclude: Sequence[dict[str, int]]) -> SProgram:
@@ -526,6 +536,11 @@ class _Search:
             _insert(self.alts[k], obj, lat, None)
         if not self.alts[k]:
             self.out.add(k)
+
+    def _drop(self, k: tuple) -> None:
+        """Tiling ``k`` is out: none of its schedules will be the answer."""
+        self.alts[k].clear()
+        self.out.add(k)
 
     def _declared(self, k: tuple) -> None:
         """Solve tiling ``k``'s declared-order schedule (policy cpsat-orders), in place of its place-holder."""

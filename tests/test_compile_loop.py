@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import ptsolve
+from ptsolve.hw import load
 from ptsolve.kernelcheck import KernelCheck
 
 pytest.importorskip("ortools")
@@ -90,10 +91,14 @@ def test_an_operator_no_generator_builds_is_answered_at_once(head_dim, monkeypat
     def chk(p, hw):
         calls.append(p.graph.tiling)
         return KernelCheck("unsupported", f"head_dim {head_dim}", scope="operator")
-    op = ptsolve.ops.flash_attention(batch=1, heads=8, kv_heads=2, seq=1024, head_dim=head_dim)
+    op = ptsolve.ops.flash_attention(batch=1, heads=32, kv_heads=8, seq=2048, head_dim=head_dim)
     r = _opt(op, "h100", "cpsat", chk, monkeypatch)
     assert r.kernel_check["status"] == "unsupported" and r.kernel_check["scope"] == "operator"
     assert len(calls) == 1 and not r.rejected
+    # a tiling past the model's register estimate needs the compiler's yes, which an unbuildable operator never
+    # gets: the answer fits the estimate (head_dim 96 has such tilings predicted faster)
+    from ptsolve.policies.model import fits
+    assert fits(r.program.graph, load("h100")) is None
 
 
 def test_the_verdict_speaks_the_targets_words(monkeypatch):
