@@ -88,11 +88,10 @@ def test_rules_4_and_5_wait_and_smallest_interval() -> None:
 
 
 def test_priority_key_is_rule_3() -> None:
-    ins = {"x": [("u", 1, 8)], "y": []}
-    assert greedy.priority("x", {"x": True}, ins, {"x": 0}, {}) < greedy.priority("y", {"y": False}, ins, {"y": 9}, {})
-    assert greedy.priority("y", {"y": False}, ins, {"y": 0}, {}) < greedy.priority("x", {"x": False}, ins, {"x": 9}, {})
-    assert greedy.priority("x", {"x": False}, ins, {"x": 0}, {"u": 0}) < greedy.priority("y", {"y": False}, ins,
-                                                                                          {"y": 0}, {})
+    left = {"x": 1, "y": 0}  # x waits for one unscheduled predecessor (u), y for none
+    assert greedy.priority("x", {"x": True}, left, {"x": 0}) < greedy.priority("y", {"y": False}, left, {"y": 9})
+    assert greedy.priority("y", {"y": False}, left, {"y": 0}) < greedy.priority("x", {"x": False}, left, {"x": 9})
+    assert greedy.priority("x", {"x": False}, {"x": 0}, {"x": 0}) < greedy.priority("y", {"y": False}, left, {"y": 0})
 
 
 # The greedy baseline every speedup in results/compare_h100.md is measured against (kernel cycles on h100,

@@ -105,11 +105,12 @@ class _Table:
             self.r.setdefault(r, []).append((x + o, n, t))
 
 
-def priority(t: str, asyn: dict[str, bool], ins: dict[str, list[tuple[str, int, int]]], dep: dict[str, int],
-             S: dict[str, int]) -> tuple[bool, int, int, str]:
-    """Rule 3's sort key (smallest first): asynchronous first, then fewer unscheduled predecessors, then more
-    dependants, then the name."""
-    return not asyn[t], sum(u not in S for u, _, _ in ins[t]), -dep[t], t
+def priority(t: str, asyn: dict[str, bool], unscheduled: dict[str, int], dep: dict[str, int]
+             ) -> tuple[bool, int, int, str]:
+    """Rule 3's sort key (smallest first): asynchronous first, then fewer unscheduled predecessors (edges, loop-carried
+    and ring ones included: ``unscheduled``, kept by the list schedule as tasks are placed), then more dependants,
+    then the name."""
+    return not asyn[t], unscheduled[t], -dep[t], t
 
 
 def schedule_at(P: Problem, ii: int, facts: tuple | None = None) -> dict[str, int] | None:
@@ -127,7 +128,7 @@ def schedule_at(P: Problem, ii: int, facts: tuple | None = None) -> dict[str, in
         # a later phase waits until the earlier phases are placed (the program is prologue, loop, epilogue)
         low = next(r for r in range(3) if per_phase[r])
         ready = [t for t in ready if RANK[P.phase[t]] == low] or ready
-        ready.sort(key=lambda t: (not asyn[t], left[t], -dep[t], t))  # rule 3: priority()
+        ready.sort(key=lambda t: priority(t, asyn, left, dep))
         nxt = None
         placed = False
         for t in ready:
