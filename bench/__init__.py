@@ -14,6 +14,7 @@ STUDIES: dict[str, str] = {
     "ab": "A/B in one process: the one lowering against the old per-op emitters, single fixes, turns, ring depths",
     "choices": "Which structures the solver chooses, predicted against measured gain (no solver runs)",
     "codegen_bench": "The generated GEMM and FlashAttention kernels checked and timed next to cuBLAS and SDPA",
+    "compile_verdicts": "What ptxas says about greedy's, CP-SAT's and the declared order's schedules (CPU, nvcc)",
     "compile_check": "How often the compiler in the loop moves on from the model's first tiling",
     "decode": "Split-KV decode attention next to SDPA: prepare (CPU), run (GPU), report",
     "decode_combine": "Split-KV decode's merge CTAs against the last piece merging alone",
