@@ -108,12 +108,12 @@ def main() -> int:
 
 def precompile() -> None:
     """Compile (on a CPU machine, cached in $PTSOLVE_CACHE_DIR) every kernel ``main`` launches."""
-    from codegen import generic
     from codegen.bench import precompile as compile_plans
+    from ptsolve import serve
     compile_plans([pl for _, pl in cases()])
-    for c in (generic.attention_class("fp16", 64, True, 8, 2), generic.gemm_class("fp16"),  # _front_door's
-              *(generic.mamba_class(op, "fp16", 64, 128, 256) for op in generic.MAMBA_OPS)):
-        generic.compile_class(c)
+    for c in (serve.attention_class("fp16", 64, True, 8, 2), serve.gemm_class("fp16"),  # _front_door's
+              *(serve.mamba_class(op, "fp16", 64, 128, 256) for op in serve.MAMBA_OPS)):
+        serve.compile_class(c)
 
 
 def _front_door() -> list[dict]:
