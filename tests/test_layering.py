@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 FRONT_DOORS = {"ptsolve.torch"}
-# codegen.mamba's compare() times our kernels next to mamba_ssm's Triton ones (through baselines/); the lowering,
+# codegen.harness's compare() times our kernels next to mamba_ssm's Triton ones (through baselines/); the lowering,
 # skeleton, emitters, runtime, profiler and the checks and timing of codegen.bench never reach the baselines
 DRIVERS = {"codegen.mamba"}
 LIBRARY = ("ptsolve", "codegen", "baselines")

@@ -204,10 +204,9 @@ def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
 @pytest.mark.parametrize("b,L,h,g,n,q,dt", [(1, 300, 4, 1, 128, 256, "fp16"), (2, 1000, 8, 2, 64, 128, "bf16"),
                                             (1, 64, 2, 1, 128, 64, "fp16")])
 def test_mamba_chunk_ops(torch, pt, b, L, h, g, n, q, dt):
-    """mamba_ssm's layouts in and out, against codegen.mamba's float64 references; ragged last chunks; bf16;
+    """mamba_ssm's layouts in and out, against codegen.harness's float64 references; ragged last chunks; bf16;
     grouped B/C; and under torch.compile (the fake implementations give the shapes)."""
-    from codegen.bench import TOL, rel_err
-    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    from codegen.harness import TOL, chunk_scan_reference, chunk_state_reference, rel_err, scan_inputs, state_inputs
     p = {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": n, "chunk": q, "groups": g, "dtype": dt}
     s = scan_inputs(p, seed=1)
     out = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
@@ -231,8 +230,7 @@ def test_mamba_one_kernel_serves_every_shape_of_a_class(torch, pt):
     ngroups change, the kernel does not (no nvcc, no new class kernel after the first call); every shape matches the
     float64 references; float32 states (mamba_ssm's) are converted; a warm call sees new data at old addresses."""
     from codegen import runtime
-    from codegen.bench import TOL, rel_err
-    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    from codegen.harness import TOL, chunk_scan_reference, chunk_state_reference, rel_err, scan_inputs, state_inputs
     from ptsolve import serve
     runs = kernels = None
     for b, L, h, g in MAMBA_SHAPES:
@@ -264,7 +262,7 @@ PROBE = """
 import json, torch
 import ptsolve.torch as pt
 from codegen import runtime
-from codegen.mamba import scan_inputs, state_inputs
+from codegen.harness import scan_inputs, state_inputs
 p = {"batch": 2, "seq": 777, "heads": 12, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 3, "dtype": "fp16"}
 s, st = scan_inputs(p, seed=3), state_inputs(p, seed=4)
 o = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])

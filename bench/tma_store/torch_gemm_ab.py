@@ -7,7 +7,7 @@ classes were re-solved with the TMA-store epilogue in the space, next to cuBLAS,
 "before" is ``results/tma_store/table_before.json``'s plan (``git show c9c8a0f:codegen/schedule_table.json``),
 "after" the shipped table's; both launched as ``ptsolve.serve.gemm_launch`` launches them. Shapes: bench.gemm_space's
 SHAPES with N and K multiples of 8 (what ``ptsolve.torch.gemm`` takes), fp16; outputs checked against a float32
-product first; timed with CUDA graphs, interleaved rounds (codegen.bench.time_many).
+product first; timed with CUDA graphs, interleaved rounds (codegen.harness.time_many).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from codegen.bench import TOL, rel_err, time_many
+    from codegen.harness import TOL, rel_err, time_many
     c = serve.gemm_class("fp16")
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
            "tilings": {k: ck.plan.tiling for k, ck in ks.items()}, "shapes": {}}

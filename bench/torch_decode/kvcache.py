@@ -50,7 +50,7 @@ def _kv_one(model: str, H: int, Hkv: int, D: int, B: int, n: int) -> dict[str, A
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ptsolve.torch as pt
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     torch.manual_seed(0)
     sets = _sets(B, H, Hkv, D, CAP)
     lens = torch.full((B,), n, dtype=torch.int32, device="cuda")
@@ -97,7 +97,7 @@ def _pieces_one(H: int, D: int, B: int, S: int) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ptsolve.torch as pt
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from ptsolve import serve
     from ptsolve.ops.decode import split_counts
     torch.manual_seed(0)

@@ -54,7 +54,7 @@ def run(out: Path) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from bench.decode.decode_bench import refs
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from ptsolve import serve
     from ptsolve.ops.decode import split_counts
     ks = _kernels()

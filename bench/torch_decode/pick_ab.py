@@ -72,7 +72,7 @@ def run(out: Path, wg: bool = False, before: str = "device") -> None:
     import torch
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from ptsolve import serve
     chosen = serve.decode_pick
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -46,7 +46,7 @@ def main(out: Path, only: str, todo: dict[str, dict[str, Any]] | None = None) ->
 
     import ptsolve.torch as pt
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from ptsolve import serve
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}

@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="also time the pieces of a warm flash_attention call")
     a = ap.parse_args()
     import ptsolve.torch as pt
-    from codegen.mamba import scan_inputs, state_inputs
+    from codegen.harness import scan_inputs, state_inputs
 
     h = torch.float16
     q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=h) for _ in range(3))

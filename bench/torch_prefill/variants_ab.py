@@ -90,7 +90,7 @@ def run(tables: list[dict[str, Any]], out: Path) -> None:
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
     from bench.torch_prefill.torch_prefill import shapes
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from ptsolve import serve
     vs = prepare(tables)
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(),
