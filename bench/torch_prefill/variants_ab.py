@@ -27,12 +27,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def _table(src: str) -> dict[str, Any]:
-    """A schedule table's classes: a file, else the shipped table at git revision ``src``."""
+    """A schedule table's classes: a file, else the shipped table at git revision ``src`` (where it was then)."""
     p = Path(src)
-    text = p.read_text() if p.exists() else subprocess.run(
-        ["git", "show", f"{src}:ptsolve/serve/schedule_table.json"], capture_output=True, text=True, check=True,
-        cwd=ROOT).stdout
-    return json.loads(text)["classes"]
+    if p.exists():
+        return json.loads(p.read_text())["classes"]
+    for path in ("ptsolve/serve/schedule_table.json", "codegen/schedule_table.json"):
+        r = subprocess.run(["git", "show", f"{src}:{path}"], capture_output=True, text=True, cwd=ROOT)
+        if r.returncode == 0:
+            return json.loads(r.stdout)["classes"]
+    raise FileNotFoundError(f"no schedule table at {src}")
 
 
 def variants(c: Any, tables: list[dict[str, Any]], as_tabled: bool = False) -> dict[str, tuple[Any, Any]]:
@@ -65,7 +68,7 @@ def _classes() -> list[Any]:
 
 
 def prepare(tables: list[dict[str, Any]]) -> dict[Any, dict[str, tuple[Any, Any]]]:
-    """Every class's variants, their generic kernels registered (``ptsolve.serve._KERNELS``)."""
+    """Every class's variants, their generic kernels registered (``ptsolve.serve.kernels._KERNELS``)."""
     from ptsolve import serve
     out = {}
     for c in _classes():
