@@ -16,7 +16,7 @@ heads and ngroups) are kernel arguments (``lower(..., generic=True)``). The room
   on first use where OR-Tools is installed;
 - ``kernels``: each class's generic kernel, emitted once per process and compiled once (the cubin cached on disk);
 - ``prepared``: the launch cache (a warm call is a dict lookup and a ``cuLaunchKernel`` on the current stream);
-- ``build``: the table's command line (``table``, ``precompile``).
+- ``build``: the table's command line (``python3 -m ptsolve.serve table|precompile``, or ``ptsolve serve ...``).
 
 The launchers take torch tensors: ``attention.attention``, ``decode.decode`` and ``gemm.gemm`` (reached through
 their modules, whose names they share), ``chunk_scan``, ``chunk_state`` and every ``*_launch`` (re-exported here).
