@@ -152,7 +152,7 @@ def fake_gpu(pt, monkeypatch):
     monkeypatch.setattr(pt, "_raw_stream", lambda dev: 0)
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
-    monkeypatch.setattr(serve.prepared, "_LAUNCHES", {})
+    monkeypatch.setattr(serve.prepared, "LAUNCHES", {})
 
     class _Map:  # a tensor map: its address in the parameters stands for the address it describes
         def __init__(self, spec, ptr):

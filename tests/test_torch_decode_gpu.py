@@ -159,10 +159,10 @@ def test_transformers_llama_decode_steps(torch, pt):
 
     with torch.no_grad():
         ref, sdpa = run(m32, "sdpa"), run(m16, "sdpa")
-        before = sum(k[0] == "fd" for k in serve.prepared._LAUNCHES)
+        before = sum(k[0] == "fd" for k in serve.prepared.LAUNCHES)
         ours = run(m16, name)
         # every decode step of every layer prepared a split-KV launch (the cache moved)
-        assert sum(k[0] == "fd" for k in serve.prepared._LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
+        assert sum(k[0] == "fd" for k in serve.prepared.LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
         e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
         assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
         pad = torch.ones_like(ids)
@@ -259,7 +259,7 @@ def test_transformers_llama_static_cache(torch, pt):
         logits = [out.logits[:, -1].float()]
         for i in range(steps.shape[1]):
             logits.append(model(steps[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1].float())
-            prepared.append(len(serve.prepared._LAUNCHES))
+            prepared.append(len(serve.prepared.LAUNCHES))
         logits += list(model(steps[:, :4], past_key_values=cache, use_cache=True).logits.float().unbind(1))
         return torch.stack(logits)
 
@@ -291,10 +291,10 @@ def test_every_binary_of_a_decode_class(torch, pt, monkeypatch, B, Sq, cap, H, H
     for v in variants:
         s = serve.decode._decode_best(v, p)[1]
         monkeypatch.setattr(serve.decode, "decode_pick", lambda c_, p_, v=v, s=s: (v, s))
-        serve.prepared._LAUNCHES.clear()
+        serve.prepared.LAUNCHES.clear()
         poison(torch, q.shape, q.dtype)
         check(torch, pt.flash_attention(q, kc, vc, causal=causal), q, kc, vc, causal, 1 / math.sqrt(D))
         poison(torch, q.shape, q.dtype)
         _check_lengths(torch, pt.flash_attention_kvcache(q, kc, vc, seqlens, causal=causal), q, kc, vc, lens, causal,
                        1 / math.sqrt(D))
-    serve.prepared._LAUNCHES.clear()
+    serve.prepared.LAUNCHES.clear()

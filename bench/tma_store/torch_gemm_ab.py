@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty(M, N, device="cuda", dtype=torch.float16)
         lns = {}
         for k, ck in ks.items():  # each kernel's own launches (the launcher caches by class: swap the kernel in)
-            serve.kernels._KERNELS[c], serve.prepared._LAUNCHES = ck, {}
+            serve.kernels._KERNELS[c], serve.prepared.LAUNCHES = ck, {}
             lns[k] = [serve.gemm_launch(x, w, c) for x, w in sets]
         ref = sets[0][0].float() @ sets[0][1].float().T
         ok = {}

@@ -33,7 +33,8 @@ def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:
 def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
     """The prepared launch of ``gemm`` for these inputs; call it with the stream and the output's address."""
     key = ("gemm", c, a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
-    return prepared.kept(key, lambda: _gemm_launch(a, b, c))
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _gemm_launch(a, b, c))
 
 
 def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:

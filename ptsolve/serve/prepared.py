@@ -7,22 +7,19 @@ dict lookup and a ``cuLaunchKernel`` on the current stream.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-_LAUNCHES: dict[tuple[Any, ...], Any] = {}
+# (inputs' addresses, shapes, strides, scalars) -> the prepared launch; a launcher's warm call is one lookup here
+LAUNCHES: dict[tuple[Any, ...], Any] = {}
 _MAX_LAUNCHES = 1024
 
 
-def kept(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-    """The launch kept under ``key``, else ``make()``'s, kept (the cache is emptied when full: a model's layers
-    re-prepare theirs once)."""
-    ln = _LAUNCHES.get(key)
-    if ln is None:
-        ln = make()
-        if len(_LAUNCHES) >= _MAX_LAUNCHES:
-            _LAUNCHES.clear()
-        _LAUNCHES[key] = ln
+def keep(key: tuple[Any, ...], ln: Any) -> Any:
+    """Keep launch ``ln`` under ``key`` and return it (the cache is emptied when full: a model's layers re-prepare
+    theirs once)."""
+    if len(LAUNCHES) >= _MAX_LAUNCHES:
+        LAUNCHES.clear()
+    LAUNCHES[key] = ln
     return ln
 
 
