@@ -4,7 +4,8 @@
 - ``timing``: CUDA-event timing with an L2 flush between runs.
 - ``attention``: PyTorch SDPA, FLASH (FlashAttention-2) and cuDNN backends.
 - ``gemm``: cuBLAS through ``torch.matmul``.
-- ``mamba2``: the official Mamba2 Triton kernels (``mamba-ssm``) for ChunkScan and ChunkState.
+- ``mamba2``: the official Mamba2 Triton kernels (``mamba-ssm``) for ChunkScan and ChunkState, and ``compare``,
+  which times ptsolve's kernels next to them.
 - ``run_gpu``: the whole suite in one command on the GPU machine.
 
 Only ``configs`` is importable without torch; the other modules import torch inside their functions.

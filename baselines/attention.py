@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from codegen.bench import rel_err
+from codegen.harness import rel_err
 
 BACKENDS: tuple[str, ...] = ("flash", "cudnn")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from codegen.bench import rel_err
+from codegen.harness import rel_err
 
 
 def make_inputs(m: int, n: int, k: int, dtype: Any, seed: int = 0) -> tuple[Any, Any]:

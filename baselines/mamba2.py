@@ -17,6 +17,9 @@ formula in ``configs`` counts none.
 The kernels are autotuned on (chunk_size, hdim, dstate) only, so the first shape seen would fix the
 tile config for every batch and seq; :func:`reset_autotune` clears that cache so each timed shape is
 tuned for itself (the baseline's best case).
+
+:func:`compare` times ptsolve's generated kernels next to these, on the same inputs in one process (the paper
+round's Mamba2 rows, ``python -m bench round``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from codegen.bench import rel_err
+from codegen.harness import rel_err, time_many
+from codegen.harness.mamba2 import (
+    SCAN,
+    chunk_scan_reference,
+    chunk_state_reference,
+    output,
+    runner,
+    scan_inputs,
+    state_inputs,
+)
 
 
 def load_kernels() -> types.SimpleNamespace:
@@ -140,17 +152,13 @@ def chunk_state_fn(k: types.SimpleNamespace, inp: Inputs) -> Callable[[], Any]:
 
 
 def chunk_state_ref(inp: Inputs) -> Any:
-    """States from the formula (``codegen.mamba.chunk_state_reference``, float64)."""
-    from codegen.mamba import chunk_state_reference
-
+    """States from the formula (``codegen.harness.chunk_state_reference``, float64)."""
     return chunk_state_reference(inp.x, inp.B, inp.dt, inp.dA_cumsum)
 
 
 def chunk_scan_ref(inp: Inputs) -> Any:
-    """ChunkScan from the formula (``codegen.mamba.chunk_scan_reference``, float64) on the kernel's own inputs,
+    """ChunkScan from the formula (``codegen.harness.chunk_scan_reference``, float64) on the kernel's own inputs,
     CB included."""
-    from codegen.mamba import chunk_scan_reference
-
     return chunk_scan_reference(inp.CB, inp.x, inp.dt, inp.dA_cumsum, inp.C, inp.prev_states)
 
 
@@ -201,3 +209,68 @@ def last_batch_consistency(k: types.SimpleNamespace, kind: str, inp: Inputs, ful
     )
     fn = chunk_scan_fn(k, one) if kind == "chunk_scan" else chunk_state_fn(k, one)
     return rel_err(full_out[-1:], fn())
+
+
+# mamba_ssm 2.3.2's Triton kernels index in int32: at batch 64, seq 16k (x of 2^32 elements) ChunkScan faults and
+# ChunkState returns wrong states (results/baselines_h200.md), so compare() does not run them past this size
+TRITON_MAX_ELEMENTS = 1 << 31
+
+
+def compare(plans: dict[str, Any], nsets: int = 2, triton: bool = True, graphs: bool = True
+            ) -> dict[str, Any]:
+    """Median milliseconds per call of each plan's kernel (all plans of one op and shape) and, when ``triton``,
+    of mamba_ssm's ``_chunk_scan_fwd`` / ``_chunk_state_fwd`` (autotune reset for this shape) in one
+    ``codegen.harness.time_many`` call on the same ``nsets`` input sets, replayed from CUDA graphs when ``graphs``
+    (at batch 1 both wrappers' Python costs more than the kernel); the Triton kernel gets the same cb (in the
+    dtype) as ours. Every output at the full shape is checked too: its last batch element (the largest offsets)
+    against the float64 reference of that element. Returns {"ms": {label: ms}, "rel_err_vs_triton": {label: error
+    on set 0}, "rel_err_last_batch": {label: error vs the reference}, "triton_error": why the baseline is
+    missing, or None}."""
+    import torch
+
+    ops = {(pl.op, repr(sorted(pl.params.items()))) for pl in plans.values()}
+    if len(ops) != 1:
+        raise ValueError(f"compare() takes plans of one op and shape; got {sorted(ops)}")
+    first = next(iter(plans.values()))
+    run = runner(first.op)
+    make = scan_inputs if first.op == SCAN else state_inputs
+    sets = [make(first.params) for _ in range(nsets)]
+    outs = {k: output(pl, sets[0], 0.0) for k, pl in plans.items()}  # one buffer per plan: CS9's x is 8.6 GB
+    fns: dict[str, Any] = {k: (lambda i, pl=pl, o=outs[k]: run(**sets[i], plan=pl, out=o)) for k, pl in plans.items()}
+    res: dict[str, Any] = {"ms": {}, "rel_err_vs_triton": {}, "rel_err_last_batch": {}, "triton_error": None}
+    tri_out: list[Any] = [None]
+    if triton and sets[0]["x"].numel() > TRITON_MAX_ELEMENTS:
+        res["triton_error"] = (f"not run: x has {sets[0]['x'].numel()} elements, past the int32 indexing of "
+                               "mamba_ssm's Triton kernels (they fault or return wrong states there)")
+    elif triton:
+        try:
+            kern = load_kernels()
+            if first.op == SCAN:
+                reset_autotune(kern.chunk_scan_kernel)
+
+                def tri(i: int) -> Any:
+                    s = sets[i]
+                    tri_out[0] = kern.chunk_scan_fwd(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])[0]
+            else:
+                reset_autotune(kern.chunk_state_kernel)
+                tout = output(first, sets[0], 0.0)
+
+                def tri(i: int) -> Any:
+                    s = sets[i]
+                    tri_out[0] = kern.chunk_state_fwd(s["B"], s["x"], s["dt"], s["dA_cumsum"], states=tout,
+                                                      states_in_fp32=True)
+            tri(0)
+            fns["triton"] = tri
+        except Exception as e:  # noqa: BLE001 - the baseline is optional; say why it is missing
+            res["triton_error"] = f"{type(e).__name__}: {e}"
+    for f in fns.values():
+        f(0)  # compile / load / autotune outside the timing
+    torch.cuda.synchronize()
+    if "triton" in fns:
+        res["rel_err_vs_triton"] = {k: rel_err(outs[k], tri_out[0]) for k in plans}
+    ref = (chunk_scan_reference if first.op == SCAN else chunk_state_reference)(
+        **{n: t[-1:] for n, t in sets[0].items()})
+    res["rel_err_last_batch"] = {k: rel_err(outs[k][-1:], ref) for k in plans}
+    del ref
+    res["ms"] = time_many(fns, nsets, graphs=graphs)
+    return res

@@ -202,10 +202,10 @@ def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> t
     import numpy as np
     import torch
 
-    from .bench import time_many
     from .cuda import emit_ir
+    from .harness import random_args, time_many
     from .lower import lower
-    from .runtime import load, random_args
+    from .runtime import load
 
     ir = schedule if isinstance(schedule, KernelIR) else lower(schedule, hw)
     plain, inst = emit_ir(dataclasses.replace(ir, profile=False)), emit_ir(dataclasses.replace(ir, profile=True))

@@ -1,4 +1,6 @@
-"""Compile generated kernels with nvcc (cached cubins) and launch them through cuda-python.
+"""Compile generated kernels with nvcc (cached cubins) and launch them through cuda-python: the launch primitive
+(``Loaded.launch``, ``Loaded.prepare`` → ``Launch``) that the kernel harness (``codegen.harness``) and the serving
+layer (``ptsolve.serve``) build on.
 
 ``torch`` and ``cuda.bindings`` are imported inside functions only, so ``import codegen`` works on a
 machine with neither (CI compiles kernels there without a GPU).
@@ -371,16 +373,16 @@ def load(ks: KernelSource) -> Loaded:
     return _LOADED[key]
 
 
-# ---------------------------------------------------------------------------------------------- torch
+# ---------------------------------------------------------------------------------------------- plans and scratch
 
 
 _EMITTED: dict[str, KernelSource] = {}
 _EMITTED_BY_ID: dict[int, tuple[Any, KernelSource]] = {}
 
 
-def _emit_cached(plan: Any) -> KernelSource:
+def emit_cached(plan: Any) -> KernelSource:
     """emit(plan), memoised by the plan's JSON (repeated launches skip source generation) and, first, by the plan
-    object itself (a caller that keeps its plan, e.g. codegen.generic's Mamba2 launches, skips the serialisation)."""
+    object itself (a caller that keeps its plan, e.g. the harness's repeated launches, skips the serialisation)."""
     from .cuda import emit
     hit = _EMITTED_BY_ID.get(id(plan))
     if hit is not None and hit[0] is plan:
@@ -395,33 +397,6 @@ def _emit_cached(plan: Any) -> KernelSource:
         _EMITTED_BY_ID.clear()
     _EMITTED_BY_ID[id(plan)] = (plan, _EMITTED[key])  # the plan is kept alive with its id
     return _EMITTED[key]
-
-
-def _torch_dtype(dt: str):
-    import torch
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
-
-
-def _need(t: Any, name: str, shape: tuple[int, ...], dt: str, convert: bool = False) -> Any:
-    """``t`` checked against the shape and dtype the kernel was built for (DeviceError otherwise; ``convert``
-    casts another float dtype instead) and 16-byte aligned for TMA / bulk copies; returns it."""
-    import torch
-    want = torch.float32 if dt == "fp32" else _torch_dtype(dt)
-    if not isinstance(t, torch.Tensor) or not t.is_cuda:
-        raise DeviceError(f"{name} must be a CUDA torch tensor")
-    if convert and t.dtype != want and t.dtype.is_floating_point:
-        t = t.to(want)
-    if tuple(t.shape) != shape or t.dtype != want or not t.is_contiguous():
-        raise DeviceError(f"kernel was built for {name} of shape {shape} {dt} contiguous; got {tuple(t.shape)} "
-                          f"{t.dtype}{'' if t.is_contiguous() else ' non-contiguous'}: emit a plan for this shape")
-    if t.data_ptr() % 16:
-        raise DeviceError(f"{name} must be 16-byte aligned (a view with an odd storage offset?); pass a copy")
-    return t
-
-
-def _stream() -> int:
-    import torch
-    return int(torch.cuda.current_stream().cuda_stream)
 
 
 _WORKSPACE: dict[tuple[int, str, str], Any] = {}
@@ -441,122 +416,3 @@ def workspace_ptrs(ks: KernelSource) -> dict[str, int]:
             _WORKSPACE[key] = torch.zeros(max(16, nbytes), dtype=torch.uint8, device="cuda")
         out[name] = _WORKSPACE[key].data_ptr()
     return out
-
-
-def run_gemm(a: Any, b: Any, plan: Any, out: Any = None) -> Any:
-    """C = A · Bᵀ with A [M,K] and B [N,K] (row-major, "TN"), using the kernel emitted for ``plan``."""
-    import torch
-
-    ks = _emit_cached(plan)
-    p = ks.params
-    _need(a, "a", (p["M"], p["K"]), p["dtype"])
-    _need(b, "b", (p["N"], p["K"]), p["dtype"])
-    c = out if out is not None else torch.empty(p["M"], p["N"], dtype=a.dtype, device=a.device)
-    _need(c, "out", (p["M"], p["N"]), p["dtype"])
-    load(ks).launch({"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr()}, _stream())
-    return c
-
-
-def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
-    """FlashAttention forward, or split-KV attention for a flash_decode plan: q [B,Sq,H,D], k/v [B,Skv,Hkv,D] →
-    o [B,Sq,H,D], scale 1/sqrt(D), causal (bottom-right aligned) when the plan's operator is."""
-    import torch
-
-    ks = _emit_cached(plan)
-    p = ks.params
-    B, H, Hkv, D = p["batch"], p["heads"], p["kv_heads"], p["head_dim"]
-    _need(q, "q", (B, p["seq_q"], H, D), p["dtype"])
-    _need(k, "k", (B, p["seq_kv"], Hkv, D), p["dtype"])
-    _need(v, "v", (B, p["seq_kv"], Hkv, D), p["dtype"])
-    o = out if out is not None else torch.empty_like(q)
-    _need(o, "out", tuple(q.shape), p["dtype"])
-    load(ks).launch({"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": o.data_ptr()}, _stream())
-    return o
-
-
-# split-KV attention (ptsolve.ops.decode) launches like FlashAttention: the plan's operator picks the kernel, and its
-# scratch (ws / lse / cnt, info["workspace"]) is passed by launch, one set per kernel and device, so launches of one
-# kernel must not overlap on different streams
-run_decode = run_attention
-
-
-def _mamba(p: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
-
-
-def run_chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, plan: Any, out: Any = None) -> Any:
-    """Mamba2 ChunkScan with the kernel emitted for ``plan`` (mamba_ssm layouts): cb (b, nc, g, Q, Q), x (b, L, h, p),
-    dt / dA_cumsum (b, h, nc, Q) float32, C (b, L, g, n), states (b, nc, h, p, n) -> out (b, L, h, p). cb, x, C,
-    out in the plan's dtype; states and cb of another float dtype (the float32 that mamba_ssm's state passing and
-    ``_bmm_chunk_fwd`` may return) are converted to it (a wgmma operand)."""
-    import torch
-
-    ks = _emit_cached(plan)
-    p = ks.params
-    B, L, H, P, N, Q, G = _mamba(p)
-    nc, d = -(-L // Q), p["dtype"]
-    cb = _need(cb, "cb", (B, nc, G, Q, Q), d, convert=True)
-    _need(x, "x", (B, L, H, P), d)
-    _need(dt, "dt", (B, H, nc, Q), "fp32")
-    _need(dA_cumsum, "dA_cumsum", (B, H, nc, Q), "fp32")
-    _need(C, "C", (B, L, G, N), d)
-    states = _need(states, "states", (B, nc, H, P, N), d, convert=True)
-    o = out if out is not None else torch.empty_like(x)
-    _need(o, "out", (B, L, H, P), d)
-    load(ks).launch({"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
-                     "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": o.data_ptr()}, _stream())
-    return o
-
-
-def run_chunk_state(x: Any, B: Any, dt: Any, dA_cumsum: Any, plan: Any, out: Any = None) -> Any:
-    """Mamba2 ChunkState with the kernel emitted for ``plan``: states (b, nc, h, p, n) float32 from x (b, L, h, p),
-    B (b, L, g, n) in the plan's dtype and dt, dA_cumsum (b, h, nc, Q) float32; ``out`` is written in place."""
-    import torch
-
-    ks = _emit_cached(plan)
-    p = ks.params
-    Bt, L, H, P, N, Q, G = _mamba(p)
-    nc, d = -(-L // Q), p["dtype"]
-    _need(x, "x", (Bt, L, H, P), d)
-    _need(B, "B", (Bt, L, G, N), d)
-    _need(dt, "dt", (Bt, H, nc, Q), "fp32")
-    _need(dA_cumsum, "dA_cumsum", (Bt, H, nc, Q), "fp32")
-    o = out if out is not None else torch.empty(Bt, nc, H, P, N, dtype=torch.float32, device=x.device)
-    _need(o, "out", (Bt, nc, H, P, N), "fp32")
-    load(ks).launch({"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(),
-                     "out": o.data_ptr()}, _stream())
-    return o
-
-
-def random_args(ks: KernelSource, seed: int = 0) -> dict[str, Any]:
-    """Fresh random device tensors for every pointer a launch of ``ks`` takes, keyed as ``Loaded.launch`` wants them
-    (outputs included, poisoned with NaN; the profile buffer excluded): what the profiler and the timing drivers
-    launch on."""
-    import torch
-
-    p, op = ks.params, ks.op
-    torch.manual_seed(seed)
-    if op == "gemm":
-        t = _torch_dtype(p["dtype"])
-        return {"a": torch.randn(p["M"], p["K"], device="cuda", dtype=t),
-                "b": torch.randn(p["N"], p["K"], device="cuda", dtype=t),
-                "c": torch.full((p["M"], p["N"]), float("nan"), device="cuda", dtype=t)}
-    if op in ("flash_attention", "flash_decode"):
-        t = _torch_dtype(p["dtype"])
-        B, D = p["batch"], p["head_dim"]
-        q = torch.randn(B, p["seq_q"], p["heads"], D, device="cuda", dtype=t)
-        out = {"q": q, "k": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
-               "v": torch.randn(B, p["seq_kv"], p["kv_heads"], D, device="cuda", dtype=t),
-               "o": torch.full_like(q, float("nan"))}
-        return out  # flash_decode's scratch: launch passes it (workspace_ptrs)
-    from .mamba import scan_inputs, state_inputs
-    if op == "mamba2_chunk_scan":
-        s = scan_inputs(p, seed)
-        return {"cb": s["cb"], "x": s["x"], "dt": s["dt"], "dA": s["dA_cumsum"], "c": s["C"], "states": s["states"],
-                "out": torch.full_like(s["x"], float("nan"))}
-    if op == "mamba2_chunk_state":
-        s = state_inputs(p, seed)
-        b, L, h, P = s["x"].shape
-        out = torch.full((b, s["dt"].shape[2], h, P, s["B"].shape[3]), float("nan"), device="cuda")
-        return {"x": s["x"], "b": s["B"], "dt": s["dt"], "da": s["dA_cumsum"], "out": out}
-    raise DeviceError(f"no random inputs for operator {op!r}")

@@ -1,7 +1,7 @@
 """Time candidate schedules on this machine's GPUs: the runner behind ``ptsolve.tune`` (entry point
 ``ptsolve.kernel_runners``: sm_90a) and its command line for candidates solved elsewhere.
 
-Every candidate's kernel is first checked on a reduced shape with the same plan (codegen.round.check: float32 /
+Every candidate's kernel is first checked on a reduced shape with the same plan (codegen.harness.check: float32 /
 float64 reference, output poisoned with NaN); a kernel that fails gets an infinite time and is never chosen. The
 rest are timed at the full shape in one ``time_many`` call (interleaved rounds, rotating inputs, CUDA graphs), so
 the comparison is within one process. With several GPUs the candidates are split over them, one worker process
@@ -32,11 +32,9 @@ def time_plans(plans: Sequence[Any], nsets: int = 2) -> list[float]:
     its reduced-shape check), interleaved in one time_many call."""
     import torch
 
-    from .bench import time_many
     from .cuda import emit
-    from .round import check
+    from .harness import check, random_args, time_many
     from .runtime import load as load_kernel
-    from .runtime import random_args
 
     ok = [bool(check(p.op, f"candidate {i}", p)["ok"]) for i, p in enumerate(plans)]
     kern = {i: load_kernel(emit(p)) for i, p in enumerate(plans) if ok[i]}
@@ -107,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     d = json.loads(Path(a.candidates).read_text())
     progs = [SProgram.from_json(c["program"]) for c in d["candidates"]]
     if a.compile_only:
-        from .bench import precompile
-        from .round import reduced
+        from .harness import precompile, reduced
         plans = [plan_from_program(p, load(d["hw"])) for p in progs]
         precompile(plans + [reduced(p) for p in plans])
         print(f"compiled {2 * len(plans)} kernels (full and reduced shapes) of {len(plans)} candidates")

@@ -14,15 +14,16 @@ bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is z
 GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. Dense attention of at most 16 query positions (decode,
 speculative verification) runs the split-KV decode kernel: a query tile packs the GQA group's heads with the
 positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
-a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``codegen.generic``: the shipped
+a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``ptsolve.serve``: the shipped
 table, or solved on first use where OR-Tools is installed), compiles that class's kernel once (the cubin is cached
 on disk, so a second process runs no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are
 registered as ``torch.ops.ptsolve.*`` with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and
 CUDA-graph capture work. Forward only (no autograd): an output never requires grad.
 
-This is the one module of ``ptsolve`` that imports ``codegen``, lazily, inside the ops' CUDA implementations: the
-rest of ptsolve stays the solver that never depends on its code generator; this module is where a PyTorch user
-comes in. ``register_transformers()`` adds ``attn_implementation="ptsolve"`` to Hugging Face transformers.
+This module reaches the code generator only through the serving layer (``ptsolve.serve``), imported lazily inside
+the ops' CUDA implementations: the rest of ptsolve stays the solver that never depends on its code generator; this
+module is where a PyTorch user comes in. ``register_transformers()`` adds ``attn_implementation="ptsolve"`` to
+Hugging Face transformers.
 """
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ _GEN: list[Any] = []
 
 
 def _gen() -> Any:
-    """codegen.generic, imported on first use (kept: an import statement costs a warm call about a microsecond)."""
+    """``ptsolve.serve``, imported on first use (kept: an import statement costs a warm call about a microsecond)."""
     if not _GEN:
-        import codegen.generic as g  # the one ptsolve -> codegen import (see the module docstring)
+        import ptsolve.serve as g  # the serving layer, where the code generator is reached (see the docstring)
         _GEN.append(g)
     return _GEN[0]
 

@@ -447,13 +447,13 @@ def test_index_limits():
 
 
 def test_emit_cache():
-    from codegen.runtime import _emit_cached
+    from codegen.runtime import emit_cached
     p = PLANS["gemm_g1_bn128_d2"]
-    assert _emit_cached(p) is _emit_cached(KernelPlan.from_json(p.to_json()))
+    assert emit_cached(p) is emit_cached(KernelPlan.from_json(p.to_json()))
     with pytest.raises(CodegenError):
-        _emit_cached(BAD["BM"])
+        emit_cached(BAD["BM"])
     with pytest.raises(CodegenError):
-        _emit_cached(_with(BASE_G, params={**BASE_G.params, "M": object()}))
+        emit_cached(_with(BASE_G, params={**BASE_G.params, "M": object()}))
 
 
 def test_parse_ptxas():
@@ -469,7 +469,7 @@ ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions
 
 
 def test_import_without_gpu_stack():
-    code = ("import sys; import codegen, codegen.cuda, codegen.runtime, codegen.bench, codegen.lower; "
+    code = ("import sys; import codegen, codegen.cuda, codegen.runtime, codegen.harness, codegen.lower; "
             "assert 'cuda.bindings' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
@@ -490,8 +490,8 @@ def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
 
     from codegen import tune_runner
     from codegen.cuda import emit
+    from codegen.harness import reduced
     from codegen.plan import plan_from_program
-    from codegen.round import reduced
     from codegen.runtime import _key
     from ptsolve.program import SProgram
 
@@ -777,12 +777,12 @@ def test_round_compile_covers_what_run_launches(tmp_path, monkeypatch):
     import shutil
 
     from bench.round import round as rnd
-    from codegen import bench
+    from codegen import harness
     src = Path(__file__).parent / "data" / "sched_new"
     for f in ("GEMM1_cpsat.json", "GEMM1_greedy.json", "FA3_cpsat.json", "FA3_greedy.json"):
         shutil.copy(src / f, tmp_path / f)
     got: list = []
-    monkeypatch.setattr(bench, "precompile", lambda plans: got.extend(plans))
+    monkeypatch.setattr(harness, "precompile", lambda plans: got.extend(plans))
     assert rnd.main(["compile", "--schedules", str(tmp_path), "--persistent"]) == 0
     _, plans = rnd.plans_of(tmp_path, persistent=True)
     assert sorted(plans) == ["FA3", "GEMM1"] and set(plans["GEMM1"]) == {"cpsat", "greedy", "hand"}

@@ -50,7 +50,7 @@ T2 = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
     (100, 77, 72, "bf16", {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1}),
 ])
 def test_gemm(M, N, K, dtype, tiling):
-    from codegen.bench import check_gemm
+    from codegen.harness import check_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=2)
     assert r["ok"], r
 
@@ -74,8 +74,7 @@ def test_gemm_split_k(M, N, K, dtype, tiling):
     arrives last)."""
     import torch
 
-    from codegen.bench import check_gemm
-    from codegen.runtime import run_gemm
+    from codegen.harness import check_gemm, run_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=3)
     assert r["ok"], r
     plan = default_plan("gemm", {"M": M, "N": N, "K": K, "dtype": dtype}, tiling)
@@ -99,7 +98,7 @@ PINGPONG_CASES = [  # ping-pong: two warpgroups, a tile each; ragged M / N / K, 
 @pytest.mark.parametrize("M,N,K,dtype,tiling", PINGPONG_CASES)
 def test_gemm_pingpong(M, N, K, dtype, tiling):
     """Ping-pong kernels against the float32 product (output poisoned with NaN), two fresh inputs each."""
-    from codegen.bench import check_gemm
+    from codegen.harness import check_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=2)
     assert r["ok"], r
 
@@ -119,7 +118,7 @@ CLUSTER_CASES = [  # 2-CTA clusters, B multicast: an odd M-tile count (an empty 
 def test_gemm_cluster(M, N, K, dtype, tiling):
     """Clustered kernels against the float32 product (output poisoned with NaN), two fresh inputs each: a protocol
     error (a slot refilled before the peer freed it, a partner that left early) shows as a wrong result or a hang."""
-    from codegen.bench import check_gemm
+    from codegen.harness import check_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=2)
     assert r["ok"], r
 
@@ -144,14 +143,14 @@ def test_gemm_tma_store(M, N, K, dtype, tiling):
     """TMA-store kernels against the float32 product (output poisoned with NaN, so a chunk never stored or stored
     past the edge shows), two fresh inputs each; a slot rewritten before the copy engine read it shows as a wrong
     result too."""
-    from codegen.bench import check_gemm
+    from codegen.harness import check_gemm
     r = check_gemm(M, N, K, dtype, tiling, trials=2)
     assert r["ok"], r
 
 
 def test_gemm_without_turns():
-    from codegen.bench import check_gemm
     from codegen.cuda import emit
+    from codegen.harness import check_gemm
     t = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
     plan = dataclasses.replace(default_plan("gemm", {"M": 1000, "N": 1024, "K": 520, "dtype": "fp16"}, t), tc_order=[])
     assert emit(plan).info["tc_turns"] is None
@@ -182,7 +181,7 @@ def test_gemm_without_turns():
     (_fa(2, 4, 2, 1, 1000, 128, True), T2, "plain"),
 ])
 def test_attention(p, tiling, order):
-    from codegen.bench import check_fa
+    from codegen.harness import check_fa
     plan = {"plain": default_plan("flash_attention", p, tiling),
             "overlap": default_plan("flash_attention", p, tiling, overlap=True),
             "fa3": fa3_order_plan(p, tiling)}[order]
@@ -201,7 +200,7 @@ def test_attention(p, tiling, order):
 ])
 def test_attention_turns(p, tiling, which):
     """Enforced tc_order: correct results, no hang, for short and ragged trip counts and persistent CTAs."""
-    from codegen.bench import check_fa
+    from codegen.harness import check_fa
     base = {"cpsat": CPSAT, "greedy": GREEDY, "skewed": SKEWED}.get(which)
     if base is None:  # three warpgroups, interleaved turns
         plan = solver_plan(p, tiling, [FA3_ORDER] * 3,
@@ -222,8 +221,8 @@ def _program(name: str):
 def test_solver_schedules(name):
     """The schedules the policies found, lowered from the programs (plan_from_program: orders, turn order, the
     copies the start times use), on a reduced shape (the same plan: only the sizes change)."""
-    from codegen.bench import check_fa, check_gemm
-    from codegen.mamba import check
+    from codegen.harness import check_fa, check_gemm
+    from codegen.harness import check_mamba as check
     plan = plan_from_program(_program(name), "h200")
     if plan.op == "flash_attention":
         p = _fa(1, 8, 2, 1000, 1000, plan.params["head_dim"], plan.params["causal"], plan.params["dtype"])
@@ -256,14 +255,14 @@ CS_CASES = [
                          f"g{c[0]['groups']}_q{c[0]['chunk']}_w{c[1]['groups']}_bk{c[1]['BK']}_c{c[1]['ctas']}"
                          f"{'_ov' if c[2] else ''}")
 def test_chunk_scan(case):
-    from codegen.mamba import check
+    from codegen.harness import check_mamba as check
     p, t, ov = case
     err = check(default_plan("mamba2_chunk_scan", p, t, ov), trials=2)
     assert err <= TOL, err  # NaN compares False: never passes
 
 
 def test_chunk_scan_other_orders():
-    from codegen.mamba import check
+    from codegen.harness import check_mamba as check
     base = default_plan("mamba2_chunk_scan", _ms(2, 1000, 8, 2, "fp16"), cs_tiling(2, 64))
     late = dataclasses.replace(with_loop(base, [("decay", 0), ("mma", 1)]), copies={})  # the order needs two W
     lag = with_loop(base, [("mma", 1), ("decay", 0)], [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 1)])
@@ -293,7 +292,7 @@ ST_PLANS = {
 @pytest.mark.parametrize("shape", list(ST_SHAPES))
 @pytest.mark.parametrize("plan", list(ST_PLANS))
 def test_chunk_state(shape, plan):
-    from codegen.mamba import check
+    from codegen.harness import check_mamba as check
     p = ST_SHAPES[shape]
     if p["d_state"] < 128 and "g2" in plan:
         p = p | {"d_state": 128}
@@ -307,7 +306,7 @@ def test_attention_deterministic():
     """Same inputs twice give bitwise-equal outputs (a moving result would mean a race)."""
     import torch
 
-    from codegen.runtime import run_attention
+    from codegen.harness import run_attention
     plan = fa3_order_plan(_fa(2, 8, 2, 1000, 1000, 128, True), T2)
     q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -320,8 +319,7 @@ def test_attention_deterministic():
 def test_wrong_shapes_raise():
     import torch
 
-    from codegen.mamba import scan_inputs, state_inputs
-    from codegen.runtime import run_chunk_scan, run_chunk_state, run_gemm
+    from codegen.harness import run_chunk_scan, run_chunk_state, run_gemm, scan_inputs, state_inputs
     from ptsolve.errors import DeviceError
     plan = default_plan("gemm", {"M": 256, "N": 256, "K": 256, "dtype": "fp16"},
                         {"BM": 128, "BN": 128, "BK": 64, "depth": 2, "groups": 1})
@@ -343,8 +341,8 @@ def test_wrong_shapes_raise():
 
 
 def test_mamba_compare_runs():
-    """codegen.mamba.compare times our kernels (and Triton's where mamba_ssm imports) and checks the outputs."""
-    from codegen.mamba import compare
+    """baselines.mamba2.compare times our kernels (and Triton's where mamba_ssm imports) and checks the outputs."""
+    from baselines.mamba2 import compare
     p = _ms(2, 1000, 8, 2, "bf16")
     r = compare({"ov": default_plan("mamba2_chunk_state", p, ST2, overlap=True),
                  "plain": default_plan("mamba2_chunk_state", p, ST2)}, nsets=1)
@@ -386,7 +384,7 @@ def test_cpsat_orders_schedule(name):
     """The FA3 order as the exact solver returns it (policy cpsat-orders, from `python -m bench orders_ab`), lowered
     through plan_from_program (warpgroup 1 rotated back to warpgroup 0's start), and the solver's persistent first
     choice, on reduced causal shapes (persistent: more tiles than SMs, so each CTA deals itself several)."""
-    from codegen.bench import check_fa
+    from codegen.harness import check_fa
     from ptsolve.result import Result
     prog = Result.from_json((SCHEDULES.parent / "orders_ab" / f"{name}.json").read_text()).program
     plan = plan_from_program(prog, "h200")

@@ -71,8 +71,8 @@ def test_flash_decode_matches_float32(p: dict, t: dict) -> None:
     _gpu()
     import torch
 
+    from codegen.harness import run_decode
     from codegen.plan import default_plan
-    from codegen.runtime import run_decode
     op = ptsolve.ops.flash_decode(**p)
     assert t in op.tilings()
     pp = op.params
@@ -100,7 +100,7 @@ def test_solver_schedule_runs() -> None:
     _gpu()
     import torch
 
-    from codegen.runtime import run_decode
+    from codegen.harness import run_decode
     op = ptsolve.ops.flash_decode(batch=1, heads=32, kv_heads=8, seq_q=1, seq_kv=8191)
     res = ptsolve.optimize(op, hw="h200", solver="greedy", cache=False, executor="serial", compile_check=False)
     assert res.tiling["splits"] > 1
@@ -118,8 +118,8 @@ def test_fa19_sized_attention_runs_with_64_bit_offsets() -> None:
     _gpu()
     import torch
 
+    from codegen.harness import run_attention
     from codegen.plan import default_plan
-    from codegen.runtime import run_attention
     if torch.cuda.get_device_properties(0).total_memory < 40 << 30:
         pytest.skip("needs 40 GB of GPU memory")
     p = ptsolve.ops.flash_attention(batch=64, heads=64, kv_heads=8, seq=8192, head_dim=128).params

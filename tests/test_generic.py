@@ -1,4 +1,4 @@
-"""Shape-generic kernels on the CPU (codegen.generic, lower(..., generic=True)): shape-class keys, a generic
+"""Shape-generic kernels on the CPU (ptsolve.serve, lower(..., generic=True)): shape-class keys, a generic
 kernel's source holds no size of the shape it was solved on and is the same for every shape of its class, the
 schedule table's look-ups and errors, and a second process compiles nothing (nvcc needed; skipped without)."""
 from __future__ import annotations
@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import examples
 
-from codegen import generic
 from codegen.cuda import emit_ir
 from codegen.lower import lower
 from codegen.plan import default_plan, fa3_order_plan
+from ptsolve import serve
 from ptsolve.errors import PtsolveError, ShapeError
 
 ROOT = Path(__file__).parents[1]
@@ -42,39 +42,39 @@ def _has_nvcc() -> bool:
 
 
 def test_class_keys():
-    c = generic.attention_class("bf16", 128, True, 32, 8)
+    c = serve.attention_class("bf16", 128, True, 32, 8)
     assert c.key == "flash_attention/bf16/d128/causal/gqa2-4"
-    assert generic.attention_class("fp16", 64, False, 16, 16).key == "flash_attention/fp16/d64/full/gqa1"
-    assert generic.attention_class("fp16", 64, False, 64, 1).gqa == "5+"  # MQA
-    assert generic.attention_class("fp16", 64, False, 40, 8).gqa == "5+"
-    assert generic.attention_class("fp16", 64, False, 6, 3).gqa == "2-4"
-    assert generic.gemm_class("fp16").key == "gemm/fp16"
-    m = generic.mamba_class("mamba2_chunk_state", "bf16", 64, 128, 256)
+    assert serve.attention_class("fp16", 64, False, 16, 16).key == "flash_attention/fp16/d64/full/gqa1"
+    assert serve.attention_class("fp16", 64, False, 64, 1).gqa == "5+"  # MQA
+    assert serve.attention_class("fp16", 64, False, 40, 8).gqa == "5+"
+    assert serve.attention_class("fp16", 64, False, 6, 3).gqa == "2-4"
+    assert serve.gemm_class("fp16").key == "gemm/fp16"
+    m = serve.mamba_class("mamba2_chunk_state", "bf16", 64, 128, 256)
     assert m.key == "mamba2_chunk_state/bf16/p64/n128/q256"
     with pytest.raises(ShapeError, match="d_state=96"):
-        generic.mamba_class("mamba2_chunk_scan", "fp16", 64, 96, 256)
-    keys = [c.key for c in generic.classes()]
-    d = generic.decode_class("bf16", 128, False, 32, 8, 1)
+        serve.mamba_class("mamba2_chunk_scan", "fp16", 64, 96, 256)
+    keys = [c.key for c in serve.classes()]
+    d = serve.decode_class("bf16", 128, False, 32, 8, 1)
     assert d.key == "flash_decode/bf16/d128/full/wg1"
-    assert generic.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
-    assert generic.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
-    assert generic.decode_class("fp16", 64, True, 32, 8, 16) != generic.decode_class("fp16", 64, False, 32, 8, 16)
+    assert serve.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
+    assert serve.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
+    assert serve.decode_class("fp16", 64, True, 32, 8, 16) != serve.decode_class("fp16", 64, False, 32, 8, 16)
     # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, the
     # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
     # dtype x d_state x chunk)
     assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
     assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
-    for c in generic.classes():  # every class's representative is its own class
-        r = generic.representative(c)
+    for c in serve.classes():  # every class's representative is its own class
+        r = serve.representative(c)
         if c.op == "gemm":
-            assert generic.gemm_class(r["dtype"]) == c
-        elif c.op in generic.MAMBA_OPS:
-            assert generic.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
+            assert serve.gemm_class(r["dtype"]) == c
+        elif c.op in serve.MAMBA_OPS:
+            assert serve.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"]) == c
         elif c.op == "flash_decode":
-            assert generic.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
+            assert serve.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
                                         r["seq_q"]) == dataclasses.replace(c, ctas=0, persistent=0)
         else:
-            assert generic.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
+            assert serve.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
 
 
 @pytest.mark.parametrize("args,words", [
@@ -84,18 +84,18 @@ def test_class_keys():
 ])
 def test_class_errors_name_the_value(args, words):
     with pytest.raises(ShapeError) as e:
-        generic.attention_class(*args)
+        serve.attention_class(*args)
     for w in words:
         assert w in str(e.value)
     with pytest.raises(ShapeError) as e:
-        generic.decode_class(*args, 1)
+        serve.decode_class(*args, 1)
     for w in words:
         assert w in str(e.value)
 
 
 def test_decode_class_takes_up_to_16_positions():
     with pytest.raises(ShapeError, match="seq_q=17"):
-        generic.decode_class("fp16", 128, False, 32, 8, 17)
+        serve.decode_class("fp16", 128, False, 32, 8, 17)
 
 
 def _src(plan):
@@ -221,23 +221,23 @@ def test_decode_retiming_replays_a_few_iterations_exactly(key, shape):
     from ptsolve.ops import make
     from ptsolve.ops.decode import split_counts
     from ptsolve.simulate import simulate
-    c = generic.decode_class(*key)
-    prog = generic.class_program(c)
+    c = serve.decode_class(*key)
+    prog = serve.class_program(c)
     t = prog.graph.tiling
     p = _dp(*shape, D=key[1], causal=key[2])
     op = make("flash_decode", **p)
     for s in split_counts(p, t["BM"], t["BN"]):
         q = dataclasses.replace(prog, graph=op.graph(dict(t, splits=s), "h200"))
-        assert simulate(q, "h200", max_trips=generic.DECODE_REPLAY_TRIPS).kernel_us == simulate(q, "h200").kernel_us
+        assert simulate(q, "h200", max_trips=serve.DECODE_REPLAY_TRIPS).kernel_us == simulate(q, "h200").kernel_us
 
 
 def test_kv_bucket_steps_a_fifth_at_most():
     prev = 0
     for n in range(1, 5000):
-        b = generic._kv_bucket(n)
+        b = serve.decode._kv_bucket(n)
         assert b >= n and b < n * 1.26 + 1 and b >= prev
         prev = b
-    assert len({generic._kv_bucket(n) for n in range(1, 5000)}) < 60
+    assert len({serve.decode._kv_bucket(n) for n in range(1, 5000)}) < 60
 
 
 def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
@@ -246,20 +246,20 @@ def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
     the binary and pieces whose re-timed program predicts the shortest kernel: for GPT-2's MHA batch 16, 1k cache
     (192 short rows: one wave of 2 x 132 resident CTAs instead of 1.5 of 132) the two-CTA binary, as measured
     (results/torch_decode/mha_ctas.py)."""
-    mha = generic.decode_class("fp16", 64, False, 12, 12, 1)
-    two = generic.decode_variants(mha)
+    mha = serve.decode_class("fp16", 64, False, 12, 12, 1)
+    two = serve.decode_variants(mha)
     assert [(v.ctas, v.persistent) for v in two] == [(0, 0), (2, 0), (0, 1)]
     assert two[1].key == "flash_decode/fp16/d64/full/wg1/ctas2"
-    assert generic.schedule(two[1]).tiling["ctas"] == 2 and generic.schedule(two[1]).tiling["BN"] == 64
-    d128 = generic.decode_class("fp16", 128, False, 32, 8, 1)
-    assert generic.decode_variants(d128) == [d128, dataclasses.replace(d128, persistent=1)]
-    falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)  # two warpgroups: or one, the rows in two tiles
-    assert generic.decode_variants(falcon) == [falcon, generic.decode_class("fp16", 64, False, 32, 8, 1)]
+    assert serve.schedule(two[1]).tiling["ctas"] == 2 and serve.schedule(two[1]).tiling["BN"] == 64
+    d128 = serve.decode_class("fp16", 128, False, 32, 8, 1)
+    assert serve.decode_variants(d128) == [d128, dataclasses.replace(d128, persistent=1)]
+    falcon = serve.decode_class("fp16", 64, False, 71, 1, 1)  # two warpgroups: or one, the rows in two tiles
+    assert serve.decode_variants(falcon) == [falcon, serve.decode_class("fp16", 64, False, 32, 8, 1)]
     p = _dp(16, 12, 12, 1, 1024, 64)
-    v, s = generic.decode_pick(mha, p)
+    v, s = serve.decode_pick(mha, p)
     assert v == two[1]
-    assert generic._decode_best(v, p)[0] < generic._decode_best(mha, p)[0]
-    assert s == generic.decode_splits(v, p)
+    assert serve.decode._decode_best(v, p)[0] < serve.decode._decode_best(mha, p)[0]
+    assert s == serve.decode_splits(v, p)
 
 
 def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
@@ -270,15 +270,15 @@ def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
     two-CTA binary's two pieces 14.4): 256 pieces and 128 merge CTAs exceed the 264 slots, and the queued merge CTAs
     cost a tail (program.follow_tail)."""
     gpt2 = _dp(16, 12, 12, 1, 8192, 64)
-    v, s = generic.decode_pick(generic.decode_class("fp16", 64, False, 12, 12, 1), gpt2)
+    v, s = serve.decode_pick(serve.decode_class("fp16", 64, False, 12, 12, 1), gpt2)
     assert (v.ctas, s) == (2, 1)
     qwen = _dp(64, 14, 2, 1, 1000, 64)
-    c = generic.decode_class("fp16", 64, False, 14, 2, 1)
-    assert generic.decode_pick(c, qwen) == (c, 1)
+    c = serve.decode_class("fp16", 64, False, 14, 2, 1)
+    assert serve.decode_pick(c, qwen) == (c, 1)
     # Falcon-7B (71 heads per kv head) at batch 1, 1000 keys: the one-warpgroup binary, its rows in two query tiles
     # (6.2 us; the two-warpgroup binary 7.5: results/torch_decode/pick_ab.py wg)
-    falcon = generic.decode_class("fp16", 64, False, 71, 1, 1)
-    assert generic.decode_pick(falcon, _dp(1, 71, 1, 1, 1000, 64))[0] == generic.decode_class("fp16", 64, False,
+    falcon = serve.decode_class("fp16", 64, False, 71, 1, 1)
+    assert serve.decode_pick(falcon, _dp(1, 71, 1, 1, 1000, 64))[0] == serve.decode_class("fp16", 64, False,
                                                                                                32, 8, 1)
 
 
@@ -293,17 +293,17 @@ def test_decode_persistent_binary_is_one_piece_and_picked_where_its_handover_pay
     pers = [t for t in ts if t.get("persistent")]
     assert pers and all(t["splits"] == 1 and t.get("ctas", 1) == 1 for t in pers)
     assert not any(t.get("persistent") for t in make("flash_decode", **_dp(1, 8, 1, 1, 4096)).tilings())  # 1 tile
-    c = generic.decode_class("fp16", 128, False, 64, 8, 1)
+    c = serve.decode_class("fp16", 128, False, 64, 8, 1)
     p = _dp(64, 64, 8, 1, 511)
-    v, s = generic.decode_pick(c, p)
+    v, s = serve.decode_pick(c, p)
     assert (v, s) == (dataclasses.replace(c, persistent=1), 1)
-    assert generic._decode_best(v, p)[0] < generic._decode_best(c, p)[0]
-    assert generic.schedule(v).tiling["persistent"] == 1 and generic.schedule(v).tiling["splits"] == 1
-    src = generic.kernel(v).ks
+    assert serve.decode._decode_best(v, p)[0] < serve.decode._decode_best(c, p)[0]
+    assert serve.schedule(v).tiling["persistent"] == 1 and serve.schedule(v).tiling["splits"] == 1
+    src = serve.kernel(v).ks
     assert src.persistent_tiles and "a merge CTA" not in src.source
-    assert "a merge CTA" in generic.kernel(c).ks.source
+    assert "a merge CTA" in serve.kernel(c).ks.source
     long = _dp(1, 32, 8, 1, 32768)
-    v, s = generic.decode_pick(generic.decode_class("fp16", 128, False, 32, 8, 1), long)
+    v, s = serve.decode_pick(serve.decode_class("fp16", 128, False, 32, 8, 1), long)
     assert not v.persistent and s > 1
 
 
@@ -326,14 +326,14 @@ def test_follow_tail_only_when_the_merge_ctas_queue():
 
 def test_decode_splits_fill_the_gpu_from_the_class_program():
     """The class's program re-timed per shape: a long cache of 8 (batch, kv head) rows splits; 512 rows do not."""
-    c = generic.decode_class("fp16", 128, False, 32, 8, 1)
-    long1 = generic.decode_splits(c, _dp(1, 32, 8, 1, 32768))
+    c = serve.decode_class("fp16", 128, False, 32, 8, 1)
+    long1 = serve.decode_splits(c, _dp(1, 32, 8, 1, 32768))
     assert long1 >= 8
-    assert generic.decode_splits(c, _dp(64, 32, 8, 1, 4096)) == 1
-    assert generic.decode_splits(c, _dp(1, 32, 8, 1, 32768 - 5)) == long1  # the same bucket, kept
+    assert serve.decode_splits(c, _dp(64, 32, 8, 1, 4096)) == 1
+    assert serve.decode_splits(c, _dp(1, 32, 8, 1, 32768 - 5)) == long1  # the same bucket, kept
     # a causal speculative step on a long cache is no prefill: few distinct trip counts to replay, no size refusal
-    cc = generic.decode_class("fp16", 128, True, 32, 8, 4)
-    assert generic.decode_splits(cc, _dp(1, 32, 8, 4, 200_000, causal=True)) > 1
+    cc = serve.decode_class("fp16", 128, True, 32, 8, 4)
+    assert serve.decode_splits(cc, _dp(1, 32, 8, 4, 200_000, causal=True)) > 1
 
 
 MAMBA = {"mamba2_chunk_scan": {"BM": 64, "BK": 64, "depth": 3, "groups": 1, "ctas": 2},
@@ -388,21 +388,21 @@ class _T:
 
 
 def test_mamba_params_check_every_shape():
-    c = generic.mamba_class("mamba2_chunk_scan", "fp16", 64, 128, 256)
+    c = serve.mamba_class("mamba2_chunk_scan", "fp16", 64, 128, 256)
     b, L, h, g, n, q = 2, 300, 8, 2, 128, 256
     ok = dict(x=_T(b, L, h, 64), BC=_T(b, L, g, n), dt=_T(b, h, 2, q), dA_cumsum=_T(b, h, 2, q),
               cb=_T(b, 2, g, q, q), states=_T(b, 2, h, 64, n))
-    assert generic.mamba_params(c, **ok) == _mp(b, L, h, g)
+    assert serve.mamba_params(c, **ok) == _mp(b, L, h, g)
     for k, bad in (("dt", _T(b, h, 1, q)), ("cb", _T(b, 2, 1, q, q)), ("states", _T(b, 2, h, 64, 64)),
                    ("BC", _T(b, L + 1, g, n))):
         with pytest.raises(ShapeError, match="must be"):
-            generic.mamba_params(c, **(ok | {k: bad}))
+            serve.mamba_params(c, **(ok | {k: bad}))
     with pytest.raises(ShapeError, match="ngroups=3"):
-        generic.mamba_params(c, **(ok | {"BC": _T(b, L, 3, n), "cb": _T(b, 2, 3, q, q)}))
-    s = generic.mamba_class("mamba2_chunk_state", "fp16", 64, 128, 256)
+        serve.mamba_params(c, **(ok | {"BC": _T(b, L, 3, n), "cb": _T(b, 2, 3, q, q)}))
+    s = serve.mamba_class("mamba2_chunk_state", "fp16", 64, 128, 256)
     huge = 1 << 22  # batch·heads·nchunks·chunk >= 2^31
     with pytest.raises(ShapeError, match="32-bit"):
-        generic.mamba_params(s, _T(1, huge, 512, 64), _T(1, huge, 1, n), _T(1, 512, huge // q, q),
+        serve.mamba_params(s, _T(1, huge, 512, 64), _T(1, huge, 1, n), _T(1, 512, huge // q, q),
                              _T(1, 512, huge // q, q))
 
 
@@ -416,32 +416,32 @@ def test_kernel_ir_json_keeps_generic():
 
 
 def test_shipped_table_covers_every_class():
-    t = generic.load_table()
-    assert set(t["classes"]) == {c.key for c in generic.classes()}, "rebuild: python3 -m codegen.generic table"
-    assert "commit" in t["made"] and t["hw"] == generic.HW
+    t = serve.load_table()
+    assert set(t["classes"]) == {c.key for c in serve.classes()}, "rebuild: python3 -m ptsolve.serve table"
+    assert "commit" in t["made"] and t["hw"] == serve.HW
     for key, e in t["classes"].items():
-        plan = generic.schedule(next(c for c in generic.classes() if c.key == key), t)
+        plan = serve.schedule(next(c for c in serve.classes() if c.key == key), t)
         assert plan.params["dtype"] == key.split("/")[1]
         assert e["generic_ptxas"].get("spill_stores", 0) == 0
 
 
 def test_table_miss_without_solvers_names_class_and_fix(monkeypatch):
-    monkeypatch.setattr(generic, "solvers_installed", lambda: False)
-    c = generic.attention_class("fp16", 64, True, 8, 8)
+    monkeypatch.setattr(serve.table, "solvers_installed", lambda: False)
+    c = serve.attention_class("fp16", 64, True, 8, 8)
     with pytest.raises(PtsolveError) as e:
-        generic.schedule(c, {"classes": {}})
-    assert c.key in str(e.value) and "python3 -m codegen.generic table" in str(e.value)
+        serve.schedule(c, {"classes": {}})
+    assert c.key in str(e.value) and "python3 -m ptsolve.serve table" in str(e.value)
 
 
 def test_table_unreadable(tmp_path):
     p = tmp_path / "t.json"
     p.write_text("{not json")
     with pytest.raises(PtsolveError, match="rebuild"):
-        generic.load_table(p)
+        serve.load_table(p)
     p.write_text(json.dumps({"x": 1}))
     with pytest.raises(PtsolveError, match="classes"):
-        generic.load_table(p)
-    assert generic.load_table(tmp_path / "absent.json") == {"classes": {}}
+        serve.load_table(p)
+    assert serve.load_table(tmp_path / "absent.json") == {"classes": {}}
 
 
 def test_sizes_give_the_grid():
@@ -454,10 +454,11 @@ def test_sizes_give_the_grid():
 
 PROBE = """
 import json, sys
-from codegen import generic, runtime
-c = generic.attention_class("fp16", 64, True, 8, 2)
-generic.compile_class(c); generic.compile_class(generic.gemm_class("bf16"))
-generic.compile_class(generic.mamba_class("mamba2_chunk_state", "bf16", 64, 64, 64))
+from codegen import runtime
+from ptsolve import serve
+c = serve.attention_class("fp16", 64, True, 8, 2)
+serve.compile_class(c); serve.compile_class(serve.gemm_class("bf16"))
+serve.compile_class(serve.mamba_class("mamba2_chunk_state", "bf16", 64, 64, 64))
 print(json.dumps({"nvcc": runtime.NVCC_RUNS[0]}))
 """
 
@@ -468,7 +469,7 @@ def test_generic_decode_kernels_compile_clean(args, tmp_path, monkeypatch):
     """The decode classes' shipped schedules as generic kernels (one and two consumer warpgroups): ptxas builds them
     for sm_90a without spills or a serialised wgmma pipeline."""
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
-    rep = generic.compile_class(generic.decode_class(*args))
+    rep = serve.compile_class(serve.decode_class(*args))
     assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0 and not rep["wgmma_serialized"], rep
 
 
@@ -481,7 +482,7 @@ def test_generic_persistent_attention_keeps_its_wgmma_pipelined(causal, tmp_path
     from codegen.plan import KernelPlan
     from codegen.runtime import compile_kernel
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
-    d = json.loads(generic.schedule(generic.attention_class("fp16", 128, causal, 32, 8)).to_json())
+    d = json.loads(serve.schedule(serve.attention_class("fp16", 128, causal, 32, 8)).to_json())
     for pers in (0, 1):
         d["tiling"].pop("persistent", None)
         d["tiling"] |= {"persistent": 1} if pers else {}
@@ -534,8 +535,8 @@ def test_length_pieces_cover_the_keys_each_sequence_sees(p, t, seqlen):
 def test_generic_decode_reads_lengths_only_in_generic_builds():
     """The generic decode kernel takes ``seqlens`` (a null pointer: the dense cache) and masks by the sequence's
     length; an exact-shape build keeps its compile-time SKV."""
-    c = generic.decode_class("fp16", 128, True, 32, 8, 4)
-    src = generic.kernel(c).ks
+    c = serve.decode_class("fp16", 128, True, 32, 8, 4)
+    src = serve.kernel(c).ks
     assert "ptr:seqlens" in src.args and "seqlens ? min(NSP, TT)" in src.source
     assert "key >= skv_" in src.source and "key > sq + off_" in src.source
     exact = emit_ir(lower(default_plan("flash_decode", _dp(1, 32, 8, 1, 4096), DEC), "h200"))
@@ -545,7 +546,8 @@ def test_generic_decode_reads_lengths_only_in_generic_builds():
 def test_table_only_takes_several_comma_separated_parts():
     """``table --only`` / ``precompile --only``: every class when empty, else the classes whose key contains one of
     the comma-separated parts (fp16 and bf16 of one family in one build, so the bf16 twins reuse the fp16 solves)."""
-    from codegen.generic import _picked, classes
+    from ptsolve.serve import classes
+    from ptsolve.serve.build import _picked
     keys = [c.key for c in classes()]
     assert all(_picked(k, "") for k in keys)
     got = [k for k in keys if _picked(k, "flash_attention/fp16/d128,flash_attention/bf16/d128")]
@@ -557,7 +559,7 @@ def test_table_only_takes_several_comma_separated_parts():
 def test_class_fix_pins_what_each_generic_kernel_assumes():
     """A class's solve pins: GEMM one K range; decode its warpgroups, CTAs per SM and several pieces (one and
     persistent for a persistent class); attention nothing."""
-    from codegen.generic import DECODE_REP_SPLITS, class_fix, classes
+    from ptsolve.serve import DECODE_REP_SPLITS, class_fix, classes
     seen = set()
     for c in classes():
         f = class_fix(c)

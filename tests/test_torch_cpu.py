@@ -143,15 +143,16 @@ class _FakeModule:
 @pytest.fixture()
 def fake_gpu(pt, monkeypatch):
     """ptsolve.torch's eager path on CPU tensors: the device checks pass, the stream is 0, kernels do not run."""
-    from codegen import generic, runtime
+    from codegen import runtime
+    from ptsolve import serve
     log = {"prepared": 0, "launches": []}
-    monkeypatch.setattr(generic.ClassKernel, "module", lambda self: _FakeModule(self.ks, log))
+    monkeypatch.setattr(serve.ClassKernel, "module", lambda self: _FakeModule(self.ks, log))
     monkeypatch.setattr(runtime, "_cu_stream", lambda h: h)
-    monkeypatch.setattr(generic, "current_stream", lambda dev: 0)
+    monkeypatch.setattr(serve.prepared, "current_stream", lambda dev: 0)
     monkeypatch.setattr(pt, "_raw_stream", lambda dev: 0)
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
-    monkeypatch.setattr(generic, "_LAUNCHES", {})
+    monkeypatch.setattr(serve.prepared, "LAUNCHES", {})
 
     class _Map:  # a tensor map: its address in the parameters stands for the address it describes
         def __init__(self, spec, ptr):
@@ -216,7 +217,7 @@ def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
 def test_mamba_warm_path_and_conversions(pt, fake_gpu):
     """Mamba2's chunk ops: a repeated call reuses the launch; float32 states (mamba_ssm's) are converted per call
     and not kept; a new batch or seq at the same addresses is a new launch of the same class kernel."""
-    from codegen import generic
+    from ptsolve import serve
     log = fake_gpu
     b, L, h, g, n, q, nc = 2, 300, 4, 2, 128, 256, 2
     x, C = torch.randn(b, L, h, 64, dtype=torch.float16), torch.randn(b, L, g, n, dtype=torch.float16)
@@ -234,10 +235,10 @@ def test_mamba_warm_path_and_conversions(pt, fake_gpu):
         out = pt.mamba_chunk_state(C, x, dt, dA)
     assert len(pt._FAST) == kept + 1 and out.dtype == torch.float32 and out.shape == (b, nc, h, 64, n)
     prepared = log["prepared"]
-    kernels = len(generic._KERNELS)
+    kernels = len(serve.kernels._KERNELS)
     half = (C[:1], x[:1], dt[:1], dA[:1])  # batch 1 at the same addresses
     pt.mamba_chunk_state(*half)
-    assert log["prepared"] == prepared + 1 and len(generic._KERNELS) == kernels
+    assert log["prepared"] == prepared + 1 and len(serve.kernels._KERNELS) == kernels
     assert log["launches"][-1][0] * 2 == log["launches"][-2][0]  # half the CTAs
     with pytest.raises(ShapeError, match="dt"):
         pt.mamba_chunk_state(C, x, dt[:, :, :1], dA[:, :, :1])

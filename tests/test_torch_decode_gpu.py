@@ -1,5 +1,5 @@
 """GPU tests of decode through ``ptsolve.torch.flash_attention``: seq_q <= 16 runs the shape-generic split-KV
-kernel (``codegen.generic.decode_launch``): GQA groups that are not powers of two (a query box of 7 or 71 heads),
+kernel (``ptsolve.serve.decode_launch``): GQA groups that are not powers of two (a query box of 7 or 71 heads),
 several query tiles, causal speculative steps, one piece and many (the merge CTAs), strided caches as transformers
 hands them over, a cache growing call by call, CUDA-graph capture; ``flash_attention_kvcache``'s per-sequence lengths
 (one graph for a growing cache). Accuracy: FlashAttention's rule
@@ -42,11 +42,11 @@ SHAPES = [  # B, Sq, Skv, H, Hkv, D, causal, dtype, pieces: ">1" / "1" / None (e
 
 @pytest.mark.parametrize("B,Sq,Skv,H,Hkv,D,causal,dt,split", SHAPES)
 def test_decode_matrix(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt, split):
-    from codegen import generic
+    from ptsolve import serve
     q, k, v = _qkv(torch, B, Sq, Skv, H, Hkv, D, dt, B * 1000 + Sq + Skv)
     assert pt._decodes(q, k, causal)
     c = pt._decode_class(q, k, causal)
-    s = generic.decode_pick(c, _params(q, k, causal) | {"dtype": dt})[1]
+    s = serve.decode_pick(c, _params(q, k, causal) | {"dtype": dt})[1]
     if split is not None:
         assert (s > 1) == (split == ">1"), s
     poison(torch, q.shape, q.dtype)
@@ -94,14 +94,15 @@ def test_decode_graph_capture(torch, pt):
 
 
 def test_one_decode_binary_per_class(torch, pt):
-    from codegen import generic, runtime
+    from codegen import runtime
+    from ptsolve import serve
     q, k, v = _qkv(torch, 1, 1, 100, 32, 8, 128, "fp16", 1)
     pt.flash_attention(q, k, v)
-    runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    runs, kernels = runtime.NVCC_RUNS[0], len(serve.kernels._KERNELS)
     for B, Sq, Skv, H, Hkv in ((7, 1, 9000, 32, 8), (1, 3, 50, 16, 16), (2, 1, 70000, 8, 2)):
         q, k, v = _qkv(torch, B, Sq, Skv, H, Hkv, 128, "fp16", B)
         check(torch, pt.flash_attention(q, k, v), q, k, v, False, 1 / math.sqrt(128))
-    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+    assert runtime.NVCC_RUNS[0] == runs and len(serve.kernels._KERNELS) == kernels
 
 
 def test_causal_seq_q_beyond_keys_runs_attention(torch, pt):
@@ -139,7 +140,7 @@ def test_transformers_llama_decode_steps(torch, pt):
     """A Hugging Face Llama (random weights, bf16) through ``attn_implementation="ptsolve"``: a 300-token prefill (the
     generic attention kernel), then 6 decode steps against its growing cache (transposed [B, S, Hkv, D] views, new
     addresses every step: the split-KV kernel), each step's logits within twice SDPA's error of a float32 model."""
-    from codegen import generic
+    from ptsolve import serve
     from ptsolve.errors import ShapeError
     cfg, m32, m16, ids, steps = _llama_pair(torch)  # skips without transformers
     name = pt.register_transformers()
@@ -158,10 +159,10 @@ def test_transformers_llama_decode_steps(torch, pt):
 
     with torch.no_grad():
         ref, sdpa = run(m32, "sdpa"), run(m16, "sdpa")
-        before = sum(k[0] == "fd" for k in generic._LAUNCHES)
+        before = sum(k[0] == "fd" for k in serve.prepared.LAUNCHES)
         ours = run(m16, name)
         # every decode step of every layer prepared a split-KV launch (the cache moved)
-        assert sum(k[0] == "fd" for k in generic._LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
+        assert sum(k[0] == "fd" for k in serve.prepared.LAUNCHES) - before >= steps.shape[1] * cfg.num_hidden_layers
         e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
         assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
         pad = torch.ones_like(ids)
@@ -245,7 +246,7 @@ def test_transformers_llama_static_cache(torch, pt):
     (``flash_attention_kvcache`` on the whole cache, the lengths read from the mask), each step's logits within twice
     SDPA's error of a float32 model; after the first decode step no launch is prepared (the cache keeps its
     addresses, the lengths their buffer)."""
-    from codegen import generic
+    from ptsolve import serve
     cfg, m32, m16, ids, steps = _llama_pair(torch)  # skips without transformers
     from transformers import StaticCache
     name = pt.register_transformers()
@@ -258,7 +259,7 @@ def test_transformers_llama_static_cache(torch, pt):
         logits = [out.logits[:, -1].float()]
         for i in range(steps.shape[1]):
             logits.append(model(steps[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1].float())
-            prepared.append(len(generic._LAUNCHES))
+            prepared.append(len(serve.prepared.LAUNCHES))
         logits += list(model(steps[:, :4], past_key_values=cache, use_cache=True).logits.float().unbind(1))
         return torch.stack(logits)
 
@@ -279,21 +280,21 @@ def test_every_binary_of_a_decode_class(torch, pt, monkeypatch, B, Sq, cap, H, H
     """Each binary ``decode_pick`` chooses among (the class's own, two CTAs per SM, persistent) at its pieces gives
     FlashAttention's answer, on the dense path and with per-sequence lengths (a persistent CTA's tiles of different
     lengths: its ring position carries over from one to the next)."""
-    from codegen import generic
+    from ptsolve import serve
     q, kc, vc = _qkv(torch, B, Sq, cap, H, Hkv, D, dt, B + cap)
     c = pt._decode_class(q, kc, causal)
     p = _params(q, kc, causal) | {"dtype": dt}
-    variants = generic.decode_variants(c)
+    variants = serve.decode_variants(c)
     assert any(v.persistent for v in variants)
     lens = [cap - 37 * b for b in range(B)]
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     for v in variants:
-        s = generic._decode_best(v, p)[1]
-        monkeypatch.setattr(generic, "decode_pick", lambda c_, p_, v=v, s=s: (v, s))
-        generic._LAUNCHES.clear()
+        s = serve.decode._decode_best(v, p)[1]
+        monkeypatch.setattr(serve.decode, "decode_pick", lambda c_, p_, v=v, s=s: (v, s))
+        serve.prepared.LAUNCHES.clear()
         poison(torch, q.shape, q.dtype)
         check(torch, pt.flash_attention(q, kc, vc, causal=causal), q, kc, vc, causal, 1 / math.sqrt(D))
         poison(torch, q.shape, q.dtype)
         _check_lengths(torch, pt.flash_attention_kvcache(q, kc, vc, seqlens, causal=causal), q, kc, vc, lens, causal,
                        1 / math.sqrt(D))
-    generic._LAUNCHES.clear()
+    serve.prepared.LAUNCHES.clear()

@@ -173,17 +173,18 @@ def test_errors_name_the_fix(torch, pt):
 
 
 def test_one_binary_serves_every_shape_of_a_class(torch, pt):
-    from codegen import generic, runtime
+    from codegen import runtime
+    from ptsolve import serve
     q = torch.randn(2, 100, 8, 64, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.bfloat16)
     pt.flash_attention(q, k, k, causal=True)
-    runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+    runs, kernels = runtime.NVCC_RUNS[0], len(serve.kernels._KERNELS)
     for sq, skv, b in ((17, 1, 1), (1000, 77, 3), (4097, 5000, 1)):  # seq_q <= 16: the decode kernel's
         q = torch.randn(b, sq, 8, 64, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, skv, 2, 64, device="cuda", dtype=torch.bfloat16)
         pt.flash_attention(q, k, k, causal=True)
     torch.cuda.synchronize()
-    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+    assert runtime.NVCC_RUNS[0] == runs and len(serve.kernels._KERNELS) == kernels
 
 
 def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
@@ -203,10 +204,9 @@ def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
 @pytest.mark.parametrize("b,L,h,g,n,q,dt", [(1, 300, 4, 1, 128, 256, "fp16"), (2, 1000, 8, 2, 64, 128, "bf16"),
                                             (1, 64, 2, 1, 128, 64, "fp16")])
 def test_mamba_chunk_ops(torch, pt, b, L, h, g, n, q, dt):
-    """mamba_ssm's layouts in and out, against codegen.mamba's float64 references; ragged last chunks; bf16;
+    """mamba_ssm's layouts in and out, against codegen.harness's float64 references; ragged last chunks; bf16;
     grouped B/C; and under torch.compile (the fake implementations give the shapes)."""
-    from codegen.bench import TOL, rel_err
-    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    from codegen.harness import TOL, chunk_scan_reference, chunk_state_reference, rel_err, scan_inputs, state_inputs
     p = {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": n, "chunk": q, "groups": g, "dtype": dt}
     s = scan_inputs(p, seed=1)
     out = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
@@ -229,9 +229,9 @@ def test_mamba_one_kernel_serves_every_shape_of_a_class(torch, pt):
     """Class (fp16, head_dim 64, d_state 128, chunk 256): batch, seq (ragged, one position to 8 chunks), heads and
     ngroups change, the kernel does not (no nvcc, no new class kernel after the first call); every shape matches the
     float64 references; float32 states (mamba_ssm's) are converted; a warm call sees new data at old addresses."""
-    from codegen import generic, runtime
-    from codegen.bench import TOL, rel_err
-    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    from codegen import runtime
+    from codegen.harness import TOL, chunk_scan_reference, chunk_state_reference, rel_err, scan_inputs, state_inputs
+    from ptsolve import serve
     runs = kernels = None
     for b, L, h, g in MAMBA_SHAPES:
         p = {"batch": b, "seq": L, "heads": h, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": g,
@@ -253,16 +253,16 @@ def test_mamba_one_kernel_serves_every_shape_of_a_class(torch, pt):
         ref = chunk_state_reference(st["x"], st["B"], st["dt"], st["dA_cumsum"])
         assert rel_err(pt.mamba_chunk_state(*sargs), ref) <= TOL, (b, L, h, g)
         if runs is None:
-            runs, kernels = runtime.NVCC_RUNS[0], len(generic._KERNELS)
+            runs, kernels = runtime.NVCC_RUNS[0], len(serve.kernels._KERNELS)
     torch.cuda.synchronize()
-    assert runtime.NVCC_RUNS[0] == runs and len(generic._KERNELS) == kernels
+    assert runtime.NVCC_RUNS[0] == runs and len(serve.kernels._KERNELS) == kernels
 
 
 PROBE = """
 import json, torch
 import ptsolve.torch as pt
 from codegen import runtime
-from codegen.mamba import scan_inputs, state_inputs
+from codegen.harness import scan_inputs, state_inputs
 p = {"batch": 2, "seq": 777, "heads": 12, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 3, "dtype": "fp16"}
 s, st = scan_inputs(p, seed=3), state_inputs(p, seed=4)
 o = pt.mamba_chunk_scan(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])
@@ -280,9 +280,9 @@ def test_mamba_second_process_compiles_nothing(torch, pt):
     import sys
     from pathlib import Path
     root = Path(__file__).parents[1]
-    from codegen import generic
-    for op in generic.MAMBA_OPS:  # this process fills the disk cache where it is cold (no nvcc where it is warm)
-        generic.compile_class(generic.mamba_class(op, "fp16", 64, 128, 256))
+    from ptsolve import serve
+    for op in serve.MAMBA_OPS:  # this process fills the disk cache where it is cold (no nvcc where it is warm)
+        serve.compile_class(serve.mamba_class(op, "fp16", 64, 128, 256))
     env = {**os.environ, "PYTHONPATH": str(root)}
     r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -2,7 +2,8 @@
 then), the one-lowering skeleton's on main ("base") and with the issue-8 fixes ("fix", plus variants that switch
 single fixes off), base and fix emitted, as ``codegen.round`` does, from the committed schedules' orders and tilings
 (``plan_from_program``: the committed programs predate the current release-point model, so their barriers are
-not reused), interleaved in one process (codegen.bench.time_many, CUDA graphs captured on the launch stream, 30 rounds).
+not reused), interleaved in one process (codegen.harness.time_many, CUDA graphs captured on the launch stream, 30
+rounds).
 
     python -m bench ab regress_ab emit base --root /work/main   # CPU: main's sources  -> ab_sources.json
     python -m bench ab regress_ab emit fix                       # CPU: this tree's sources (fix + variants)
@@ -15,7 +16,7 @@ Every kernel takes exactly the arguments its own ``args`` / ``tensor_maps`` list
 same tensors of the same shapes; the script checks). Before timing, each kernel runs once in a child process
 that the parent kills when one kernel takes longer than SMOKE_S: a kernel that hangs or faults is reported and
 skipped, and so is a variant whose output differs from the base kernel's. One line per schedule as it is
-timed, a markdown table last. Candidates run in a rotated order each round (codegen.bench.time_many).
+timed, a markdown table last. Candidates run in a rotated order each round (codegen.harness.time_many).
 
 Columns besides old / base / fix: old_again (the old kernel a second time: the noise of the comparison), old_1d
 (the old kernel on the new one's 1-D tile grid), fix_no_early_p (P packed in rowsum, OpKernel.early off),
@@ -53,7 +54,7 @@ SMOKE_S = 30.0  # one kernel's first launch + synchronize (random inputs made on
 COLS = ["old", "old_again", "old_1d", "base", "fix", "fix_no_early_p", "fix_xs2", "fix_nosync", "fix_grid3",
         "fix_wait1"]
 RATIOS = [("fix", "old"), ("fix", "base")]  # (a, b): the a / b columns of the table
-ROUNDS = 30  # timing rounds (codegen.bench.time_many)
+ROUNDS = 30  # timing rounds (codegen.harness.time_many)
 
 
 def ks_of(d: dict) -> KernelSource:
@@ -177,7 +178,8 @@ def smoke_child(keys: list[str]) -> None:
     """Run each kernel (schedule/variant) once; print 'ok KEY' or 'fail KEY why' after each."""
     import torch
 
-    from codegen.runtime import load, random_args
+    from codegen.harness import random_args
+    from codegen.runtime import load
     cache: dict[str, dict] = {}
     for key in keys:
         name, var = key.split("/")
@@ -244,8 +246,8 @@ def _max_abs(a, b=None) -> float:
 def main() -> None:
     import torch
 
-    from codegen.bench import time_many
-    from codegen.runtime import load, random_args
+    from codegen.harness import random_args, time_many
+    from codegen.runtime import load
 
     t0 = time.time()
     only = [n for n in os.environ.get("AB_ONLY", "").split(",") if n]  # a subset, e.g. one large config alone

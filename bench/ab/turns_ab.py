@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
-from codegen.bench import time_many  # noqa: E402
 from codegen.cuda import emit  # noqa: E402
+from codegen.harness import (
+    random_args,  # noqa: E402
+    time_many,  # noqa: E402
+)
 from codegen.plan import default_plan, plan_from_program  # noqa: E402
-from codegen.runtime import load, random_args  # noqa: E402
+from codegen.runtime import load  # noqa: E402
 from ptsolve.result import Result  # noqa: E402
 
 ST = {"batch": 64, "seq": 1024, "heads": 64, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 1, "dtype": "bf16"}

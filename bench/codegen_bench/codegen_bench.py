@@ -7,7 +7,7 @@ Run on the GPU machine (one call does everything)::
 
 Correctness first: every configuration is compared with a float32 torch reference on fresh random inputs,
 the output poisoned with NaN before the run (relative Frobenius error <= 1e-2, NaN never passes). Timing
-(``codegen.bench.time_many``): warm-up, then 20 rounds in which every candidate (our schedules and the baselines, in
+(``codegen.harness.time_many``): warm-up, then 20 rounds in which every candidate (our schedules and the baselines, in
 the same process) runs a block of back-to-back launches between CUDA events, inputs rotating over several sets
 so that repeated runs do not hit L2; the median per-call time is reported. Prints a markdown table last and
 writes ``codegen_bench_<section>.json`` and ``codegen_table_<section>.md`` under ``--out``.
@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from codegen.bench import FA_TILING, GEMM_TILING, check_fa, check_gemm, precompile, time_many
+from codegen.harness import FA_TILING, GEMM_TILING, check_fa, check_gemm, precompile, time_many
 from codegen.plan import KernelPlan, default_plan, fa3_order_plan
 
 

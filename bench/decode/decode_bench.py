@@ -143,10 +143,10 @@ def precompile(plans: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from codegen.plan import KernelPlan
-    from codegen.runtime import _emit_cached, compile_kernel
+    from codegen.runtime import compile_kernel, emit_cached
     data = json.loads(plans.read_text())
     todo = [v["plan"] for sh in data["shapes"] for v in sh["plans"].values()] + [b["plan"] for b in data["big"]]
-    kss = [_emit_cached(KernelPlan.from_json(json.dumps(p))) for p in todo]
+    kss = [emit_cached(KernelPlan.from_json(json.dumps(p))) for p in todo]
     with ThreadPoolExecutor(2) as ex:
         reps = list(ex.map(lambda ks: compile_kernel(ks).report, kss))
     bad = [(ks.name, r["spill_stores"], r["wgmma_serialized"]) for ks, r in zip(kss, reps)
@@ -263,9 +263,8 @@ def sdpa_fns(p: dict[str, Any], sets: list[Any], nc: bool = False) -> dict[str, 
 def run(plans: Path, out: Path, only: str | None, nc: bool = False) -> None:
     import torch
 
-    from codegen.bench import time_many
+    from codegen.harness import run_attention, run_decode, time_many
     from codegen.plan import KernelPlan
-    from codegen.runtime import run_attention, run_decode
 
     data = json.loads(plans.read_text())
     dev = torch.cuda.get_device_name()
@@ -333,8 +332,8 @@ def run_big(b: dict[str, Any]) -> dict[str, Any]:
     including the last batch's last group (whose offsets overflow 32 bits)."""
     import torch
 
+    from codegen.harness import run_attention
     from codegen.plan import KernelPlan
-    from codegen.runtime import run_attention
     p = b["params"]
     plan = KernelPlan.from_json(json.dumps(b["plan"]))
     B, S, H, Hkv, D = p["batch"], p["seq_q"], p["heads"], p["kv_heads"], p["head_dim"]

@@ -131,7 +131,7 @@ def run(out: Path) -> None:
     import torch
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from codegen.runtime import load
 
     src = json.loads(SRC.read_text())

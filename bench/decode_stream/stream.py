@@ -141,7 +141,7 @@ def run(out: Path, src_path: Path = SRC, keys: tuple[str, ...] = (), profile: bo
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
     from codegen import profile as prof
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     from codegen.kernel_ir import KernelIR
     from codegen.runtime import load
 

@@ -2,7 +2,7 @@
 
 For each attention configuration of the paper round, with the cost model of this checkout on the H200 table:
 the model's best schedule over all orders (CP-SAT) at the round's CP-SAT tiling and at the hand plan's tiling
-(codegen.round.FIXED, persistent), and its best schedule with every consumer warpgroup's loop pinned to the
+(codegen.harness.FIXED, persistent), and its best schedule with every consumer warpgroup's loop pinned to the
 FA3 order (``codegen.plan.fa3_order_plan``: QK of j, PV of j-1, then the softmax of j) at the hand plan's
 tiling. An order is cyclic: warpgroup 0 keeps the plan's rotation and every rotation of the other
 warpgroups' is tried (the best is kept). Beside them, what the GPU measured for the two kernels
@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from codegen.harness import FIXED  # noqa: E402
 from codegen.plan import fa3_order_plan  # noqa: E402
-from codegen.round import FIXED  # noqa: E402
 from ptsolve import ops  # noqa: E402
 from ptsolve.hw import load  # noqa: E402
 from ptsolve.policies import cpsat  # noqa: E402

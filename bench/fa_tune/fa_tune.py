@@ -1,7 +1,7 @@
 """Measured selection for the paper's attention configurations, with the FA3 order in the candidates: ``ptsolve.tune``'s
 candidates with two policies (``cpsat``: the free optimum; ``cpsat-orders``: the best schedule with the operator's
 declared FA3 issue order pinned, OpSpec.orders) on the model's best tilings, timed on the GPU next to the committed
-exact schedule (``results/sched_polish``) and the hand FA3-order plan (``codegen.round._hand``), in one process
+exact schedule (``results/sched_polish``) and the hand FA3-order plan (``codegen.harness.hand``), in one process
 (``bench/ab/regress_ab.py``'s harness). ``select`` runs every candidate; ``confirm`` re-times the pick (chosen by
 ``select``'s run, written to ``picks.json``) against exact and hand in a second run, so the pick's margin is not
 the selection's own noise.
@@ -42,8 +42,8 @@ R.__file__ = __file__
 def emit() -> None:
     import ptsolve
     from codegen.cuda import emit as emit_source
+    from codegen.harness import hand
     from codegen.plan import plan_from_program
-    from codegen.round import _hand
     from ptsolve.result import Result
     from ptsolve.tune import candidates
 
@@ -55,7 +55,7 @@ def emit() -> None:
         cands, rejected = candidates(op, "h200", K, solver="cpsat,cpsat-orders", time_limit=TIME_LIMIT,
                                      progress=lambda s, c=c: print(c, s, flush=True))
         row = {"exact": dataclasses.asdict(emit_source(plan_from_program(exact.program, "h200"), "h200")),
-               "hand": dataclasses.asdict(emit_source(_hand(g.op, dict(g.params)), "h200"))}
+               "hand": dataclasses.asdict(emit_source(hand(g.op, dict(g.params)), "h200"))}
         for cd in cands:
             row[f"c{cd.rank}"] = dataclasses.asdict(emit_source(plan_from_program(cd.result.program, "h200"), "h200"))
         row["exact_again"] = row["exact"]

@@ -61,7 +61,7 @@ def compile_all() -> None:
 def run(out: Path) -> None:
     import torch
 
-    from codegen.bench import rel_err, time_many
+    from codegen.harness import rel_err, time_many
     from codegen.runtime import load
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}

@@ -46,7 +46,7 @@ def variants() -> dict[str, dict[str, dict]]:
 def run() -> None:
     import torch
 
-    from codegen.bench import rel_err, time_many
+    from codegen.harness import rel_err, time_many
     from codegen.runtime import load
     src = json.loads((HERE / "cluster_sources.json").read_text())
     for name, vs in variants().items():

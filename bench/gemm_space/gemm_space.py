@@ -144,7 +144,7 @@ def _plans(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def precompile(docs: list[dict[str, Any]]) -> int:
     """Compile every kernel the run launches into $PTSOLVE_CACHE_DIR; returns how many distinct ones."""
-    from codegen.bench import precompile as pc
+    from codegen.harness import precompile as pc
     plans = [p for v in _plans(docs).values() for p in v.values()]
     pc(plans)
     return len(plans)
@@ -154,8 +154,8 @@ def run(paths: list[Path], out: Path, only: tuple[str, ...] = ()) -> int:
     """Check and time every shape's kernels next to cuBLAS; write gemm_space.json (after every shape)."""
     import torch
 
-    from codegen.bench import TOL, precompile, rel_err, time_many
     from codegen.cuda import emit
+    from codegen.harness import TOL, precompile, rel_err, time_many
     from codegen.runtime import load
 
     docs = [json.loads(p.read_text()) for p in paths]

@@ -1,7 +1,7 @@
 """The FA3 order as a schedule the exact solver returns (policy ``cpsat-orders``) next to the hand FA3-order plan and
 the free CP-SAT schedule, on the GPU in one process (issue 13: "the exact kernel at least as fast as the hand plan").
 
-Per paper attention configuration, at the hand plan's tiling (codegen.round.FIXED): ``orders`` is the kernel of
+Per paper attention configuration, at the hand plan's tiling (codegen.harness.FIXED): ``orders`` is the kernel of
 ``optimize(..., solver="cpsat-orders")`` (the model's best schedule with FA3's issue and turn order pinned),
 ``hand`` the hand plan (``codegen.plan.fa3_order_plan``) and ``hand_p`` its persistent form (the round's hand
 column), ``cpsat`` the committed CP-SAT schedule's kernel (``results/schedules_h200``, the round's exact column).
@@ -33,8 +33,8 @@ R.__file__ = __file__  # regress_ab's smoke test re-runs this script in a child 
 
 def emit() -> None:
     from codegen.cuda import emit as emit_source
+    from codegen.harness import FIXED
     from codegen.plan import fa3_order_plan, plan_from_program
-    from codegen.round import FIXED
     from ptsolve import optimize
     from ptsolve.result import Result
     from ptsolve.suites import operator, paper

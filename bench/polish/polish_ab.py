@@ -34,8 +34,8 @@ def before(c: str) -> Path:
 
 def emit() -> None:
     from codegen.cuda import emit as emit_source
+    from codegen.harness import hand
     from codegen.plan import plan_from_program
-    from codegen.round import _hand
     from ptsolve.result import Result
 
     out = {}
@@ -46,7 +46,7 @@ def emit() -> None:
         row = {k: dataclasses.asdict(emit_source(plan_from_program(r.program, "h200"), "h200"))
                for k, r in (("now", now), ("pol", pol))}
         row["now_again"] = row["now"]
-        row["hand"] = dataclasses.asdict(emit_source(_hand(g.op, dict(g.params)), "h200"))
+        row["hand"] = dataclasses.asdict(emit_source(hand(g.op, dict(g.params)), "h200"))
         out[c] = row
         print(c, now.tiling, "->", pol.tiling, "same kernel" if row["pol"] == row["now"] else "", flush=True)
     R.AB.write_text(json.dumps(out, indent=0, sort_keys=True))

@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 t0=$(date +%s)
 PTSOLVE_CACHE_DIR=$PWD/.cubin_pf timeout 300 python3 -m bench torch_prefill variants_ab run --as-tabled \
-  --tables results/replay_orders/table_before.json codegen/schedule_table.json --out "$OUT/prefill_ab.json" \
+  --tables results/replay_orders/table_before.json ptsolve/serve/schedule_table.json --out "$OUT/prefill_ab.json" \
   > "$OUT/prefill_ab.log" 2>&1
 echo "prefill A/B: exit $? ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
 tail -4 "$OUT/prefill_ab.log" | tee -a "$OUT/summary.txt"

@@ -46,8 +46,8 @@ R.__file__ = __file__  # regress_ab's smoke test re-runs this script in a child 
 
 def emit() -> None:
     from codegen.cuda import emit as emit_source
+    from codegen.harness import FIXED
     from codegen.plan import fa3_order_plan, plan_from_program
-    from codegen.round import FIXED
     from ptsolve import ops, optimize
     from ptsolve.result import Result
     from ptsolve.simulate import replay_us

@@ -11,11 +11,11 @@ only checks and timing)::
     python -m bench round run --schedules results/schedules_h200 --out $OUT
 
 For each configuration the greedy and the CP-SAT program become kernels (codegen.plan.plan_from_program),
-next to a hand-picked plan (``codegen.round``: attention the FA3-order plan; Mamba2 the fastest tiling of our
-own earlier sweeps, see ``codegen.round.HAND``) and the library baselines (SDPA cuDNN / FLASH, cuBLAS, mamba_ssm's
+next to a hand-picked plan (``codegen.harness.hand``: attention the FA3-order plan; Mamba2 the fastest tiling of our
+own earlier sweeps, see ``codegen.harness.HAND``) and the library baselines (SDPA cuDNN / FLASH, cuBLAS, mamba_ssm's
 Triton kernels, which need the wheel of baselines/build_mamba_wheel.sh on the path). Every kernel is first checked
-against a float32/float64 reference on a reduced shape with the same plan (``codegen.round.check``: batch 1, fewer
-heads, the GQA ratio kept; outputs poisoned with NaN), then timed at the full shape with ``codegen.bench.time_many``
+against a float32/float64 reference on a reduced shape with the same plan (``codegen.harness.check``: batch 1, fewer
+heads, the GQA ratio kept; outputs poisoned with NaN), then timed at the full shape with ``codegen.harness.time_many``
 (interleaved rounds, rotating inputs, median); Mamba2 kernels are also compared with the Triton output at the full
 shape. Prints a markdown table last.
 """
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codegen.round import FIXED, _hand, check, reduced
+from codegen.harness import FIXED, check, hand, reduced
 
 # FA18c and FA19 have 2^31 elements per tensor: beyond the generated kernels' 32-bit indices
 CONFIGS = ("FA2", "FA3", "FA3c", "FA8", "FA8c", "FA13c", "FA14", "FA17c", "GEMM1", "GEMM3")
@@ -80,7 +80,7 @@ def plans_of(schedules: Path, persistent: bool = False, only: tuple[str, ...] = 
     for n, rs in res.items():
         pl = {s: plan_from_program(r.program, "h200") for s, r in rs.items()}
         g = rs["cpsat"].program.graph
-        pl["hand"] = _hand(g.op, dict(g.params))
+        pl["hand"] = hand(g.op, dict(g.params))
         if g.op == "flash_attention":
             if persistent:  # the same schedules on persistent CTAs (one per SM, longest tiles first)
                 pl |= {f"{k}+persistent": dataclasses.replace(v, tiling=v.tiling | {"persistent": 1})
@@ -92,7 +92,7 @@ def plans_of(schedules: Path, persistent: bool = False, only: tuple[str, ...] = 
 def compile_all(plans: dict[str, dict[str, Any]]) -> int:
     """nvcc (cached, in parallel) every kernel a round launches: each plan at its full shape and at the reduced
     shape ``check`` runs it at; the number of plans."""
-    from codegen.bench import precompile
+    from codegen.harness import precompile
     every = [pl for d in plans.values() for pl in d.values()]
     precompile(every + [reduced(pl) for pl in every])
     return len(every)
@@ -135,11 +135,11 @@ def _time(g: Any, plans: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from codegen.bench import time_many
     from codegen.cuda import emit
+    from codegen.harness import time_many
     from codegen.runtime import load
     if g.op.startswith("mamba2"):
-        from codegen.mamba import compare
+        from baselines.mamba2 import compare
         r = compare(plans, nsets=2) if plans else {"ms": {}, "rel_err_vs_triton": {}, "triton_error": "no plan passed"}
         return ({f"{k}_us": v * 1e3 for k, v in r["ms"].items()}
                 | {f"{k}_tflops": g.useful_flops / (v * 1e9) for k, v in r["ms"].items()}

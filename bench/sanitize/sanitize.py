@@ -82,8 +82,8 @@ def cases() -> list[tuple[str, Any]]:
 def main() -> int:
     import torch
 
-    from codegen.bench import TOL, check_fa, check_gemm
-    from codegen.mamba import check
+    from codegen.harness import TOL, check_fa, check_gemm
+    from codegen.harness import check_mamba as check
 
     results = []
     only = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -108,12 +108,12 @@ def main() -> int:
 
 def precompile() -> None:
     """Compile (on a CPU machine, cached in $PTSOLVE_CACHE_DIR) every kernel ``main`` launches."""
-    from codegen import generic
-    from codegen.bench import precompile as compile_plans
+    from codegen.harness import precompile as compile_plans
+    from ptsolve import serve
     compile_plans([pl for _, pl in cases()])
-    for c in (generic.attention_class("fp16", 64, True, 8, 2), generic.gemm_class("fp16"),  # _front_door's
-              *(generic.mamba_class(op, "fp16", 64, 128, 256) for op in generic.MAMBA_OPS)):
-        generic.compile_class(c)
+    for c in (serve.attention_class("fp16", 64, True, 8, 2), serve.gemm_class("fp16"),  # _front_door's
+              *(serve.mamba_class(op, "fp16", 64, 128, 256) for op in serve.MAMBA_OPS)):
+        serve.compile_class(c)
 
 
 def _front_door() -> list[dict]:
@@ -122,7 +122,7 @@ def _front_door() -> list[dict]:
     import torch
 
     import ptsolve.torch as pt
-    from codegen.bench import TOL, attention_ref, rel_err
+    from codegen.harness import TOL, attention_ref, rel_err
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -131,7 +131,7 @@ def _front_door() -> list[dict]:
     e1 = rel_err(pt.flash_attention(q, k, v, causal=True), attention_ref(q, k, v, True))
     a, b = rnd(100, 200), rnd(136, 200)
     e2 = rel_err(pt.gemm(a, b), a.float() @ b.float().T)
-    from codegen.mamba import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
+    from codegen.harness import chunk_scan_reference, chunk_state_reference, scan_inputs, state_inputs
     p = {"batch": 2, "seq": 300, "heads": 4, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 2, "dtype": "fp16"}
     sc = scan_inputs(p, seed=1)
     e3 = rel_err(pt.mamba_chunk_scan(sc["cb"], sc["x"], sc["dt"], sc["dA_cumsum"], sc["C"], sc["states"]),

@@ -2,7 +2,7 @@
 attention schedule runs slower than the model says (issue 13)? Experiment: the committed CP-SAT schedule's kernel
 (``cpsat``), the same source with the model's order on the SFU enforced by named-barrier turns around each consumer
 warpgroup's exp2 (``cpsat_sfu``: a source edit of this experiment, not the skeleton), and the round's hand
-FA3-order plan (``hand``). One process, CUDA graphs, candidates interleaved (codegen.bench.time_many).
+FA3-order plan (``hand``). One process, CUDA graphs, candidates interleaved (codegen.harness.time_many).
 
     python -m bench sfu_turns sfu_turns_ab emit          # CPU: sources -> results/sfu_turns/sources.json
     PTSOLVE_CACHE_DIR=$PWD/.cubin_sfu python -m bench sfu_turns sfu_turns_ab compile
@@ -58,8 +58,8 @@ def with_sfu_turns(src: str, order: list[int]) -> str:
 
 def emit_all() -> None:
     from codegen.cuda import emit
+    from codegen.harness import FIXED
     from codegen.plan import fa3_order_plan, plan_from_program
-    from codegen.round import FIXED
     from ptsolve.result import Result
 
     res = {}
@@ -93,7 +93,8 @@ def compile_all() -> None:
 def smoke_one(key: str) -> None:
     import torch
 
-    from codegen.runtime import load, random_args
+    from codegen.harness import random_args
+    from codegen.runtime import load
     n, k = key.split("/")
     ks = variants(n)[k]
     args = random_args(ks, 0)
@@ -105,8 +106,8 @@ def smoke_one(key: str) -> None:
 def main() -> None:
     import torch
 
-    from codegen.bench import time_many
-    from codegen.runtime import load, random_args
+    from codegen.harness import random_args, time_many
+    from codegen.runtime import load
     rows = []
     for n in NAMES:
         vs = variants(n)

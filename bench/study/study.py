@@ -12,7 +12,7 @@ GPU (one call; no solver needed)::
 
     python -m bench study run results/study_h200/candidates.json --out $OUT [--profile N]
 
-Every kernel is checked on a reduced shape first (codegen.round.check), then all schedules of a configuration and
+Every kernel is checked on a reduced shape first (codegen.harness.check), then all schedules of a configuration and
 its library baseline (SDPA cuDNN, cuBLAS, or mamba_ssm's Triton kernels) are timed in one time_many call at the
 full shape; the first ``--profile`` schedules of each training configuration are profiled (codegen.profile) for
 the calibration's timelines. Writes ``study.json`` (every time, check, profile summary) and prints a table.
@@ -85,12 +85,12 @@ def prepare(out: Path, hw: str = "h200", top_k: int = 4, only: tuple[str, ...] =
 
 def kernels(doc: dict[str, Any], profile: int = 1) -> list[Any]:
     """Every KernelSource a ``run`` of ``doc`` launches: each candidate at its full shape, at the reduced shape of
-    its check (codegen.round.check), and instrumented where it is profiled (so all can be compiled beforehand)."""
+    its check (codegen.harness.check), and instrumented where it is profiled (so all can be compiled beforehand)."""
 
     from codegen.cuda import emit
+    from codegen.harness import reduced
     from codegen.lower import lower
     from codegen.plan import plan_from_program
-    from codegen.round import reduced
     from ptsolve.program import SProgram
 
     out = []
@@ -130,10 +130,9 @@ def run(cands: Path, out: Path, profile: int = 1, only: tuple[str, ...] = ()) ->
     """Check, time and (for training configurations) profile every candidate; write study.json."""
     import torch
 
-    from codegen.bench import precompile
+    from codegen.harness import check, precompile
     from codegen.plan import plan_from_program
     from codegen.profile import measure
-    from codegen.round import check
     from ptsolve.program import SProgram
 
     doc = json.loads(cands.read_text())

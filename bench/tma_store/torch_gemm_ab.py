@@ -4,10 +4,10 @@ classes were re-solved with the TMA-store epilogue in the space, next to cuBLAS,
     PTSOLVE_CACHE_DIR=$PWD/.cubin_gen python -m bench tma_store torch_gemm_ab precompile   # CPU
     PTSOLVE_CACHE_DIR=$PWD/.cubin_gen python -m bench tma_store torch_gemm_ab run --out DIR  # GPU
 
-"before" is ``results/tma_store/table_before.json``'s plan (``git show c9c8a0f:codegen/schedule_table.json``), "after"
-the shipped table's; both launched as ``codegen.generic.gemm_launch`` launches them. Shapes: bench.gemm_space's
+"before" is ``results/tma_store/table_before.json``'s plan (``git show c9c8a0f:codegen/schedule_table.json``),
+"after" the shipped table's; both launched as ``ptsolve.serve.gemm_launch`` launches them. Shapes: bench.gemm_space's
 SHAPES with N and K multiples of 8 (what ``ptsolve.torch.gemm`` takes), fp16; outputs checked against a float32
-product first; timed with CUDA graphs, interleaved rounds (codegen.bench.time_many).
+product first; timed with CUDA graphs, interleaved rounds (codegen.harness.time_many).
 """
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ HERE = Path(__file__).resolve().parents[2] / "results/tma_store"  # the study's 
 sys.path.insert(0, str(HERE.parents[1]))
 
 from bench.gemm_space.gemm_space import SHAPES  # noqa: E402
-from codegen import generic  # noqa: E402
 from codegen.plan import KernelPlan  # noqa: E402
+from ptsolve import serve  # noqa: E402
 
 
-def kernels(dtype: str = "fp16") -> dict[str, generic.ClassKernel]:
-    c = generic.gemm_class(dtype)
+def kernels(dtype: str = "fp16") -> dict[str, serve.ClassKernel]:
+    c = serve.gemm_class(dtype)
     before = json.loads((HERE / "table_before.json").read_text())["classes"][c.key]["plan"]
     old = KernelPlan.from_json(before if isinstance(before, str) else json.dumps(before))
-    return {"before": generic._build(c, old), "after": generic.kernel(c)}
+    return {"before": serve.kernels.build(c, old), "after": serve.kernel(c)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from codegen.bench import TOL, rel_err, time_many
-    c = generic.gemm_class("fp16")
+    from codegen.harness import TOL, rel_err, time_many
+    c = serve.gemm_class("fp16")
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
            "tilings": {k: ck.plan.tiling for k, ck in ks.items()}, "shapes": {}}
     stream = torch.cuda.current_stream().cuda_stream
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty(M, N, device="cuda", dtype=torch.float16)
         lns = {}
         for k, ck in ks.items():  # each kernel's own launches (the launcher caches by class: swap the kernel in)
-            generic._KERNELS[c], generic._LAUNCHES = ck, {}
-            lns[k] = [generic.gemm_launch(x, w, c) for x, w in sets]
+            serve.kernels._KERNELS[c], serve.prepared.LAUNCHES = ck, {}
+            lns[k] = [serve.gemm_launch(x, w, c) for x, w in sets]
         ref = sets[0][0].float() @ sets[0][1].float().T
         ok = {}
         for k, ln in lns.items():

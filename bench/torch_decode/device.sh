@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: the PyTorch-op GPU tests, then decode through ptsolve.torch next to SDPA (torch_decode.py).
-# Carry .cubin_td (the generic kernels, compiled on the CPU: PTSOLVE_CACHE_DIR=.cubin_td python3 -m codegen.generic
+# Carry .cubin_td (the generic kernels, compiled on the CPU: PTSOLVE_CACHE_DIR=.cubin_td python3 -m ptsolve.serve
 # precompile). TESTS: the test files to run ("" for none); ONLY: torch_decode.py's --only filter.
 set -u
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } > $OUT/gpu.txt

@@ -1,6 +1,6 @@
 """Fit of ``follow_cycles`` (flash_decode's op constant in ptsolve/hw/h200.calibrated.json): the tail the merge CTAs
 of a split-KV launch add when they queue behind its pieces (ptsolve.program.follow_tail). For each candidate value,
-how often the re-timed class programs (codegen.generic, the shipped one- and two-CTA binaries) order two measured
+how often the re-timed class programs (ptsolve.serve, the shipped one- and two-CTA binaries) order two measured
 launches of one shape as the H200 did (a difference under 2% counts as agreement):
 - ``device_kv/mha_ctas.json`` (13:29Z): every piece count up to 16 of both binaries on 7 MHA / GQA shapes: the
   model's pick among them against the measured best;
@@ -22,7 +22,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parents[2] / "results/torch_decode"  # the study's data
 sys.path.insert(0, str(HERE.parents[1]))
 
-from codegen import generic  # noqa: E402
+from ptsolve import serve  # noqa: E402
 from ptsolve.hw import Hardware  # noqa: E402
 from ptsolve.hw import load as load_hw  # noqa: E402
 
@@ -33,11 +33,11 @@ MHA = {"gpt2_b1_k1024": (12, 12, 1, 1024), "gpt2_b16_k1024": (12, 12, 16, 1024),
 
 
 def predict(key: str, p: dict[str, Any], s: int, hw: Hardware, bucket: bool = True) -> float:
-    """Predicted µs of class ``key``'s binary at ``s`` pieces on shape ``p``, as codegen.generic re-times it (at the
+    """Predicted µs of class ``key``'s binary at ``s`` pieces on shape ``p``, as ptsolve.serve re-times it (at the
     cache length's bucket, unless ``bucket`` is false)."""
-    c = next(c for c in generic.classes() if c.key == key)
+    c = next(c for c in serve.classes() if c.key == key)
     q = dict(p, dtype="fp16")
-    return generic.decode_retime(c, generic.decode_bucketed(c, q) if bucket else q, s, hw)
+    return serve.decode_retime(c, serve.decode_bucketed(c, q) if bucket else q, s, hw)
 
 
 def agree(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -69,7 +69,7 @@ def score(hw: Hardware) -> tuple[float, int, int, int, int]:
 
 
 def main() -> None:
-    base = load_hw(generic.HW)
+    base = load_hw(serve.HW)
     print("| follow_cycles | mha_ctas: best / picked (geomean) | two-run pairs ordered right "
           "| A/B pairs ordered right |")
     print("|---|---|---|---|")

@@ -24,12 +24,12 @@ SHAPES = ("dec_llama3-70b_b64_q1_k511", "dec_llama3-8b_b64_q1_k1000", "dec_qwen2
 def exact_plan(name: str) -> Any:
     """The class's plan at shape ``name`` with the pieces the generic launch uses."""
     from bench.torch_decode.torch_decode import shapes
-    from codegen import generic
     from codegen.plan import KernelPlan
+    from ptsolve import serve
     p = shapes()[name] | {"dtype": "fp16"}
-    c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
-    v, s = generic.decode_pick(c, p)
-    d = json.loads(generic.schedule(v).to_json())
+    c = serve.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+    v, s = serve.decode_pick(c, p)
+    d = json.loads(serve.schedule(v).to_json())
     d["params"] = dict(p)
     d["tiling"]["splits"] = s
     from ptsolve.ops.decode import pieces
@@ -53,8 +53,7 @@ def run(out: Path) -> None:
     import ptsolve.torch as pt
     from bench.decode.decode_bench import check, sdpa_fns, timing_sets
     from bench.torch_decode.torch_decode import shapes
-    from codegen.bench import time_many
-    from codegen.runtime import run_attention
+    from codegen.harness import run_attention, time_many
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime())}
     for n in SHAPES:

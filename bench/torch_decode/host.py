@@ -35,13 +35,13 @@ def main(out: Path) -> None:
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / n * 1e6
 
-    from codegen import generic
-    c = generic.decode_class("fp16", D, False, H, Hkv, 1)
+    from ptsolve import serve
+    c = serve.decode_class("fp16", D, False, H, Hkv, 1)
     t0 = time.perf_counter()
     pt.flash_attention(q, *caches[0])  # the class's module load, its first re-timing
     res["first_call_ms"] = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    generic.decode_splits(c, {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": 1, "seq_kv": 3 * S0, "head_dim": D,
+    serve.decode_splits(c, {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": 1, "seq_kv": 3 * S0, "head_dim": D,
                               "causal": False, "dtype": "fp16"})
     res["retiming_ms"] = (time.perf_counter() - t0) * 1e3  # a new cache-length bucket
     for k, v in caches:  # every length's bucket re-timed, on other tensors: the timed calls below are cold launches
@@ -69,29 +69,30 @@ def main(out: Path) -> None:
 
 
 def parts(q, caches) -> dict:
-    """µs per call of each step of a cold decode launch (``codegen.generic._decode_launch``), each timed alone."""
+    """µs per call of each step of a cold decode launch (``ptsolve.serve.decode._decode_launch``), each timed alone."""
     import math
     import time as t
 
-    from codegen import generic, runtime
+    from codegen import runtime
     from codegen.cuda import decode as cd
+    from ptsolve import serve
     k, v = caches[-1]
-    c = generic.decode_class("fp16", 128, False, 32, 8, 1)
-    ck = generic.kernel(c)
+    c = serve.decode_class("fp16", 128, False, 32, 8, 1)
+    ck = serve.kernel(c)
     mod = ck.module()
     p = {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 1, "seq_kv": k.shape[1], "head_dim": 128, "causal": False,
          "dtype": "fp16"}
-    tl = dict(ck.ir.tiling, splits=generic.decode_splits(c, p))
+    tl = dict(ck.ir.tiling, splits=serve.decode_splits(c, p))
     sz = cd.sizes(p, tl, mod.sms)
     mp = cd.maps(p, tl, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
-    ws = {n: generic._scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
+    ws = {n: serve.prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
             "scale_log2": 0.1 * math.log2(math.e), "seqlens": 0, **sz}
-    steps = {"decode_splits (kept)": lambda i: generic.decode_splits(c, p),
+    steps = {"decode_splits (kept)": lambda i: serve.decode_splits(c, p),
              "sizes": lambda i: cd.sizes(p, tl, mod.sms),
              "maps": lambda i: cd.maps(p, tl, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))}),
              "index_error": lambda i: cd.index_error(p, tl),
-             "scratch x3": lambda i: [generic._scratch(q.device, ck.ks.name, n, b)
+             "scratch x3": lambda i: [serve.prepared.scratch(q.device, ck.ks.name, n, b)
                                       for n, b in cd.generic_workspace(p, sz).items()],
              "encode_tensor_map (one)": lambda i: runtime.encode_tensor_map(mp[1], k.data_ptr() + 16 * (i % 64)),
              "prepare (maps kept)": lambda i: mod.prepare(vals, mp, cd.grid(sz), out="o")}

@@ -50,7 +50,7 @@ def _kv_one(model: str, H: int, Hkv: int, D: int, B: int, n: int) -> dict[str, A
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ptsolve.torch as pt
-    from codegen.bench import time_many
+    from codegen.harness import time_many
     torch.manual_seed(0)
     sets = _sets(B, H, Hkv, D, CAP)
     lens = torch.full((B,), n, dtype=torch.int32, device="cuda")
@@ -97,8 +97,8 @@ def _pieces_one(H: int, D: int, B: int, S: int) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ptsolve.torch as pt
-    from codegen import generic
-    from codegen.bench import time_many
+    from codegen.harness import time_many
+    from ptsolve import serve
     from ptsolve.ops.decode import split_counts
     torch.manual_seed(0)
     sets = _sets(B, H, H, D, S)
@@ -106,20 +106,20 @@ def _pieces_one(H: int, D: int, B: int, S: int) -> dict[str, Any]:
     c = pt._decode_class(q, k, False)
     p = {"batch": B, "heads": H, "kv_heads": H, "seq_q": 1, "seq_kv": S, "head_dim": D, "causal": False,
          "dtype": "fp16"}
-    chosen = generic.decode_pick
-    pick = generic.decode_splits(c, p)
-    t = generic.kernel(c).ir.tiling
+    chosen = serve.decode_pick
+    pick = serve.decode_splits(c, p)
+    t = serve.kernel(c).ir.tiling
     fns, errs = {}, {}
     for s in split_counts(p, t["BM"], t["BN"]):
-        generic.decode_pick = lambda c_, p_, s=s: (c, s)  # class c's binary with s pieces, whatever the model says
+        serve.decode_pick = lambda c_, p_, s=s: (c, s)  # class c's binary with s pieces, whatever the model says
         try:
-            lns = [generic._decode_launch(*x, c, 1 / math.sqrt(D), None) for x in sets]
+            lns = [serve.decode._decode_launch(*x, c, 1 / math.sqrt(D), None) for x in sets]
         finally:
-            generic.decode_pick = chosen
+            serve.decode_pick = chosen
         outs = [torch.empty_like(x[0]) for x in sets]
-        lns[0](generic.current_stream(0), outs[0].data_ptr())
+        lns[0](serve.current_stream(0), outs[0].data_ptr())
         errs[s] = _err(outs[0], q, k, v)
-        fns[f"s{s}"] = lambda i, lns=lns, outs=outs: lns[i](generic.current_stream(0), outs[i].data_ptr())
+        fns[f"s{s}"] = lambda i, lns=lns, outs=outs: lns[i](serve.current_stream(0), outs[i].data_ptr())
     fns["sdpa_cudnn"] = lambda i: F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in sets[i]))
     ms = time_many(fns, len(sets), ctxs={"sdpa_cudnn": lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION])},
                    graphs=True, rounds=11, block_ms=1.0)

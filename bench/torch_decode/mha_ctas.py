@@ -30,14 +30,14 @@ VARIANTS = {"shipped": {}, "bn64_d3": {"BN": 64, "depth": 3}, "ctas2_d2": {"ctas
 
 
 def _kernels() -> dict[str, Any]:
-    from codegen import generic
+    from ptsolve import serve
     from ptsolve.ops import base
     spec = base.REGISTRY["flash_decode"]
     if "ctas" not in spec.optional:  # the experiment's tiling key (the op does not offer it)
         base.REGISTRY["flash_decode"] = dataclasses.replace(spec, optional={"ctas": 1})
-    c = generic.decode_class("fp16", 64, False, 12, 12, 1)
-    plan = generic.schedule(c)
-    return {n: generic.kernel(c) if not t else generic._build(c, dataclasses.replace(plan, tiling=plan.tiling | t))
+    c = serve.decode_class("fp16", 64, False, 12, 12, 1)
+    plan = serve.schedule(c)
+    return {n: serve.kernel(c) if not t else serve.kernels.build(c, dataclasses.replace(plan, tiling=plan.tiling | t))
             for n, t in VARIANTS.items()}
 
 
@@ -54,12 +54,12 @@ def run(out: Path) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from bench.decode.decode_bench import refs
-    from codegen import generic
-    from codegen.bench import time_many
+    from codegen.harness import time_many
+    from ptsolve import serve
     from ptsolve.ops.decode import split_counts
     ks = _kernels()
-    c = generic.decode_class("fp16", 64, False, 12, 12, 1)
-    chosen = generic.decode_splits
+    c = serve.decode_class("fp16", 64, False, 12, 12, 1)
+    chosen = serve.decode_splits
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "shapes": {}}
     for name, (H, Hkv, B, S) in SHAPES.items():
@@ -72,26 +72,26 @@ def run(out: Path) -> None:
         base = float((lo.float() - hi).abs().max())
         p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": 1, "seq_kv": S, "head_dim": 64, "causal": False,
              "dtype": "fp16"}
-        cls = generic.decode_class("fp16", 64, False, H, Hkv, 1)
+        cls = serve.decode_class("fp16", 64, False, H, Hkv, 1)
         pick = chosen(cls, p)  # the shipped binary's pieces
         fns, bad = {}, []
         for vn, ck in ks.items():
-            generic._KERNELS[c] = ck
+            serve.kernels._KERNELS[c] = ck
             for s in split_counts(p, 64, ck.ir.tiling["BN"]):
                 if s > 16:
                     continue
-                generic.decode_splits = lambda c_, p_, s=s: s  # _KERNELS[c]: this variant
+                serve.decode_splits = lambda c_, p_, s=s: s  # _KERNELS[c]: this variant
                 try:
-                    lns = [generic._decode_launch(*x, c, 0.125, None) for x in sets]
+                    lns = [serve.decode._decode_launch(*x, c, 0.125, None) for x in sets]
                 finally:
-                    generic.decode_splits = chosen
+                    serve.decode_splits = chosen
                 outs = [torch.empty_like(x[0]) for x in sets]
-                lns[0](generic.current_stream(0), outs[0].data_ptr())
+                lns[0](serve.current_stream(0), outs[0].data_ptr())
                 torch.cuda.synchronize()
                 if not float((outs[0].float() - hi).abs().max()) <= 2 * base + 1e-3:
                     bad.append(f"{vn}/s{s}")
-                fns[f"{vn}/s{s}"] = lambda i, lns=lns, outs=outs: lns[i](generic.current_stream(0), outs[i].data_ptr())
-        generic._KERNELS[c] = ks["shipped"]
+                fns[f"{vn}/s{s}"] = lambda i, lns=lns, outs=outs: lns[i](serve.current_stream(0), outs[i].data_ptr())
+        serve.kernels._KERNELS[c] = ks["shipped"]
         fns["sdpa_cudnn"] = lambda i, s=sets, g=H != Hkv: F.scaled_dot_product_attention(
             *(x.transpose(1, 2) for x in s[i]), enable_gqa=g)
         ms = time_many(fns, len(sets), ctxs={"sdpa_cudnn": lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION])},

@@ -54,8 +54,7 @@ def run(out: Path) -> None:
 
     from bench.decode.decode_bench import check, sdpa_fns, timing_sets
     from bench.torch_decode.torch_decode import shapes
-    from codegen.bench import time_many
-    from codegen.runtime import run_attention
+    from codegen.harness import run_attention, time_many
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for n in SHAPES:

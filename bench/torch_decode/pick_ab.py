@@ -32,16 +32,16 @@ def choices(before: str = "device") -> dict[str, tuple[dict[str, Any], Any, int,
     """name -> (params, old binary, old pieces, new binary, new pieces) where they differ; the old ones those of the
     run in folder ``before`` (its torch_decode.json; a run without a ``binary`` per shape ran the class's own)."""
     from bench.torch_decode.torch_decode import shapes
-    from codegen import generic
+    from ptsolve import serve
     ran = json.loads((HERE / before / "torch_decode.json").read_text())["shapes"]
     out = {}
     for name, p in (shapes() | EXTRA).items():
         p = p | {"dtype": "fp16"}
-        c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+        c = serve.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
         was = ran.get(name, {})
         old = was.get("splits", 1)  # GPT-2 b16 k1024: one piece (results/torch_decode)
-        ob = next(v for v in generic.decode_variants(c) if v.key == was.get("binary", c.key))
-        v, s = generic.decode_pick(c, p)
+        ob = next(v for v in serve.decode_variants(c) if v.key == was.get("binary", c.key))
+        v, s = serve.decode_pick(c, p)
         if (v, s) != (ob, old):
             out[name] = (p, ob, old, v, s)
     return out
@@ -49,20 +49,20 @@ def choices(before: str = "device") -> dict[str, tuple[dict[str, Any], Any, int,
 
 def wg_choices() -> dict[str, tuple[dict[str, Any], Any, dict[str, tuple[Any, int, float]]]]:
     """name -> (params, class, {tag: (binary, pieces, predicted µs)}) for the shapes of two-warpgroup classes: their
-    own binary and the one-warpgroup ones (``codegen.generic.decode_variants`` of the class with ``groups`` 1)."""
+    own binary and the one-warpgroup ones (``ptsolve.serve.decode_variants`` of the class with ``groups`` 1)."""
     import dataclasses
 
     from bench.torch_decode.torch_decode import shapes
-    from codegen import generic
+    from ptsolve import serve
     out = {}
     for name, p in shapes().items():
         p = p | {"dtype": "fp16"}
-        c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+        c = serve.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
         if c.groups != 2:
             continue
         cands = {}
-        for v in [c, *generic.decode_variants(dataclasses.replace(c, groups=1))]:
-            us, s = generic._decode_best(v, p)
+        for v in [c, *serve.decode_variants(dataclasses.replace(c, groups=1))]:
+            us, s = serve.decode._decode_best(v, p)
             cands[v.key.split("/", 2)[2]] = (v, s, us)
         out[name] = (p, c, cands)
     return out
@@ -72,9 +72,9 @@ def run(out: Path, wg: bool = False, before: str = "device") -> None:
     import torch
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
-    from codegen import generic
-    from codegen.bench import time_many
-    chosen = generic.decode_pick
+    from codegen.harness import time_many
+    from ptsolve import serve
+    chosen = serve.decode_pick
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
     todo = ({n: (p, c, {t: (v, s) for t, (v, s, _) in cs.items()}) for n, (p, c, cs) in wg_choices().items()} if wg
@@ -87,16 +87,16 @@ def run(out: Path, wg: bool = False, before: str = "device") -> None:
         scale = p["head_dim"] ** -0.5
         fns, bad = {}, []
         for tag, pick in cands.items():
-            generic.decode_pick = lambda c_, p_, pick=pick: pick  # this binary and piece count, whatever the model says
+            serve.decode_pick = lambda c_, p_, pick=pick: pick  # this binary and piece count, whatever the model says
             try:
-                lns = [generic._decode_launch(*x[:3], c, scale, None) for x in sets]
+                lns = [serve.decode._decode_launch(*x[:3], c, scale, None) for x in sets]
             finally:
-                generic.decode_pick = chosen
-            lns[0](generic.current_stream(0), sets[0][3].data_ptr())
+                serve.decode_pick = chosen
+            lns[0](serve.current_stream(0), sets[0][3].data_ptr())
             torch.cuda.synchronize()
             if not float((sets[0][3].float() - hi).abs().max()) <= 2 * base + 1e-3:
                 bad.append(tag)
-            fns[tag] = lambda i, lns=lns, s_=sets: lns[i](generic.current_stream(0), s_[i][3].data_ptr())
+            fns[tag] = lambda i, lns=lns, s_=sets: lns[i](serve.current_stream(0), s_[i][3].data_ptr())
         ctxs = {}
         for n, (fn, ctx) in sdpa_fns(p, sets, nc=True).items():
             if fn is not None and n in ("sdpa_cudnn", "sdpa_cudnn_nc"):

@@ -1,5 +1,5 @@
 """What a PyTorch user gets for a decode step: ``ptsolve.torch.flash_attention`` on decode shapes (seq_q <= 16 runs
-the shape-generic split-KV kernel, its pieces chosen per shape by the cost model: ``codegen.generic.decode_splits``)
+the shape-generic split-KV kernel, its pieces chosen per shape by the cost model: ``ptsolve.serve.decode_splits``)
 next to SDPA in one process (CUDA graphs, inputs rotating past the L2, each output checked against float32 first).
 
 Shapes: the 54 decode shapes of results/decode_h200 (``bench.decode.decode_bench.shapes``) and the 11 held out in
@@ -46,8 +46,8 @@ def main(out: Path, only: str, todo: dict[str, dict[str, Any]] | None = None) ->
 
     import ptsolve.torch as pt
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
-    from codegen import generic
-    from codegen.bench import time_many
+    from codegen.harness import time_many
+    from ptsolve import serve
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "torch": torch.__version__, "shapes": {}}
     for name, p in (shapes() if todo is None else todo).items():
@@ -64,7 +64,7 @@ def main(out: Path, only: str, todo: dict[str, dict[str, Any]] | None = None) ->
         err, base = float((o.float() - hi).abs().max()), float((lo.float() - hi).abs().max())
         del hi, lo
         routed = pt._decodes(q, k, p["causal"])
-        pick = generic.decode_pick(pt._decode_class(q, k, p["causal"]), p | {"dtype": "fp16"}) if routed else None
+        pick = serve.decode_pick(pt._decode_class(q, k, p["causal"]), p | {"dtype": "fp16"}) if routed else None
         splits, binary = (pick[1], pick[0].key) if pick else (0, "")
         fns = {"pt.flash_attention": lambda i, s=sets, c=p["causal"]: pt.flash_attention(*s[i][:3], causal=c)}
         ctxs = {}
@@ -101,9 +101,9 @@ def _summary(what: str, ratios: list[float]) -> str:
 
 def _split_rows(r: dict[str, Any]) -> bool:
     """Did a shape of a two-warpgroup class run a one-warpgroup binary (its rows in 64-row query tiles)?"""
-    from codegen import generic
+    from ptsolve import serve
     p = r["params"]
-    c = generic.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
+    c = serve.decode_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"], p["seq_q"])
     return c.groups == 2 and "/wg1" in r.get("binary", "")
 
 

@@ -2,7 +2,7 @@
 # One device call for ptsolve.torch (issue 11): the GPU tests of the custom ops (tests/test_torch_gpu.py: the shape
 # matrix, varlen, torch.compile, CUDA graphs, opcheck) and bench/torch_ops/torch_bench.py (host overhead, a second process's
 # first call, attention beside SDPA cuDNN, a transformers Llama with ptsolve attention, a LLaMA3-8B decoder layer).
-# Run from a checkout whose $PTSOLVE_CACHE_DIR holds the class kernels' cubins (python3 -m codegen.generic
+# Run from a checkout whose $PTSOLVE_CACHE_DIR holds the class kernels' cubins (python3 -m ptsolve.serve
 # precompile, on the CPU machine), so no nvcc runs here; writes everything under $OUT. QUICK=1: fewer shapes.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, installed or not

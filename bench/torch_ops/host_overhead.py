@@ -37,8 +37,8 @@ def host_us(fn, n: int = 2000) -> float:
 def parts(pt, q, k, v) -> dict:
     """The pieces of a warm ``flash_attention`` call, each timed alone: the cache key, the output allocation, the
     stream look-up, and the kept launch (cuLaunchKernel through cuda-python)."""
-    from codegen import generic
-    ln = generic.attention_launch(q, k, v, generic.attention_class("fp16", 64, True, 2, 2), 0.125)
+    from ptsolve import serve
+    ln = serve.attention_launch(q, k, v, serve.attention_class("fp16", 64, True, 2, 2), 0.125)
     out = torch.empty_like(q)
     o, st = out.data_ptr(), pt._raw_stream(0)
     cf = torch.contiguous_format
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="also time the pieces of a warm flash_attention call")
     a = ap.parse_args()
     import ptsolve.torch as pt
-    from codegen.mamba import scan_inputs, state_inputs
+    from codegen.harness import scan_inputs, state_inputs
 
     h = torch.float16
     q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=h) for _ in range(3))

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ptsolve.torch as pt
     from baselines.mamba2 import load_kernels
-    from codegen.bench import rel_err, time_many
+    from codegen.harness import rel_err, time_many
 
     load_kernels()  # registers mamba_ssm without running its __init__ (no CUDA extensions needed)
     from mamba_ssm.modules.mamba2 import Mamba2

@@ -60,25 +60,26 @@ def host_us(fn, n: int = 2000) -> float:
 
 
 def overhead() -> dict:
-    from codegen import generic
+    from ptsolve import serve
     q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)
-    c = generic.attention_class("fp16", 64, True, 2, 2)
+    c = serve.attention_class("fp16", 64, True, 2, 2)
     a, b = torch.randn(64, 64, device="cuda", dtype=torch.float16), torch.randn(64, 64, device="cuda",
                                                                                 dtype=torch.float16)
     co = torch.empty(64, 64, device="cuda", dtype=torch.float16)
-    gc = generic.gemm_class("fp16")
+    gc = serve.gemm_class("fp16")
     return {
         "flash_attention (public API, eager)": host_us(lambda: pt.flash_attention(q, k, v, causal=True)),
         "torch.ops.ptsolve.flash_attention (through the dispatcher)": host_us(
             lambda: torch.ops.ptsolve.flash_attention(q, k, v, True, 0.125)),
-        "codegen.generic.attention (launch path only)": host_us(lambda: generic.attention(q, k, v, out, c, 0.125)),
+        "ptsolve.serve.attention (launch path only)": host_us(
+            lambda: serve.attention.attention(q, k, v, out, c, 0.125)),
         "F.scaled_dot_product_attention (reference)": host_us(
             lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                    is_causal=True)),
         "gemm (public API, eager)": host_us(lambda: pt.gemm(a, b)),
         "torch.ops.ptsolve.gemm (through the dispatcher)": host_us(lambda: torch.ops.ptsolve.gemm(a, b)),
-        "codegen.generic.gemm (launch path only)": host_us(lambda: generic.gemm(a, b, co, gc)),
+        "ptsolve.serve.gemm (launch path only)": host_us(lambda: serve.gemm.gemm(a, b, co, gc)),
         "F.linear (reference)": host_us(lambda: F.linear(a, b)),
     }
 
@@ -87,11 +88,12 @@ SECOND = """
 import time, json
 t0 = time.perf_counter()
 import torch, ptsolve.torch as pt
-from codegen import generic, runtime
+from codegen import runtime
+from ptsolve import serve
 q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(2, 500, 2, 128, device="cuda", dtype=torch.bfloat16)
 t1 = time.perf_counter()
-ck = generic.kernel(generic.attention_class("bf16", 128, True, 8, 2))
+ck = serve.kernel(serve.attention_class("bf16", 128, True, 8, 2))
 ta = time.perf_counter()
 ck.module()
 tb = time.perf_counter()

@@ -1,7 +1,8 @@
-"""Do persistent CTAs pay for prefill attention? The attention class's plan (``codegen/schedule_table.json``) lowered
-for the exact shape as a grid launch and on persistent CTAs (one per SM dealing itself the query tiles, longest
-first; its producer loads the next tile's Q, K and V while the consumers finish the last), next to SDPA-cuDNN, in one
-process (CUDA graphs, inputs rotating past the L2, outputs checked first), with the cost model's prediction of each.
+"""Do persistent CTAs pay for prefill attention? The attention class's plan (``ptsolve/serve/schedule_table.json``)
+lowered for the exact shape as a grid launch and on persistent CTAs (one per SM dealing itself the query tiles,
+longest first; its producer loads the next tile's Q, K and V while the consumers finish the last), next to SDPA-
+cuDNN, in one process (CUDA graphs, inputs rotating past the L2, outputs checked first), with the cost model's
+prediction of each.
 
     PTSOLVE_CACHE_DIR=.cubin_td python -m bench torch_prefill pers_fa compile       # CPU: the cubins
     PTSOLVE_CACHE_DIR=.cubin_td python -m bench torch_prefill pers_fa run --out $OUT/pers_fa.json   # GPU
@@ -27,11 +28,11 @@ NAMES = ("pf_llama3-8b_b16_q128_k128", "pf_llama3-8b_b16_q511_k511_causal", "pf_
 def plans(name: str) -> dict[str, Any]:
     """tag -> KernelPlan: the class's plan at the shape, grid and persistent."""
     from bench.torch_prefill.torch_prefill import shapes
-    from codegen import generic
     from codegen.plan import KernelPlan
+    from ptsolve import serve
     p = shapes()[name] | {"dtype": "fp16"}
-    c = generic.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
-    d = json.loads(generic.schedule(c).to_json())
+    c = serve.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
+    d = json.loads(serve.schedule(c).to_json())
     d["params"] = dict(p)
     out = {}
     for tag, pers in (("grid", 0), ("persistent", 1)):
@@ -54,8 +55,7 @@ def run(out: Path) -> None:
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
     from bench.torch_prefill.torch_prefill import shapes
-    from codegen.bench import time_many
-    from codegen.runtime import run_attention
+    from codegen.harness import run_attention, time_many
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shapes": {}}
     for n in NAMES:

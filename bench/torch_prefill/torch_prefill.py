@@ -1,5 +1,5 @@
 """What a PyTorch user gets for prefill attention: ``ptsolve.torch.flash_attention`` (seq_q > 16: the shape-generic
-attention kernel of the shape's class, ``codegen.generic``) next to SDPA in one process (CUDA graphs, inputs rotating
+attention kernel of the shape's class, ``ptsolve.serve``) next to SDPA in one process (CUDA graphs, inputs rotating
 past the L2, every output checked against float32 first: FlashAttention's rule), on the attention shapes of
 ``../shared/shapes.md`` that no schedule was solved or tuned on: six model families' heads, sequences 128-8192
 (ragged ones), batch 1-16, causal and not, prefill against a longer cache (bottom-right causal) and a 17-position

@@ -27,12 +27,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def _table(src: str) -> dict[str, Any]:
-    """A schedule table's classes: a file, else the shipped table at git revision ``src``."""
+    """A schedule table's classes: a file, else the shipped table at git revision ``src`` (where it was then)."""
     p = Path(src)
-    text = p.read_text() if p.exists() else subprocess.run(
-        ["git", "show", f"{src}:codegen/schedule_table.json"], capture_output=True, text=True, check=True,
-        cwd=ROOT).stdout
-    return json.loads(text)["classes"]
+    if p.exists():
+        return json.loads(p.read_text())["classes"]
+    for path in ("ptsolve/serve/schedule_table.json", "codegen/schedule_table.json"):
+        r = subprocess.run(["git", "show", f"{src}:{path}"], capture_output=True, text=True, cwd=ROOT)
+        if r.returncode == 0:
+            return json.loads(r.stdout)["classes"]
+    raise FileNotFoundError(f"no schedule table at {src}")
 
 
 def variants(c: Any, tables: list[dict[str, Any]], as_tabled: bool = False) -> dict[str, tuple[Any, Any]]:
@@ -59,28 +62,28 @@ def variants(c: Any, tables: list[dict[str, Any]], as_tabled: bool = False) -> d
 
 def _classes() -> list[Any]:
     from bench.torch_prefill.torch_prefill import shapes
-    from codegen import generic
-    return sorted({generic.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
+    from ptsolve import serve
+    return sorted({serve.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
                    for p in shapes().values()}, key=lambda c: c.key)
 
 
 def prepare(tables: list[dict[str, Any]]) -> dict[Any, dict[str, tuple[Any, Any]]]:
-    """Every class's variants, their generic kernels registered (``codegen.generic._KERNELS``)."""
-    from codegen import generic
+    """Every class's variants, their generic kernels registered (``ptsolve.serve.kernels._KERNELS``)."""
+    from ptsolve import serve
     out = {}
     for c in _classes():
         out[c] = variants(c, tables, "--as-tabled" in sys.argv)
         for fake, plan in out[c].values():
-            generic._KERNELS[fake] = generic._build(fake, plan)
+            serve.kernels._KERNELS[fake] = serve.kernels.build(fake, plan)
     return out
 
 
 def compile_all(tables: list[dict[str, Any]]) -> None:
-    from codegen import generic
     from codegen.runtime import compile_kernel
+    from ptsolve import serve
     for c, vs in prepare(tables).items():
         for tag, (fake, plan) in vs.items():
-            rep = compile_kernel(generic._KERNELS[fake].ks).report
+            rep = compile_kernel(serve.kernels._KERNELS[fake].ks).report
             print(c.key, tag, plan.tiling, {k: rep.get(k) for k in ("registers", "spill_stores", "wgmma_serialized")},
                   flush=True)
 
@@ -90,15 +93,15 @@ def run(tables: list[dict[str, Any]], out: Path) -> None:
 
     from bench.decode.decode_bench import refs, sdpa_fns, timing_sets
     from bench.torch_prefill.torch_prefill import shapes
-    from codegen import generic
-    from codegen.bench import time_many
+    from codegen.harness import time_many
+    from ptsolve import serve
     vs = prepare(tables)
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
                            "tilings": {c.key: {t: p.tiling for t, (_, p) in v.items()} for c, v in vs.items()},
                            "shapes": {}}
     for name, p in shapes().items():
-        c = generic.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
+        c = serve.attention_class("fp16", p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
         torch.manual_seed(0)
         sets, _ = timing_sets(p)
         hi, lo = refs(*sets[0][:3], p["causal"])
@@ -106,11 +109,11 @@ def run(tables: list[dict[str, Any]], out: Path) -> None:
         scale = p["head_dim"] ** -0.5
         fns, bad = {}, []
         for tag, (fake, _) in vs[c].items():
-            generic.attention(*sets[0][:3], sets[0][3], fake, scale)
+            serve.attention.attention(*sets[0][:3], sets[0][3], fake, scale)
             torch.cuda.synchronize()
             if not float((sets[0][3].float() - hi).abs().max()) <= 2 * base + 1e-3:
                 bad.append(tag)
-            fns[tag] = lambda i, s=sets, f=fake, sc=scale: generic.attention(*s[i][:3], s[i][3], f, sc)
+            fns[tag] = lambda i, s=sets, f=fake, sc=scale: serve.attention.attention(*s[i][:3], s[i][3], f, sc)
         del hi, lo
         ctxs = {}
         for n, (fn, ctx) in sdpa_fns(p, sets).items():

@@ -1,5 +1,7 @@
-"""Mamba2 ChunkScan / ChunkState on the GPU: random inputs in mamba_ssm's layouts, float64 references written from
-the formulas, the correctness check of a generated kernel, and timing next to the official Triton kernels.
+"""Mamba2 ChunkScan / ChunkState's harness: random inputs in mamba_ssm's layouts, float64 references written from
+the formulas, the exact-shape launch of a plan's kernel (``run_chunk_scan``, ``run_chunk_state``), its check, and the
+hand-written plans measurements compare against. (The timing next to mamba_ssm's Triton kernels is
+``baselines.mamba2.compare``.)
 
 ``params`` use ptsolve's mamba2 names (batch, seq, heads, head_dim, d_state, chunk, groups, dtype; dtype defaults
 to fp16 as in the generators). Shapes: x (b, L, h, p); B, C (b, L, g, n); dt, dA_cumsum (b, h, c, Q) float32;
@@ -8,12 +10,19 @@ cb (b, c, g, Q, Q) in the dtype; ChunkScan's entering states (b, c, h, p, n) in 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from codegen.plan import KernelPlan
+from ..plan import KernelPlan, default_plan
+from ..runtime import emit_cached, load
+from .common import TOL, OpHarness, need, register, rel_err, stream
 
 SCAN, STATE = "mamba2_chunk_scan", "mamba2_chunk_state"
+# the hand plans (tiling, overlapped order): the fastest of our sweeps on the H200 (chunk_scan: two consumer
+# warpgroups, BK 64, textbook order; chunk_state: two CTAs per SM, the mma one stage behind the scale)
+HAND = {SCAN: ({"BM": 128, "BK": 64, "depth": 2, "groups": 2}, False),
+        STATE: ({"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}, True)}
 
 
 def _shape(p: dict[str, Any]) -> tuple[int, int, int, int, int, int, int, Any]:
@@ -117,43 +126,87 @@ def chunk_state_reference(x: Any, B: Any, dt: Any, dA_cumsum: Any) -> Any:
     return torch.einsum("bclhn,bhcl,bclhp->bchpn", bf, w, xf)
 
 
-def _runner(plan: KernelPlan) -> Any:
-    from codegen.runtime import run_chunk_scan, run_chunk_state
-    if plan.op == SCAN:
-        return run_chunk_scan
-    if plan.op == STATE:
-        return run_chunk_state
-    raise ValueError(f"not a Mamba2 plan: op {plan.op!r}")
+def _sizes(p: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(p[k] for k in ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups"))
 
 
-def _out(plan: KernelPlan, inp: dict[str, Any], fill: float = float("nan")) -> Any:
+def run_chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, plan: Any, out: Any = None) -> Any:
+    """Mamba2 ChunkScan with the kernel emitted for ``plan`` (mamba_ssm layouts): cb (b, nc, g, Q, Q), x (b, L, h, p),
+    dt / dA_cumsum (b, h, nc, Q) float32, C (b, L, g, n), states (b, nc, h, p, n) -> out (b, L, h, p). cb, x, C,
+    out in the plan's dtype; states and cb of another float dtype (the float32 that mamba_ssm's state passing and
+    ``_bmm_chunk_fwd`` may return) are converted to it (a wgmma operand)."""
     import torch
-    if plan.op == SCAN:
+
+    ks = emit_cached(plan)
+    p = ks.params
+    B, L, H, P, N, Q, G = _sizes(p)
+    nc, d = -(-L // Q), p["dtype"]
+    cb = need(cb, "cb", (B, nc, G, Q, Q), d, convert=True)
+    need(x, "x", (B, L, H, P), d)
+    need(dt, "dt", (B, H, nc, Q), "fp32")
+    need(dA_cumsum, "dA_cumsum", (B, H, nc, Q), "fp32")
+    need(C, "C", (B, L, G, N), d)
+    states = need(states, "states", (B, nc, H, P, N), d, convert=True)
+    o = out if out is not None else torch.empty_like(x)
+    need(o, "out", (B, L, H, P), d)
+    load(ks).launch({"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
+                     "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": o.data_ptr()}, stream())
+    return o
+
+
+def run_chunk_state(x: Any, B: Any, dt: Any, dA_cumsum: Any, plan: Any, out: Any = None) -> Any:
+    """Mamba2 ChunkState with the kernel emitted for ``plan``: states (b, nc, h, p, n) float32 from x (b, L, h, p),
+    B (b, L, g, n) in the plan's dtype and dt, dA_cumsum (b, h, nc, Q) float32; ``out`` is written in place."""
+    import torch
+
+    ks = emit_cached(plan)
+    p = ks.params
+    Bt, L, H, P, N, Q, G = _sizes(p)
+    nc, d = -(-L // Q), p["dtype"]
+    need(x, "x", (Bt, L, H, P), d)
+    need(B, "B", (Bt, L, G, N), d)
+    need(dt, "dt", (Bt, H, nc, Q), "fp32")
+    need(dA_cumsum, "dA_cumsum", (Bt, H, nc, Q), "fp32")
+    o = out if out is not None else torch.empty(Bt, nc, H, P, N, dtype=torch.float32, device=x.device)
+    need(o, "out", (Bt, nc, H, P, N), "fp32")
+    load(ks).launch({"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(),
+                     "out": o.data_ptr()}, stream())
+    return o
+
+
+def runner(op: str) -> Any:
+    """``run_chunk_scan`` or ``run_chunk_state`` for a Mamba2 operator; ValueError for another."""
+    run = _RUN.get(op)
+    if run is None:
+        raise ValueError(f"not a Mamba2 plan: op {op!r}")
+    return run
+
+
+def output(plan: KernelPlan, inp: dict[str, Any], fill: float = float("nan")) -> Any:
+    """A new output tensor of ``plan``'s kernel for inputs ``inp``, filled with ``fill``."""
+    import torch
+
+    if plan.op == SCAN:  # this file's own two operators
         return torch.full_like(inp["x"], fill)
     b, _, h, P = inp["x"].shape
     return torch.full((b, inp["dt"].shape[2], h, P, inp["B"].shape[3]), fill, device="cuda")
 
 
-def check(plan: KernelPlan, trials: int = 2, poison_tail: bool = False) -> float:
+def check_mamba(plan: KernelPlan, trials: int = 2, poison_tail: bool = False) -> float:
     """Worst relative Frobenius error of the kernel emitted for ``plan`` (either Mamba2 op, at the plan's shape)
     against the float64 reference over ``trials`` fresh inputs, the output poisoned with NaN before each run;
     NaN if any output is NaN/Inf (so it never passes a ``<=`` test). ``poison_tail`` (ChunkState only) puts
     inf / NaN in dt / dA_cumsum past seq (see state_inputs)."""
     import torch
 
-    from codegen.bench import rel_err
-    run = _runner(plan)
+    run = runner(plan.op)
     if poison_tail and plan.op != STATE:
         raise ValueError(f"poison_tail applies to {STATE} plans, not {plan.op}")
     worst = 0.0
     for _ in range(trials):
-        if plan.op == SCAN:
-            inp = scan_inputs(plan.params)
-            ref = chunk_scan_reference
-        else:
-            inp = state_inputs(plan.params, poison_tail=poison_tail)
-            ref = chunk_state_reference
-        out = _out(plan, inp)
+        inp = scan_inputs(plan.params) if plan.op == SCAN else state_inputs(plan.params, poison_tail=poison_tail)
+        ref = _REFERENCE[plan.op]
+        out = output(plan, inp)
         run(**inp, plan=plan, out=out)
         torch.cuda.synchronize()
         e = rel_err(out, ref(**inp))
@@ -163,68 +216,44 @@ def check(plan: KernelPlan, trials: int = 2, poison_tail: bool = False) -> float
     return worst
 
 
-# mamba_ssm 2.3.2's Triton kernels index in int32: at batch 64, seq 16k (x of 2^32 elements) ChunkScan faults and
-# ChunkState returns wrong states (results/baselines_h200.md), so compare() does not run them past this size
-TRITON_MAX_ELEMENTS = 1 << 31
-
-
-def compare(plans: dict[str, KernelPlan], nsets: int = 2, triton: bool = True, graphs: bool = True
-            ) -> dict[str, Any]:
-    """Median milliseconds per call of each plan's kernel (all plans of one op and shape) and, when ``triton``,
-    of mamba_ssm's ``_chunk_scan_fwd`` / ``_chunk_state_fwd`` (autotune reset for this shape) in one
-    ``codegen.bench.time_many`` call on the same ``nsets`` input sets, replayed from CUDA graphs when ``graphs``
-    (at batch 1 both wrappers' Python costs more than the kernel); the Triton kernel gets the same cb (in the
-    dtype) as ours. Every output at the full shape is checked too: its last batch element (the largest offsets)
-    against the float64 reference of that element. Returns {"ms": {label: ms}, "rel_err_vs_triton": {label: error
-    on set 0}, "rel_err_last_batch": {label: error vs the reference}, "triton_error": why the baseline is
-    missing, or None}."""
+def _random_args(p: dict[str, Any], seed: int) -> dict[str, Any]:
     import torch
 
-    from codegen.bench import rel_err, time_many
-    ops = {(pl.op, repr(sorted(pl.params.items()))) for pl in plans.values()}
-    if len(ops) != 1:
-        raise ValueError(f"compare() takes plans of one op and shape; got {sorted(ops)}")
-    first = next(iter(plans.values()))
-    run = _runner(first)
-    make = scan_inputs if first.op == SCAN else state_inputs
-    sets = [make(first.params) for _ in range(nsets)]
-    outs = {k: _out(pl, sets[0], 0.0) for k, pl in plans.items()}  # one buffer per plan: CS9's x is 8.6 GB
-    fns: dict[str, Any] = {k: (lambda i, pl=pl, o=outs[k]: run(**sets[i], plan=pl, out=o)) for k, pl in plans.items()}
-    res: dict[str, Any] = {"ms": {}, "rel_err_vs_triton": {}, "rel_err_last_batch": {}, "triton_error": None}
-    tri_out: list[Any] = [None]
-    if triton and sets[0]["x"].numel() > TRITON_MAX_ELEMENTS:
-        res["triton_error"] = (f"not run: x has {sets[0]['x'].numel()} elements, past the int32 indexing of "
-                               "mamba_ssm's Triton kernels (they fault or return wrong states there)")
-    elif triton:
-        try:
-            from baselines.mamba2 import load_kernels, reset_autotune
-            kern = load_kernels()
-            if first.op == SCAN:
-                reset_autotune(kern.chunk_scan_kernel)
+    s = scan_inputs(p, seed)
+    return {"cb": s["cb"], "x": s["x"], "dt": s["dt"], "dA": s["dA_cumsum"], "c": s["C"], "states": s["states"],
+            "out": torch.full_like(s["x"], float("nan"))}
 
-                def tri(i: int) -> Any:
-                    s = sets[i]
-                    tri_out[0] = kern.chunk_scan_fwd(s["cb"], s["x"], s["dt"], s["dA_cumsum"], s["C"], s["states"])[0]
-            else:
-                reset_autotune(kern.chunk_state_kernel)
-                tout = _out(first, sets[0], 0.0)
 
-                def tri(i: int) -> Any:
-                    s = sets[i]
-                    tri_out[0] = kern.chunk_state_fwd(s["B"], s["x"], s["dt"], s["dA_cumsum"], states=tout,
-                                                      states_in_fp32=True)
-            tri(0)
-            fns["triton"] = tri
-        except Exception as e:  # noqa: BLE001 - the baseline is optional; say why it is missing
-            res["triton_error"] = f"{type(e).__name__}: {e}"
-    for f in fns.values():
-        f(0)  # compile / load / autotune outside the timing
-    torch.cuda.synchronize()
-    if "triton" in fns:
-        res["rel_err_vs_triton"] = {k: rel_err(outs[k], tri_out[0]) for k in plans}
-    ref = (chunk_scan_reference if first.op == SCAN else chunk_state_reference)(
-        **{n: t[-1:] for n, t in sets[0].items()})
-    res["rel_err_last_batch"] = {k: rel_err(outs[k][-1:], ref) for k in plans}
-    del ref
-    res["ms"] = time_many(fns, nsets, graphs=graphs)
-    return res
+def _state_random_args(p: dict[str, Any], seed: int) -> dict[str, Any]:
+    import torch
+
+    s = state_inputs(p, seed)
+    b, L, h, P = s["x"].shape
+    out = torch.full((b, s["dt"].shape[2], h, P, s["B"].shape[3]), float("nan"), device="cuda")
+    return {"x": s["x"], "b": s["B"], "dt": s["dt"], "da": s["dA_cumsum"], "out": out}
+
+
+def _reduced(p: dict[str, Any]) -> dict[str, Any]:
+    """The same schedule on a shape small enough for a float64 reference: batch 1, 8 heads per group, and a seq
+    that leaves the last chunk ragged."""
+    return p | {"batch": 1, "heads": 8 * p.get("groups", 1), "seq": min(p["seq"], 2048) - 24}
+
+
+def _check(label: str, plan: Any) -> dict[str, Any]:
+    err = check_mamba(dataclasses.replace(plan, params=_reduced(dict(plan.params))), trials=1)
+    return {"rel_err": err, "ok": bool(err <= TOL)}
+
+
+def _hand(op: str, p: dict[str, Any]) -> Any:
+    t, ov = HAND[op]
+    if op == STATE and t["BM"] > p["d_state"]:  # d_state 64: one 64-column block per warpgroup
+        t = t | {"BM": p["d_state"], "groups": 1}
+    return default_plan(op, p, t, ov)
+
+
+_RUN = {SCAN: run_chunk_scan, STATE: run_chunk_state}
+_REFERENCE = {SCAN: chunk_scan_reference, STATE: chunk_state_reference}
+register(SCAN, OpHarness(random_args=_random_args, check=_check, reduced=_reduced,
+                         hand=lambda p: _hand(SCAN, p)))
+register(STATE, OpHarness(random_args=_state_random_args, check=_check, reduced=_reduced,
+                          hand=lambda p: _hand(STATE, p)))

@@ -1,25 +1,52 @@
-"""Check and time generated kernels: the float32 references and error measure (``rel_err``, ``TOL``), the
-correctness checks of a GEMM / FlashAttention plan (``check_gemm``, ``check_fa``), the interleaved CUDA timing every
-measurement uses (``time_many``) and the parallel nvcc of many plans (``precompile``).
+"""What every operator's harness shares: the error measure every check uses (``rel_err``, ``TOL``), the interleaved
+CUDA timing every measurement uses (``time_many``), the parallel nvcc of many plans (``precompile``), the checks of
+a tensor against the shape a kernel was built for (``need``), and the table of operators that have a harness
+(``register``: one line in each operator's module).
 
-Correctness: every configuration is compared with a float32 torch reference on fresh random inputs, the output
-poisoned with NaN before the run (relative Frobenius error <= 1e-2, NaN never passes). Timing (``time_many``):
-warm-up, then 20 rounds in which every candidate (our schedules and the baselines, in the same process) runs a block
-of back-to-back launches between CUDA events, inputs rotating over several sets so that repeated runs do not hit L2;
-the median per-call time is reported. The benchmark that times the kernels next to cuBLAS and SDPA is
-``python -m bench codegen_bench`` (bench/codegen_bench).
+Correctness: every configuration is compared with a float32 (or float64) torch reference on fresh random inputs,
+the output poisoned with NaN before the run (relative Frobenius error <= ``TOL``, NaN never passes). Timing
+(``time_many``): warm-up, then 20 rounds in which every candidate (our schedules and the baselines, in the same
+process) runs a block of back-to-back launches between CUDA events, inputs rotating over several sets so that
+repeated runs do not hit L2; the median per-call time is reported.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from codegen.plan import KernelPlan, default_plan
+from ptsolve.errors import DeviceError
 
 TOL = 1e-2
-GEMM_TILING = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
-FA_TILING = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
+
+
+@dataclass(frozen=True)
+class OpHarness:
+    """One operator's harness. ``random_args(params, seed)``: fresh device tensors for every pointer its kernel takes,
+    keyed by argument name (outputs poisoned with NaN); ``check(label, plan)``: the plan's kernel checked on the
+    reduced shape (``{"rel_err", "ok", ...}``); ``reduced(params)``: that shape's parameters; ``hand(params)``: the
+    hand-written plan measurements compare against."""
+
+    random_args: Callable[[dict[str, Any], int], dict[str, Any]]
+    check: Callable[[str, Any], dict[str, Any]] | None = None
+    reduced: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    hand: Callable[[dict[str, Any]], Any] | None = None
+
+
+HARNESS: dict[str, OpHarness] = {}
+
+
+def register(op: str, h: OpHarness) -> None:
+    """Give operator ``op`` its harness (one line in the operator's module)."""
+    HARNESS[op] = h
+
+
+def entry(op: str, what: str) -> Callable[..., Any]:
+    """Operator ``op``'s harness function ``what``; DeviceError where it has none."""
+    fn = getattr(HARNESS.get(op), what, None)
+    if fn is None:
+        raise DeviceError(f"operator {op!r} has no {what} in the kernel harness (codegen.harness)")
+    return fn
 
 
 def rel_err(out: Any, ref: Any, block: int = 1 << 26) -> float:
@@ -37,22 +64,6 @@ def rel_err(out: Any, ref: Any, block: int = 1 << 26) -> float:
         num += float(((ob - rb) ** 2).sum())
         den += float((rb ** 2).sum())
     return (num / den) ** 0.5 if den else float("nan")
-
-
-def attention_ref(q: Any, k: Any, v: Any, causal: bool) -> Any:
-    """float32 reference, q [B,Sq,H,D], k/v [B,Skv,Hkv,D]; causal bottom-right aligned."""
-    import torch
-    B, Sq, H, D = q.shape
-    Skv, Hkv = k.shape[1], k.shape[2]
-    qf = q.float().transpose(1, 2)
-    kf = k.float().transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-    s = (qf @ kf.transpose(-1, -2)) / math.sqrt(D)
-    if causal:
-        i = torch.arange(Sq, device=q.device)[:, None]
-        j = torch.arange(Skv, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (Skv - Sq), float("-inf"))
-    return (torch.softmax(s, dim=-1) @ vf).transpose(1, 2)
 
 
 def time_ms(fn: Callable[[int], Any], nsets: int) -> float:
@@ -119,60 +130,45 @@ def time_many(fns: dict[str, Callable[[int], Any]], nsets: int, warmup: int = 5,
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
-def check_gemm(M: int, N: int, K: int, dtype: str, tiling: dict[str, int], plan: KernelPlan | None = None,
-               trials: int = 2) -> dict[str, Any]:
-    """Worst relative error of the generated GEMM over ``trials`` fresh inputs."""
-    import torch
-
-    from codegen.runtime import run_gemm
-    plan = plan or default_plan("gemm", {"M": M, "N": N, "K": K, "dtype": dtype}, tiling)
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    worst = 0.0
-    for _ in range(trials):
-        a = torch.randn(M, K, device="cuda", dtype=tdt)
-        b = torch.randn(N, K, device="cuda", dtype=tdt)
-        c = torch.full((M, N), float("nan"), device="cuda", dtype=tdt)
-        run_gemm(a, b, plan, out=c)
-        torch.cuda.synchronize()
-        e = rel_err(c, a.float() @ b.float().T)
-        worst = e if math.isnan(e) else max(worst, e)
-        if math.isnan(worst):
-            break
-    return {"op": "gemm", "M": M, "N": N, "K": K, "dtype": dtype, "tiling": tiling, "rel_err": worst,
-            "ok": (not math.isnan(worst)) and worst <= TOL}
-
-
-def check_fa(p: dict[str, Any], tiling: dict[str, int], plan: KernelPlan | None = None, trials: int = 2,
-             label: str = "default") -> dict[str, Any]:
-    import torch
-
-    from codegen.runtime import run_attention
-    plan = plan or default_plan("flash_attention", p, tiling)
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[p["dtype"]]
-    B, H, Hkv, D = p["batch"], p["heads"], p["kv_heads"], p["head_dim"]
-    worst = 0.0
-    for _ in range(trials):
-        q = torch.randn(B, p["seq_q"], H, D, device="cuda", dtype=tdt)
-        k = torch.randn(B, p["seq_kv"], Hkv, D, device="cuda", dtype=tdt)
-        v = torch.randn(B, p["seq_kv"], Hkv, D, device="cuda", dtype=tdt)
-        o = torch.full_like(q, float("nan"))
-        run_attention(q, k, v, plan, out=o)
-        torch.cuda.synchronize()
-        e = rel_err(o, attention_ref(q, k, v, p["causal"]))
-        worst = e if math.isnan(e) else max(worst, e)
-        if math.isnan(worst):
-            break
-    return {"op": "flash_attention", **p, "tiling": tiling, "order": label, "rel_err": worst,
-            "ok": (not math.isnan(worst)) and worst <= TOL}
-
-
-def precompile(plans: list[KernelPlan]) -> None:
+def precompile(plans: list[Any]) -> None:
     """Compile (cached) many plans in parallel before timing, so nvcc does not run serially later."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from codegen.cuda import emit
-    from codegen.runtime import compile_kernel
+    from ..cuda import emit
+    from ..runtime import compile_kernel
     sources = {ks.source: ks for ks in map(emit, plans)}  # plans with equal kernels compile once
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 2)) as ex:
         list(ex.map(compile_kernel, sources.values()))
+
+
+def torch_dtype(dt: str) -> Any:
+    """The torch dtype of a kernel dtype name (fp16, bf16)."""
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+
+
+def need(t: Any, name: str, shape: tuple[int, ...], dt: str, convert: bool = False) -> Any:
+    """``t`` checked against the shape and dtype the kernel was built for (DeviceError otherwise; ``convert``
+    casts another float dtype instead) and 16-byte aligned for TMA / bulk copies; returns it."""
+    import torch
+
+    want = torch.float32 if dt == "fp32" else torch_dtype(dt)
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        raise DeviceError(f"{name} must be a CUDA torch tensor")
+    if convert and t.dtype != want and t.dtype.is_floating_point:
+        t = t.to(want)
+    if tuple(t.shape) != shape or t.dtype != want or not t.is_contiguous():
+        raise DeviceError(f"kernel was built for {name} of shape {shape} {dt} contiguous; got {tuple(t.shape)} "
+                          f"{t.dtype}{'' if t.is_contiguous() else ' non-contiguous'}: emit a plan for this shape")
+    if t.data_ptr() % 16:
+        raise DeviceError(f"{name} must be 16-byte aligned (a view with an odd storage offset?); pass a copy")
+    return t
+
+
+def stream() -> int:
+    """torch's current CUDA stream, as a raw handle."""
+    import torch
+
+    return int(torch.cuda.current_stream().cuda_stream)

@@ -1,0 +1,46 @@
+"""The serving layer: ptsolve's schedules as shape-generic kernels that PyTorch users call (``ptsolve.torch``).
+
+This package is the one place where the core's face (``ptsolve.optimize``, the operators, the simulator) meets the
+code generator (``codegen``: lowering, emitters, nvcc, the launch primitive). The rest of ``ptsolve`` never imports
+``codegen``, and ``codegen`` never imports this package; ``layering.toml`` and ``tests/test_layering.py`` hold that.
+
+A *shape class* (``classes.ShapeClass``) is what changes the schedule or the binary: the operator, the dtype and,
+for attention, head_dim, causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``)
+head_dim, causal and the consumer warpgroups its packed query tile needs; for Mamba2's chunk kernels head_dim,
+d_state and chunk. The sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq,
+heads and ngroups) are kernel arguments (``lower(..., generic=True)``). The rooms:
+
+- ``classes``: ``ShapeClass`` and the table of operators that have classes (``register``, one line per operator);
+- ``gemm``, ``attention``, ``decode``, ``mamba2``: each operator's classes and launchers, in its own module;
+- ``table``: the schedule table (``schedule_table.json``, ``python3 -m ptsolve.serve table``), or a class solved
+  on first use where OR-Tools is installed;
+- ``kernels``: each class's generic kernel, emitted once per process and compiled once (the cubin cached on disk);
+- ``prepared``: the launch cache (a warm call is a dict lookup and a ``cuLaunchKernel`` on the current stream);
+- ``build``: the table's command line (``python3 -m ptsolve.serve table|precompile``, or ``ptsolve serve ...``).
+
+The launchers take torch tensors: ``attention.attention``, ``decode.decode`` and ``gemm.gemm`` (reached through
+their modules, whose names they share), ``chunk_scan``, ``chunk_state`` and every ``*_launch`` (re-exported here).
+``ptsolve.torch`` is the user's front door over them. Importing this package imports neither torch nor cuda-python.
+"""
+from __future__ import annotations
+
+# the operators' modules register their classes on import: this order is the table's and ``classes()``'s
+from .gemm import gemm_class, gemm_launch  # isort: skip
+from .mamba2 import (MAMBA_OPS, chunk_scan, chunk_scan_launch, chunk_state, chunk_state_launch,  # isort: skip
+                     mamba_class, mamba_params)
+from .attention import GQA_BUCKETS, HEAD_DIMS, attention_class, attention_launch, gqa_bucket  # isort: skip
+from .decode import (DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECODE_REPLAY_TRIPS, decode_bucketed,  # isort: skip
+                     decode_class, decode_launch, decode_pick, decode_retime, decode_splits, decode_variants)
+from .build import build_table  # noqa: E402
+from .classes import DTYPES, HW, OpClasses, ShapeClass, class_fix, classes, register, representative  # noqa: E402
+from .kernels import ClassKernel, compile_class, kernel  # noqa: E402
+from .prepared import current_stream  # noqa: E402
+from .table import TABLE, class_program, load_table, schedule, solve, solvers_installed, table_path  # noqa: E402
+
+__all__ = ["DECODE_MAX_SEQ_Q", "DECODE_REPLAY_TRIPS", "DECODE_REP_SPLITS", "DTYPES", "GQA_BUCKETS", "HEAD_DIMS", "HW",
+           "MAMBA_OPS", "TABLE", "ClassKernel", "OpClasses", "ShapeClass", "attention_class",
+           "attention_launch", "build_table", "chunk_scan", "chunk_scan_launch", "chunk_state", "chunk_state_launch",
+           "class_fix", "class_program", "classes", "compile_class", "current_stream", "decode_bucketed",
+           "decode_class", "decode_launch", "decode_pick", "decode_retime", "decode_splits", "decode_variants",
+           "gemm_class", "gemm_launch", "gqa_bucket", "kernel", "load_table", "mamba_class", "mamba_params",
+           "register", "representative", "schedule", "solve", "solvers_installed", "table_path"]

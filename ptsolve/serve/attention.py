@@ -1,0 +1,102 @@
+"""FlashAttention forward in the serving layer: classes by dtype, head_dim, causal and the GQA ratio's bucket (batch,
+sequence lengths and heads are kernel arguments), dense and varlen launchers."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ptsolve.errors import ShapeError
+
+from . import prepared
+from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
+from .kernels import kernel
+
+HEAD_DIMS = (64, 128)
+# GQA ratio (heads / kv_heads) buckets: (lowest ratio, name, the ratio the representative shape uses)
+GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
+
+
+def gqa_bucket(heads: int, kv_heads: int) -> str:
+    """The bucket of heads / kv_heads (ShapeError unless kv_heads divides heads)."""
+    if kv_heads < 1 or heads % kv_heads:
+        raise ShapeError(f"heads={heads} is not a multiple of kv_heads={kv_heads}; each kv head must serve a whole "
+                         "group of query heads")
+    r = heads // kv_heads
+    return next(name for lo, name, _ in reversed(GQA_BUCKETS) if r >= lo)
+
+
+def attention_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int) -> ShapeClass:
+    """The attention class of a shape; ShapeError for a head_dim or dtype the kernels do not cover."""
+    dtype_ok(dtype)
+    if head_dim not in HEAD_DIMS:
+        raise ShapeError(f"head_dim={head_dim}: ptsolve's attention kernels cover head_dim {HEAD_DIMS}; pad the "
+                         "head dimension or use another backend for this layer")
+    return ShapeClass("flash_attention", dtype, int(head_dim), bool(causal), gqa_bucket(heads, kv_heads))
+
+
+def _key(c: ShapeClass) -> str:
+    return f"{c.op}/{c.dtype}/d{c.head_dim}/{'causal' if c.causal else 'full'}/gqa{c.gqa}"
+
+
+def _representative(c: ShapeClass) -> dict[str, Any]:
+    ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
+    return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
+            "causal": c.causal, "dtype": c.dtype}
+
+
+def _classes() -> list[ShapeClass]:
+    return [ShapeClass("flash_attention", d, hd, causal, name) for d in DTYPES for hd in HEAD_DIMS
+            for causal in (False, True) for _, name, _ in GQA_BUCKETS]
+
+
+# no pinned keys: grid or persistent CTAs is the model's choice on the representative (persistent measured faster on
+# 78 of 85 prefill shapes and never more than 6% slower: results/torch_prefill)
+register("flash_attention", OpClasses(key=_key, representative=_representative, classes=_classes))
+
+
+def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
+              max_q: int = 0, max_k: int = 0) -> None:
+    """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
+    [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
+    q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks)."""
+    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)
+    ln(prepared.current_stream(q.get_device()), out.data_ptr())
+
+
+def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
+                     max_q: int = 0, max_k: int = 0) -> Any:
+    """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
+    strides, scalars); call it with the stream and the output's address."""
+    varlen = cu_q is not None
+    key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k))
+
+
+def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any,
+                      max_q: int, max_k: int) -> Any:
+    from codegen.cuda.attention import sizes, tensor_map
+
+    ck = kernel(c)
+    t = ck.ir.tiling
+    D = c.head_dim
+    if cu_q is not None:
+        H, Hkv = q.shape[1], k.shape[1]
+        B = cu_q.shape[0] - 1
+        sq, skv = max_q, max_k
+        lay = {"q": (q.shape[0], 1, (q.shape[0] * q.stride(0), q.stride(0), q.stride(1))),
+               "k": (k.shape[0], 1, (k.shape[0] * k.stride(0), k.stride(0), k.stride(1))),
+               "v": (v.shape[0], 1, (v.shape[0] * v.stride(0), v.stride(0), v.stride(1)))}
+    else:
+        B, sq, H = q.shape[0], q.shape[1], q.shape[2]
+        skv, Hkv = k.shape[1], k.shape[2]
+        lay = {n: (x.shape[1], x.shape[0], (x.stride(0), x.stride(1), x.stride(2)))
+               for n, x in (("q", q), ("k", k), ("v", v))}
+    maps = tuple(tensor_map(n, c.dtype, D, H if n == "q" else Hkv, rows, nb, st, t["BM"] if n == "q" else t["BN"])
+                 for n, (rows, nb, st) in lay.items())
+    sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
+    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
+            "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
+            "scale_log2": scale * math.log2(math.e), **sz}
+    return ck.module().prepare(vals, maps, sz["NTILES"], out="o")

@@ -1,0 +1,108 @@
+"""Shape classes: what a schedule and a binary are chosen by, and the table of operators that have them.
+
+Each operator the serving layer covers registers one ``OpClasses`` (its table key, representative shape, pinned
+tiling keys and the classes the shipped table holds) from its own module (``gemm``, ``attention``, ``decode``,
+``mamba2``): a new operator adds its module and one ``register`` line, and no code here names it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ptsolve.errors import PtsolveError, ShapeError
+
+HW = "h200"  # the table's hardware (sm_90a; an H100 runs the same binaries)
+DTYPES = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class ShapeClass:
+    """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
+    ``causal``, ``gqa`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
+
+    op: str
+    dtype: str
+    head_dim: int = 0
+    causal: bool = False
+    gqa: str = ""
+    d_state: int = 0
+    chunk: int = 0
+    groups: int = 0
+    ctas: int = 0  # split-KV decode's resident CTAs per SM where not the default one (``decode_variants``)
+    persistent: int = 0  # split-KV decode on persistent CTAs, one piece per query tile (``decode_variants``)
+
+    def __hash__(self) -> int:
+        """Hashed once (a launcher's cache key hashes the class on every call)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
+                      self.groups, self.ctas, self.persistent))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash (string hashes differ between processes)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    @property
+    def key(self) -> str:
+        """The table's key, e.g. ``flash_attention/bf16/d128/causal/gqa2-4``, ``gemm/fp16`` or
+        ``mamba2_chunk_scan/fp16/p64/n128/q256`` (the operator's ``OpClasses.key``)."""
+        return op_classes(self.op).key(self)
+
+
+def _no_fix(c: ShapeClass) -> dict[str, int] | None:
+    return None
+
+
+@dataclass(frozen=True)
+class OpClasses:
+    """One operator's shape classes. ``key``: the class's table key; ``representative``: the shape its schedule is
+    solved on (long enough that the loop's steady state dominates: the modulo schedule's initiation interval and
+    stages do not depend on the trip count); ``classes``: every class of the operator the shipped table holds;
+    ``fix``: the tiling keys the class's solve pins (``optimize``'s ``fix``); ``keeps_program``: the table entry
+    keeps the solved SProgram (re-timed per shape at launch, as split-KV decode's pieces are)."""
+
+    key: Callable[[ShapeClass], str]
+    representative: Callable[[ShapeClass], dict[str, Any]]
+    classes: Callable[[], list[ShapeClass]]
+    fix: Callable[[ShapeClass], dict[str, int] | None] = _no_fix
+    keeps_program: bool = False
+
+
+OPS: dict[str, OpClasses] = {}
+
+
+def register(op: str, spec: OpClasses) -> None:
+    """Add operator ``op``'s shape classes to the serving layer (one line in the operator's module)."""
+    OPS[op] = spec
+
+
+def op_classes(op: str) -> OpClasses:
+    """Operator ``op``'s ``OpClasses``; PtsolveError for an operator the serving layer has no kernels for."""
+    spec = OPS.get(op)
+    if spec is None:
+        raise PtsolveError(f"the serving layer has no shape classes for operator {op!r}; it serves {sorted(OPS)}")
+    return spec
+
+
+def dtype_ok(dtype: str) -> None:
+    """ShapeError for a dtype the kernels do not take."""
+    if dtype not in DTYPES:
+        raise ShapeError(f"dtype {dtype!r}: ptsolve's kernels take {' or '.join(DTYPES)}; convert the tensors")
+
+
+def classes() -> list[ShapeClass]:
+    """Every class the table covers, operator by operator in registration order."""
+    return [c for spec in OPS.values() for c in spec.classes()]
+
+
+def representative(c: ShapeClass) -> dict[str, Any]:
+    """The shape a class's schedule is solved on (its operator's ``OpClasses.representative``)."""
+    return op_classes(c.op).representative(c)
+
+
+def class_fix(c: ShapeClass) -> dict[str, int] | None:
+    """The tiling keys a class's solve pins (its operator's ``OpClasses.fix``; None: none)."""
+    return op_classes(c.op).fix(c)

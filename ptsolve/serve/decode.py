@@ -1,0 +1,219 @@
+"""Split-KV decode in the serving layer (dense attention of at most ``DECODE_MAX_SEQ_Q`` query positions): classes by
+dtype, head_dim, causal and the consumer warpgroups a packed query tile needs, and the binaries each chooses from
+per shape (``decode_variants``). A shape's pieces per query tile (which do not change the binary) and its binary are
+chosen by the cost model: the classes' solved programs re-timed on the shape's graph for every piece count
+(``decode_pick``)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ptsolve.errors import PtsolveError, ShapeError
+
+from . import prepared
+from .attention import HEAD_DIMS, attention_class
+from .classes import DTYPES, HW, OpClasses, ShapeClass, register
+from .kernels import kernel
+from .table import class_program
+
+# iterations of a piece replayed when a decode shape is re-timed, each further one adds the loop's period (a 128k
+# cache re-timed in ~10 ms instead of ~0.5 s; the same prediction, tests/test_generic.py)
+DECODE_REPLAY_TRIPS = 16
+DECODE_REP_SPLITS = 16  # pieces of the decode classes' representative (1 batch x 8 kv heads: 128 piece CTAs)
+
+DECODE_MAX_SEQ_Q = 16  # query positions up to which attention runs the split-KV decode kernel
+
+
+def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, seq_q: int) -> ShapeClass:
+    """The split-KV decode class of a shape (seq_q <= DECODE_MAX_SEQ_Q): one consumer warpgroup when a query tile
+    packs at most 64 rows (the GQA group's heads times the positions), else two; ShapeError for a head_dim or dtype
+    the kernels do not cover."""
+    attention_class(dtype, head_dim, causal, heads, kv_heads)  # the same checks
+    if not 1 <= seq_q <= DECODE_MAX_SEQ_Q:
+        raise ShapeError(f"seq_q={seq_q}: the split-KV decode kernel takes 1..{DECODE_MAX_SEQ_Q} query positions")
+    groups = 1 if heads // kv_heads * seq_q <= 64 else 2
+    return ShapeClass("flash_decode", dtype, int(head_dim), bool(causal), groups=groups)
+
+
+# head dims whose one-warpgroup decode class also has a two-CTAs-per-SM binary: with D 128 the output accumulator
+# alone takes 64 of a thread's 128 registers and no such tiling compiles without spills or a serialised wgmma
+DECODE_CTAS2_HEAD_DIMS = (64,)
+
+
+def decode_variants(c: ShapeClass) -> list[ShapeClass]:
+    """The binaries a decode class chooses from per shape (``decode_pick``): its own (one CTA per SM, the register
+    file reallocated to the consumers) and
+    - with one consumer warpgroup and a head dim of DECODE_CTAS2_HEAD_DIMS, two resident CTAs per SM (half the
+      register file each: a CTA's fill and drain overlap the other's loop, and a grid of a few hundred short pieces
+      fits one wave; results/torch_decode/mha_ctas.py);
+    - with one consumer warpgroup, persistent CTAs (one per SM, each dealing itself (batch, kv head) tiles: the
+      producer loads a tile's first K/V blocks while the consumers finish the previous one), for shapes whose tiles
+      each take one piece and outnumber the SMs (batch-64 Llama: results/torch_decode/pers_ab.py);
+    - with two consumer warpgroups (more than 64 packed rows), the one-warpgroup class's own binary, the rows cut
+      into 64-row query tiles (twice the CTAs, each K/V tile read by both, the second from L2): Falcon-7B's 71 heads
+      per kv head at short caches or batch 1 (results/torch_decode/pick_ab.py wg: b1 k1000 7.5 -> 6.2 us). Not its
+      two-CTA binary: with two query tiles of one kv head the model's picks of it measured 11-17% slower than the
+      two-warpgroup binary on 4 of 19 Falcon shapes (same run)."""
+    if c.groups == 1 and c.ctas <= 1 and not c.persistent:
+        return [c, *([dataclasses.replace(c, ctas=2)] if c.head_dim in DECODE_CTAS2_HEAD_DIMS else []),
+                dataclasses.replace(c, persistent=1)]
+    if c.groups == 2 and c.ctas <= 1 and not c.persistent:
+        return [c, dataclasses.replace(c, groups=1)]
+    return [c]
+
+
+def _key(c: ShapeClass) -> str:
+    return (f"flash_decode/{c.dtype}/d{c.head_dim}/{'causal' if c.causal else 'full'}/wg{c.groups}"
+            + (f"/ctas{c.ctas}" if c.ctas > 1 else "") + ("/persistent" if c.persistent else ""))
+
+
+def _representative(c: ShapeClass) -> dict[str, Any]:
+    # a long cache few (batch, kv head) rows share, so the class's program splits keys; a persistent class's: a
+    # batch whose tiles, one piece each, outnumber the SMs
+    heads, kv, sq = (32, 8, 4 if c.causal else 1) if c.groups == 1 else (71, 1, 2 if c.causal else 1)
+    batch, skv = (64, 2048) if c.persistent else (1, 16384)
+    return {"batch": batch, "heads": heads, "kv_heads": kv, "seq_q": sq, "seq_kv": skv, "head_dim": c.head_dim,
+            "causal": c.causal, "dtype": c.dtype}
+
+
+def _fix(c: ShapeClass) -> dict[str, int]:
+    """The class's warpgroups and CTAs per SM, and several pieces, so the program has the several-piece epilogue the
+    generic kernel runs (a shape's pieces are chosen per shape, ``decode_splits``); a persistent class one piece."""
+    return ({"groups": c.groups, "splits": 1 if c.persistent else DECODE_REP_SPLITS, "ctas": max(1, c.ctas)}
+            | ({"persistent": 1} if c.persistent else {}))
+
+
+def _classes() -> list[ShapeClass]:
+    out: list[ShapeClass] = []
+    for d in DTYPES:
+        for hd in HEAD_DIMS:
+            for causal in (False, True):
+                for w in (1, 2):
+                    # a two-warpgroup class's variants include the one-warpgroup class, listed already
+                    out += [v for v in decode_variants(ShapeClass("flash_decode", d, hd, causal, groups=w))
+                            if v not in out]
+    return out
+
+
+register("flash_decode", OpClasses(key=_key, representative=_representative, classes=_classes, fix=_fix,
+                                   keeps_program=True))
+
+
+def _kv_bucket(blocks: int) -> int:
+    """The key-block count a decode shape's pieces are chosen at: the next of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14,
+    16, 20, 24, 28, 32, 40, ... (four steps per doubling), so a cache that grows by a token per call is re-timed once
+    every ~20% of length, not every call."""
+    if blocks <= 8:
+        return blocks
+    step = 1 << (blocks.bit_length() - 3)  # a quarter of the power of two at or below blocks
+    return -(-blocks // step) * step
+
+
+_SPLITS: dict[tuple[Any, ...], tuple[float, int]] = {}
+
+
+def decode_bucketed(c: ShapeClass, p: dict[str, Any]) -> dict[str, Any]:
+    """Decode shape ``p`` with its cache length rounded up to ``_kv_bucket`` of class ``c``'s key blocks: the shape
+    ``decode_splits`` re-times, so that a growing cache re-times rarely."""
+    bn = class_program(c).graph.tiling["BN"]
+    return dict(p, seq_kv=max(p["seq_kv"], _kv_bucket(-(-p["seq_kv"] // bn)) * bn))
+
+
+def decode_retime(c: ShapeClass, p: dict[str, Any], splits: int, hw: Any) -> float:
+    """Predicted µs of class ``c``'s binary on decode shape ``p`` (as given) in ``splits`` pieces on the hardware
+    table ``hw``: the class's program re-timed on the shape's graph (``ptsolve.simulate``, timed mode: every task at
+    its planned cycle or as soon as its inputs and units allow; a piece replayed for DECODE_REPLAY_TRIPS iterations
+    and extended by the loop's period)."""
+    from ptsolve.ops import make
+    from ptsolve.simulate import simulate
+
+    prog = class_program(c)
+    g = make("flash_decode", **p).graph(dict(prog.graph.tiling, splits=splits), hw)
+    return simulate(dataclasses.replace(prog, graph=g), hw, max_trips=DECODE_REPLAY_TRIPS).kernel_us
+
+
+def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
+    """(predicted µs, pieces) of ``decode_splits``."""
+    from ptsolve.hw import load as load_hw
+    from ptsolve.ops.decode import split_counts
+
+    q = decode_bucketed(c, p)
+    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], q["seq_kv"])
+    got = _SPLITS.get(key)
+    if got is None:
+        t, hw = class_program(c).graph.tiling, load_hw(HW)  # the hardware read once, not per candidate
+        best = None
+        # a persistent binary has no merge CTAs: one piece per tile
+        for s in [1] if c.persistent else split_counts(q, t["BM"], t["BN"]):
+            us = decode_retime(c, q, s, hw)
+            if best is None or us < best[0] - 1e-9:
+                best = (us, s)
+        assert best is not None
+        if len(_SPLITS) >= 4096:
+            _SPLITS.clear()
+        got = _SPLITS[key] = best
+    return got
+
+
+def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
+    """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters) on class ``c``'s
+    binary: the piece count (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the
+    shape's graph (``decode_retime``), predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the
+    shape's key blocks rounded up to ``_kv_bucket`` (``decode_bucketed``) and kept per (class, shape without
+    seq_kv, bucket)."""
+    return _decode_best(c, p)[1]
+
+
+def decode_pick(c: ShapeClass, p: dict[str, Any]) -> tuple[ShapeClass, int]:
+    """The binary (one of ``decode_variants(c)``) and pieces a decode shape runs with: the shortest kernel the
+    re-timed programs predict (``decode_splits``), the class's own binary on a tie."""
+    best = None
+    for v in decode_variants(c):
+        us, s = _decode_best(v, p)
+        if best is None or us < best[0] - 1e-9:
+            best = (us, v, s)
+    assert best is not None
+    return best[1], best[2]
+
+
+def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> None:
+    """Launch decode class ``c``'s split-KV kernel: q [B, Sq, H, D] (Sq <= DECODE_MAX_SEQ_Q), k/v [B, Skv, Hkv, D],
+    ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). ``seqlens`` (int32 [B] on
+    the device, or None): sequence b attends to the first seqlens[b] keys of the cache (clamped to 0 .. Skv; read by
+    the kernel, so one launch or CUDA graph serves a growing cache; its pieces are chosen for the whole cache,
+    ``ptsolve.ops.decode.length_pieces``). The launch's scratch (partial results and counters) is shared by every
+    decode launch of the class on the device: launches on one stream at a time."""
+    decode_launch(q, k, v, c, scale, seqlens)(prepared.current_stream(q.get_device()), out.data_ptr())
+
+
+def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> Any:
+    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale); call it
+    with the stream and the output's address."""
+    key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           scale, 0 if seqlens is None else seqlens.data_ptr())
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _decode_launch(q, k, v, c, scale, seqlens))
+
+
+def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any) -> Any:
+    from codegen.cuda import decode as cd
+
+    (B, sq, H, D), skv, Hkv = q.shape, k.shape[1], k.shape[2]
+    p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
+         "dtype": c.dtype}
+    v_, splits = decode_pick(c, p)
+    if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
+        raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
+    ck = kernel(v_)
+    mod = ck.module()
+    t = dict(ck.ir.tiling, splits=splits)
+    err = cd.index_error(p, t)
+    if err:
+        raise ShapeError(err + ": split the batch")
+    sz = cd.sizes(p, t, mod.sms)
+    maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
+    ws = {n: prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
+    vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
+            "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
+    return mod.prepare(vals, maps, cd.grid(sz), out="o")

@@ -1,0 +1,53 @@
+"""GEMM in the serving layer: one class per dtype (M, N and K are kernel arguments) and its launcher."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import prepared
+from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
+from .kernels import kernel
+
+
+def gemm_class(dtype: str) -> ShapeClass:
+    """The GEMM class of a dtype; ShapeError for one the kernels do not take."""
+    dtype_ok(dtype)
+    return ShapeClass("gemm", dtype)
+
+
+def _fix(c: ShapeClass) -> dict[str, int]:
+    # one K range: one generic kernel serves every M, N, K, and split-K's workspace is sized per shape
+    return {"splits": 1}
+
+
+register("gemm", OpClasses(key=lambda c: f"gemm/{c.dtype}",
+                           representative=lambda c: {"M": 4096, "N": 4096, "K": 4096, "dtype": c.dtype},
+                           classes=lambda: [gemm_class(d) for d in DTYPES], fix=_fix))
+
+
+def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:
+    """Launch ``c``'s kernel: out [M, N] (contiguous) = a [M, K] · b [N, K]ᵀ (rows contiguous, row strides
+    multiples of 8 elements; the caller checks)."""
+    gemm_launch(a, b, c)(prepared.current_stream(a.get_device()), out.data_ptr())
+
+
+def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``gemm`` for these inputs; call it with the stream and the output's address."""
+    key = ("gemm", c, a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride())
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _gemm_launch(a, b, c))
+
+
+def _gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
+    from codegen.cuda.common import TensorMapSpec
+    from codegen.cuda.gemm import c_map, sizes
+
+    ck = kernel(c)
+    t = ck.ir.tiling
+    (M, K), N = a.shape, b.shape[0]
+    maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, t["BM"])),
+            TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
+    if t.get("tma_store", 0):  # C [M, N], contiguous (the caller's new tensor), through its map: encoded per call
+        maps += (c_map(c.dtype, M, N, t),)
+    sz = sizes({"M": M, "N": N, "K": K}, t)
+    vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
+    return ck.module().prepare(vals, maps, sz["NTILES"], out="c")

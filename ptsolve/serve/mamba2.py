@@ -1,0 +1,126 @@
+"""Mamba2's chunk kernels (ChunkScan, ChunkState) in the serving layer: classes by dtype, head_dim, d_state and chunk
+(batch, seq, heads and ngroups are kernel arguments) and their launchers, in mamba_ssm's layouts."""
+from __future__ import annotations
+
+from typing import Any
+
+from ptsolve.errors import ShapeError
+
+from . import prepared
+from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
+from .kernels import kernel
+
+MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
+MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
+_TORCH_NAMES = {"mamba2_chunk_scan": "mamba_chunk_scan", "mamba2_chunk_state": "mamba_chunk_state"}  # in errors
+
+
+def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int) -> ShapeClass:
+    """The Mamba2 chunk-kernel class of a shape; ShapeError for sizes the table does not cover."""
+    dtype_ok(dtype)
+    for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES),
+                        ("chunk", chunk, CHUNKS)):
+        if v not in ok:
+            raise ShapeError(f"{op}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
+    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk))
+
+
+def _spec(op: str) -> OpClasses:
+    # Mamba2-1.3b's heads at batch 4, seq 8k
+    return OpClasses(
+        key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}/q{c.chunk}",
+        representative=lambda c: {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
+                                  "chunk": c.chunk, "groups": 1, "dtype": c.dtype},
+        classes=lambda: [mamba_class(op, d, hd, n, q) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES
+                         for q in CHUNKS])
+
+
+register("mamba2_chunk_scan", _spec("mamba2_chunk_scan"))
+register("mamba2_chunk_state", _spec("mamba2_chunk_state"))
+
+
+def _shape_error(name: str, got: Any, want: tuple[int, ...], what: str) -> ShapeError:
+    return ShapeError(f"{name}: {what} must be {want}, got {tuple(got)}")
+
+
+def mamba_params(c: ShapeClass, x: Any, BC: Any, dt: Any, dA_cumsum: Any, cb: Any = None, states: Any = None
+                 ) -> dict[str, Any]:
+    """The operator parameters of a Mamba2 chunk-kernel call of class ``c`` (mamba_ssm's layouts: x (b, L, h, p),
+    B / C (b, L, g, n), dt / dA_cumsum (b, h, nc, chunk); ChunkScan's cb (b, nc, g, chunk, chunk) and states
+    (b, nc, h, p, n)), after checking every shape against them; ShapeError naming the tensor otherwise, or for a
+    shape beyond the kernels' 32-bit indices."""
+    from codegen.cuda import chunk_scan as cs
+    from codegen.cuda import chunk_state as st
+
+    b, L, h, p = x.shape
+    g, n, Q = BC.shape[2], BC.shape[3], c.chunk
+    nc = -(-L // Q)
+    name = _TORCH_NAMES[c.op]
+    want = {"B/C": (BC, (b, L, g, n)), "dt": (dt, (b, h, nc, Q)), "dA_cumsum": (dA_cumsum, (b, h, nc, Q))}
+    if cb is not None:
+        want |= {"cb": (cb, (b, nc, g, Q, Q)), "states": (states, (b, nc, h, p, n))}
+    for k, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise _shape_error(name, t.shape, shape, f"{k}'s shape (x {tuple(x.shape)}, chunk {Q})")
+    if g < 1 or h % g:
+        raise ShapeError(f"{name}: heads={h} is not a multiple of ngroups={g}")
+    params = {"batch": b, "seq": L, "heads": h, "head_dim": p, "d_state": n, "chunk": Q, "groups": g,
+              "dtype": c.dtype}
+    err = (cs if cb is not None else st).index_error(params)
+    if err:
+        raise ShapeError(err + ": split the batch")
+    return params
+
+
+def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass) -> Any:
+    """Mamba2 ChunkScan with class ``c``'s generic kernel (mamba_ssm's layouts, see ``mamba_params``): cb, x, C,
+    states and ``out`` (b, L, h, p) contiguous in the class's dtype, dt / dA_cumsum contiguous float32, all
+    16-byte aligned (the caller converts and checks). Returns ``out``."""
+    chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c)(prepared.current_stream(x.get_device()), out.data_ptr())
+    return out
+
+
+def chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``chunk_scan`` for these inputs, kept per (addresses, shapes); call it with the
+    stream and the output's address."""
+    ts = (cb, x, dt, dA_cumsum, C, states)
+    key = ("scan", c, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c))
+
+
+def _chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass) -> Any:
+    from codegen.cuda.chunk_scan import maps, sizes
+
+    p = mamba_params(c, x, C, dt, dA_cumsum, cb, states)
+    ck = kernel(c)
+    sz = sizes(p, ck.ir.tiling)
+    vals = {"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
+            "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": 0, **sz}
+    return ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out")
+
+
+def chunk_state(B: Any, x: Any, dt: Any, dA_cumsum: Any, out: Any, c: ShapeClass) -> Any:
+    """Mamba2 ChunkState with class ``c``'s generic kernel: states ``out`` (b, nc, h, p, n) float32, contiguous,
+    from x (b, L, h, p), B (b, L, g, n) contiguous in the class's dtype and dt / dA_cumsum (b, h, nc, chunk)
+    contiguous float32 (the caller converts and checks). Returns ``out``."""
+    chunk_state_launch(B, x, dt, dA_cumsum, c)(prepared.current_stream(x.get_device()), out.data_ptr())
+    return out
+
+
+def chunk_state_launch(B: Any, x: Any, dt: Any, dA_cumsum: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``chunk_state`` for these inputs; call it with the stream and the output's address."""
+    ts = (B, x, dt, dA_cumsum)
+    key = ("state", c, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _chunk_state_launch(B, x, dt, dA_cumsum, c))
+
+
+def _chunk_state_launch(B: Any, x: Any, dt: Any, dA_cumsum: Any, c: ShapeClass) -> Any:
+    from codegen.cuda.chunk_state import maps, sizes
+
+    p = mamba_params(c, x, B, dt, dA_cumsum)
+    ck = kernel(c)
+    sz = sizes(p, ck.ir.tiling)
+    vals = {"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(), "out": 0, **sz}
+    return ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out")

@@ -1,0 +1,57 @@
+"""The launch cache: a shape's prepared launch (``codegen.runtime.Launch``) kept per inputs, torch's current stream as
+a raw handle, and the scratch buffers that launches of one kernel share.
+
+A launcher builds the tensor maps and arguments of a shape once and keeps the prepared launch keyed by the inputs'
+(addresses, shapes, strides) and the scalars (the output's address is written into it per call): a warm call is a
+dict lookup and a ``cuLaunchKernel`` on the current stream.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# (inputs' addresses, shapes, strides, scalars) -> the prepared launch; a launcher's warm call is one lookup here
+LAUNCHES: dict[tuple[Any, ...], Any] = {}
+_MAX_LAUNCHES = 1024
+
+
+def keep(key: tuple[Any, ...], ln: Any) -> Any:
+    """Keep launch ``ln`` under ``key`` and return it (the cache is emptied when full: a model's layers re-prepare
+    theirs once)."""
+    if len(LAUNCHES) >= _MAX_LAUNCHES:
+        LAUNCHES.clear()
+    LAUNCHES[key] = ln
+    return ln
+
+
+def _stream_fn() -> Any:
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda dev: raw(dev)
+    return lambda dev: torch.cuda.current_stream(dev).cuda_stream
+
+
+_STREAM: list[Any] = []
+
+
+def current_stream(device: int) -> int:
+    """The raw handle of torch's current CUDA stream on ``device``."""
+    if not _STREAM:
+        _STREAM.append(_stream_fn())
+    return _STREAM[0](device)
+
+
+_SCRATCH: dict[tuple[int, str, str], list[Any]] = {}
+
+
+def scratch(device: Any, kernel_name: str, name: str, nbytes: int) -> int:
+    """A zero-filled device buffer of at least ``nbytes`` for scratch ``name`` of a kernel, shared by its launches
+    (the kernel leaves its counters at zero). Grown by allocating a larger one; the smaller ones are kept, since a
+    prepared launch (or a captured CUDA graph) may still point into them."""
+    import torch
+
+    held = _SCRATCH.setdefault((device.index or 0, kernel_name, name), [])
+    if not held or held[-1].numel() < nbytes:
+        held.append(torch.zeros(max(nbytes, 2 * held[-1].numel() if held else 0, 1 << 12), dtype=torch.uint8,
+                                device=device))
+    return held[-1].data_ptr()
