@@ -1,10 +1,11 @@
 """Schedule held-out configurations per tiling with each policy, compile the kernels for sm_90a, tabulate ptxas.
 
-For every operator below, ``--tilings`` tilings (a seeded sample of those the generator builds) are scheduled by greedy,
-CP-SAT and cpsat-orders (3 s of CP-SAT deterministic time: reproducible) (the operator's declared issue order, where it has one), compile checks off; each
-schedule's kernel is emitted and compiled with nvcc (cached cubins), and the registers, spills and the wgmma
-serialisation warning (with ptxas's reason) are recorded. Writes ``verdicts.jsonl`` (every schedule with its program:
-raw, kept out of git) and ``schedules.md`` (one line per schedule) into ``--out``; prints the summary table.
+For every operator below, ``--tilings`` tilings (a seeded sample of those the generator builds) are scheduled by
+greedy, CP-SAT and cpsat-orders (the operator's declared issue order, where it has one; both exact policies with 3 s
+of CP-SAT deterministic time, so reproducibly), compile checks off; each schedule's kernel is emitted and compiled
+with nvcc (cached cubins), and the registers, spills and the wgmma serialisation warning (with ptxas's reason) are
+recorded. Writes ``verdicts.jsonl`` (every schedule with its program: raw, kept out of git) and ``schedules.md`` (one
+line per schedule) into ``--out``; prints the summary table.
 """
 from __future__ import annotations
 
