@@ -2,7 +2,7 @@
 
 Everything about the pipeline comes from the KernelIR (``codegen.lower``): the shared-memory carve-up, the
 mbarriers and their counts, setmaxnreg, the role split, each role's prologue / software-pipelined loop /
-epilogue (``schedule.emit_loop``), the wgmma waits, the full-barrier waits at a ring's first reader, the
+epilogue (``codegen.loop.emit_loop``), the wgmma waits, the full-barrier waits at a ring's first reader, the
 empty-barrier arrivals at its release points, the tensor-core turns, the persistent tile loop. An operator
 (``OpKernel``) adds only what differs: its device functions, constants, how a tile index becomes
 coordinates and a trip count, its register declarations, the C++ of each task body and its tensor maps.
@@ -24,10 +24,11 @@ from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
 
 from ..kernel_ir import KernelIR, Ring, Role
+from ..loop import emit_loop
 from ..sync_sim import check as check_protocol
 from ..sync_sim import loops, tile_turns, turns
 from .common import CLUSTER_FNS, PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, persistent_grid, setup
-from .schedule import emit_loop, wait_depths
+from .schedule import early_writes, turn_code, wait_depths
 
 Body = Callable[["Task"], str]
 # A task body may mark where it has done its last read of the shared memory it frees: an "end" release (the slot is
@@ -355,7 +356,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
                               opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
         if pw == "":
             tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
-        turn = None if tn is None or ir.pingpong else tn.code(rn, 256)
+        turn = None if tn is None or ir.pingpong else turn_code(tn, rn, 256)
         sync, arrive = tile_turns(ir, tn, rn) if ir.pingpong else (None, None)
         if sync is not None:
             tile.append(f'asm volatile("bar.sync {sync}, 256;" ::: "memory");  // wait for the tensor cores\' turn')
@@ -493,37 +494,6 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas}){cluster_di
                               "profile_words": prof_words(ir) if ir.profile else 0,
                               "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
                               **opk.info(ir)})
-
-
-def early_writes(opk: OpKernel, role: Role, loop: Any, commits: set[str], needs: dict[str, list],
-                 steady: dict[str, dict[str, int]]) -> tuple[dict[str, list], dict[str, dict[str, int]], set[str]]:
-    """Where an operator lets an earlier task of the iteration do a later task's write of the register buffer that
-    task allocates (``OpKernel.early``), do it when that is free: the earlier task then needs what the later one
-    waits for (the wgmma readers of the buffer's older copy complete, from the KernelIR's waits), and in the steady
-    loop an earlier wait of the role must already cover it (no wait is added there; the prologue and epilogue wait
-    for everything anyway). Where the later task runs a stage behind the earlier one the write moves into the
-    previous emitted iteration, before the loop's back edge, which ptxas does not schedule across; left in the
-    later task it lands between that task's tensor-core turn (``bar.sync``) and its wgmma issue, since ptxas moves
-    register work across ``bar.sync`` towards its use (FlashAttention's second warpgroup: 32 F2FP there). Within
-    one stage it moves too: one warpgroup packing early and the other late measured 1% slower on the H200 than
-    both early (causal FA3c / FA13c, results/ab/regress_ab_h200.log). Returns (needs, steady wait depths, tasks
-    whose bodies take the early form)."""
-    stage = dict(loop.ops)
-    tag = f"@{role.group}"
-    early: set[str] = set()
-    for late, first in opk.early.items():
-        t, e = late + tag, first + tag
-        if t not in stage or e not in stage or t not in needs or e in needs or stage[t] < stage[e]:
-            continue
-        aug = {**needs, e: list(needs[t])}
-        try:
-            st = wait_depths(loop, commits, aug)
-        except CodegenError:
-            continue  # a reader of the older copy is issued after the earlier task: not possible there
-        if st.get(e) == {} and all(st.get(k) == v for k, v in steady.items()):
-            needs, steady = aug, st
-            early |= {t, e}
-    return needs, steady, early
 
 
 def _smem_base(shared: bool) -> str:

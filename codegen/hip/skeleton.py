@@ -3,7 +3,7 @@ wave-specialised kernel.
 
 The same KernelIR the CUDA skeleton emits decides everything about the pipeline: the roles (the producer and the
 consumer groups, four waves each, one per SIMD), each role's prologue / software-pipelined loop / epilogue through
-``codegen.cuda.schedule.emit_loop``, the LDS rings (``depth`` slots at the KernelIR's offsets) with a full and an
+``codegen.loop.emit_loop``, the LDS rings (``depth`` slots at the KernelIR's offsets) with a full and an
 empty semaphore per slot, the full waits at a ring's first reader, the empty arrivals at its release points
 (``end`` / ``wait`` / ``commit``, and the ones past the last iteration at the end of a tile), the prologue's
 buffers released at the end of a persistent tile, the tensor-core turns between consumer groups (with
@@ -31,8 +31,8 @@ from typing import Any
 from ptsolve.errors import CodegenError
 from ptsolve.hw import load
 
-from ..cuda.schedule import emit_loop
 from ..kernel_ir import KernelIR, Ring, Role
+from ..loop import emit_loop
 from ..sync_sim import check as check_protocol
 from ..sync_sim import loops, turns
 from .common import COMMON, GROUP_LANES, GROUP_WAVES, PRELUDE, PRELUDE_END, HipSource, check_dtype
