@@ -73,13 +73,13 @@ class Walk:
 def facts(ir: KernelIR, opk: Any, pid: str) -> Walk:
     """The Walk of ``ir`` with the operator's task bodies ``opk``."""
     lo = loops(ir)
+    tn = turns(ir, lo)
     loop_rings = [r for r in ir.rings if r.phase == "loop"]
+    trips = opk.trips(ir)
     ntiles, decode = opk.tiles(ir)
-    return Walk(ir=ir, opk=opk, pid=pid, lo=lo, tn=turns(ir, lo), pre=next((r for r in ir.rings if r.name == "pre"),
-                                                                            None),
+    return Walk(ir=ir, opk=opk, pid=pid, lo=lo, tn=tn, pre=next((r for r in ir.rings if r.name == "pre"), None),
                 loop_rings=loop_rings, fill_of={t: r for r in ir.rings for t, _ in r.fills},
-                ring_of_buf={b: r for r in loop_rings for b in r.buffers}, trips=opk.trips(ir), ntiles=ntiles,
-                decode=decode)
+                ring_of_buf={b: r for r in loop_rings for b in r.buffers}, trips=trips, ntiles=ntiles, decode=decode)
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ class Backend(Protocol):
     def consumer(self, w: Walk, role: Role, base: Consumer) -> Consumer:
         """``base`` with the target's async tensor-core waits and register copies of ``role``'s loop."""
 
-    def full_wait(self, r: Ring) -> str:
+    def full_wait(self, w: Walk, r: Ring) -> str:
         """A consumer's wait for ring ``r``'s slot of ring position ``q_`` to be filled."""
 
-    def release(self, r: Ring, slot: str, x: Release) -> str:
+    def release(self, w: Walk, r: Ring, slot: str, x: Release) -> str:
         """A consumer's release of ring ``r``'s slot of ring position ``slot`` (release point ``x``)."""
 
     def wg_wait(self, depth: int) -> str:
@@ -266,7 +266,7 @@ def consumer_tile(w: Walk, bk: Backend, c: Consumer) -> str:
             if x.role == role.name and x.mode in ("wait", "commit"):
                 for k in range(1, x.dist + 1):
                     tile.append(f"if (T >= {k}) {{  // {', '.join(r.buffers)} of iteration T-{k}\n"
-                                f"{bk.release(r, f'rbase + T - {k}', x)}\n}}")
+                                f"{bk.release(w, r, f'rbase + T - {k}', x)}\n}}")
     if w.pre is not None and pw is not None:
         tile.append("if (PERSISTENT) {  // the prologue's buffers are free for the next tile\n"
                     f"{bk.release_pre(w, role)}\n}}")
@@ -287,13 +287,13 @@ def task_instance(w: Walk, bk: Backend, c: Consumer, name: str, it: str, parity:
         if x.mode == "wait":
             guard = f"if (it_ >= {x.dist}) " if x.dist else ""
             lines.append(f"  {guard}{{  // {', '.join(r.buffers)} of iteration it-{x.dist} released\n"
-                         f"{bk.release(r, f'q_ - {x.dist}', x)}\n  }}")
-    lines += [bk.full_wait(r) for r in c.waiter_of[name]]
+                         f"{bk.release(w, r, f'q_ - {x.dist}', x)}\n  }}")
+    lines += [bk.full_wait(w, r) for r in c.waiter_of[name]]
     lines += slot_pointers(w, bk, name, "q_")
     lines.append(bk.probe(w, "p1_"))
     body = w.opk.body(Task(name, c.role, "it_", parity, "loop", w.ir, name in c.early))
     # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
-    ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n{bk.release(r, 'q_', x)}\n  }}"
+    ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n{bk.release(w, r, 'q_', x)}\n  }}"
                      for r, x in c.rel[name] if x.mode == "end")
     if LAST_READ in body:
         body, ends = body.replace(LAST_READ, ends), ""
@@ -303,6 +303,6 @@ def task_instance(w: Walk, bk: Backend, c: Consumer, name: str, it: str, parity:
     for r, x in c.rel[name]:
         if x.mode == "commit":
             lines.append(f"  if (it_ >= 1) {{  // {', '.join(r.buffers)} of iteration it-1 released\n"
-                         f"{bk.release(r, 'q_ - 1', x)}\n  }}")
+                         f"{bk.release(w, r, 'q_ - 1', x)}\n  }}")
     lines += [ends, bk.record(w, name, "loop", "it_"), "}"]
     return block(*lines)

@@ -25,8 +25,9 @@ from typing import Any
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
+from ..walk import LAST_READ
 from .common import BULK, CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
-from .skeleton import LAST_READ, REGISTRY, OpKernel, Task
+from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "mamba2_chunk_scan"
 LOG2E = math.log2(math.e)

@@ -181,12 +181,12 @@ class _Hip:
             w.ir, role, "the HIP skeleton keeps at most two (reorder so that at most one stage separates a "
             "buffer's writer from its readers)"))
 
-    def full_wait(self, r: Ring) -> str:
+    def full_wait(self, w: Walk, r: Ring) -> str:
         target = f"(u32)((q_) / {r.depth} + 1) * {len(r.fills) * GROUP_WAVES}u"
         return (f"  sem_wait(&{r.name}_full[q_ % {r.depth}], {target});  "
                 f"// {', '.join(r.buffers)} of iteration it_ landed")
 
-    def release(self, r: Ring, slot: str, x: Release) -> str:
+    def release(self, w: Walk, r: Ring, slot: str, x: Release) -> str:
         # a "wait" release sits where the KernelIR puts it, after the wgmma wait a Hopper kernel has there
         return f"    sem_arrive(&{r.name}_empty[({slot}) % {r.depth}], lane);"
 
