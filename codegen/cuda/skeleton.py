@@ -1,9 +1,10 @@
 """The one CUDA sm_90a skeleton: any KernelIR plus an operator's task bodies -> a warp-specialised kernel.
 
-Everything about the pipeline comes from the KernelIR (``codegen.lower``): the shared-memory carve-up, the
-mbarriers and their counts, setmaxnreg, the role split, each role's prologue / software-pipelined loop /
-epilogue (``codegen.loop.emit_loop``), the wgmma waits, the full-barrier waits at a ring's first reader, the
-empty-barrier arrivals at its release points, the tensor-core turns, the persistent tile loop. An operator
+Everything about the pipeline comes from the KernelIR (``codegen.lower``), walked by ``codegen.walk`` (this
+module is its sm_90a ``Backend``): the shared-memory carve-up, the mbarriers and their counts, setmaxnreg, the role
+split, each role's prologue / software-pipelined loop / epilogue (``codegen.loop.emit_loop``), the wgmma waits, the
+full-barrier waits at a ring's first reader, the empty-barrier arrivals at its release points, the tensor-core
+turns, the persistent tile loop. An operator
 (``OpKernel``) adds only what differs: its device functions, constants, how a tile index becomes
 coordinates and a trip count, its register declarations, the C++ of each task body and its tensor maps.
 
