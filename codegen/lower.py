@@ -19,8 +19,8 @@ from ptsolve.ir import STaskGraph
 from ptsolve.ops.base import kernel_groups, pingpong_of
 from ptsolve.program import SProgram
 
-from .cuda.schedule import LoopOrder, check_deps
 from .kernel_ir import KernelIR, Release, Ring, Role, Smem, TaskInfo
+from .loop import LoopOrder, check_deps
 from .plan import PHASES, KernelPlan, plan_from_program
 
 CODEGEN_KEYS = {"persistent": (0, 1)}  # keys the code generator reads (the model too where the space has them)

@@ -1,17 +1,17 @@
 """One CPU simulator of a kernel's synchronisation, for every operator: built from the KernelIR alone.
 
-Each role becomes the list of synchronisation steps its emitted code performs (``schedule.role_steps`` lays
-the loop out exactly as ``schedule.emit_loop`` emits it): the producer waits for a ring slot's release and
+Each role becomes the list of synchronisation steps its emitted code performs (``loop.role_steps`` lays
+the loop out exactly as ``loop.emit_loop`` emits it): the producer waits for a ring slot's release and
 fills it, each consumer waits for the slot's fill at its first reader and releases it where the KernelIR
 says, takes its tensor-core turns, and at the end of a tile releases the prologue's buffers and the slots
-whose release point lies past the last iteration. ``schedule.simulate`` runs the roles against each other
+whose release point lies past the last iteration. ``loop.simulate`` runs the roles against each other
 (every interleaving that exposes run-ahead) and raises CodegenError on a deadlock. Arrivals are counted per
 warpgroup (the kernel's four per-warp arrivals act as one).
 """
 from __future__ import annotations
 
-from .cuda.schedule import LoopOrder, Op, Turns, plan_turns, role_steps, simulate
 from .kernel_ir import KernelIR
+from .loop import LoopOrder, Op, Turns, plan_turns, role_steps, simulate
 
 
 def loops(ir: KernelIR) -> dict[str, LoopOrder]:

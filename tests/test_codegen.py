@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from codegen.cuda import emit
-from codegen.cuda.schedule import LoopOrder, simulate, wait_depths
+from codegen.cuda.schedule import wait_depths
+from codegen.loop import LoopOrder, simulate
 from codegen.plan import KernelPlan, default_plan, fa3_order_plan
 from codegen.runtime import parse_ptxas
 from ptsolve.errors import CodegenError

@@ -25,8 +25,9 @@ from typing import Any
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
+from ..walk import LAST_READ
 from .common import BULK, CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
-from .skeleton import LAST_READ, REGISTRY, OpKernel, Task
+from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "mamba2_chunk_scan"
 LOG2E = math.log2(math.e)
@@ -111,11 +112,8 @@ def _decls(ir: KernelIR, role: Role) -> str:
     return "\n".join(out)
 
 
-def _body(t: Task) -> str:
-    ir, b = t.ir, t.base
-    dt, BK, N = ir.params["dtype"], ir.tiling["BK"], ir.params["d_state"]
-    ptx = PTXTYPE[dt]
-    buf = f"pf{t.parity if ir.copies.get(f'w@{t.role.group}', 1) == 2 and t.parity is not None else 0}"
+def _load(b: str) -> str:
+    """A load task's copies into its slot (``fbar_`` its full barrier)."""
     if b == "load_c":
         return ("#pragma unroll\nfor (int cc = 0; cc < NCH; ++cc)\n"
                 "  tma_load_4d(c_s + cc * BM * 128, &tm_c, fbar_, 64 * cc, grp, CQ + m0, bz);")
@@ -132,6 +130,53 @@ def _body(t: Task) -> str:
         return f"  tma_load_2d({b[5:].lower()}_cur, &tm_{b[5:]}, fbar_, it_ * BK, vrow);"
     if b == "load_x":
         return "  tma_load_4d(x_cur, &tm_x, fbar_, 0, h, CQ + it_ * BK, bz);"
+    raise AssertionError(b)
+
+
+def _decay(dt: str, buf: str) -> str:
+    """CB decayed by exp(dA_m - dA_k)·dt_k and masked, packed into the A fragments (``buf``) of the next mma."""
+    cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
+    h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
+    return "\n".join([
+        f"  fence_regs({buf}_flat);",
+        "  const float* das = reinterpret_cast<const float*>(da_cur);",
+        "  const float* dts = reinterpret_cast<const float*>(dt_cur);",
+        "  const int kb = it_ * BK;",
+        "  // tiles wholly below the diagonal and inside seq need no mask",
+        "  const bool full_ = kb + BK - 1 <= m0 + ROW0 && CQ + kb + BK <= SEQ;",
+        "  float wv[BK / 2];",
+        "#pragma unroll", "  for (int j = 0; j < BK / 8; ++j) {",
+        "    const int col = 8 * j + 2 * (lane & 3);",
+        "    const float2 dak = *reinterpret_cast<const float2*>(das + col);",
+        "    const float2 dtk = *reinterpret_cast<const float2*>(dts + col);",
+        "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
+        "      const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;  // row within the CTA's block",
+        "      // 128-byte swizzle: 16-byte granule (col / 8) % 8 of row r sits at granule ^ (r % 8)",
+        "      const uint32_t cbv = *reinterpret_cast<const uint32_t*>(cb_cur + (j >> 3) * BM * 128 + r * 128 +"
+        " ((((j & 7) ^ (r & 7))) << 4) + 4 * (lane & 3));",
+        f"      const float2 cf = {cvt}(*reinterpret_cast<const {h2}*>(&cbv));",
+        "      float w0 = cf.x * fast_exp2(dam[hh] - dak.x * LOG2E) * dtk.x;",
+        "      float w1 = cf.y * fast_exp2(dam[hh] - dak.y * LOG2E) * dtk.y;",
+        "      if (!full_) {  // causal (k <= m) and ragged (k < seq) mask: select, so inf/nan never pass",
+        "        const int m = m0 + r, k = kb + col;",
+        "        w0 = (k <= m && CQ + k < SEQ) ? w0 : 0.f;",
+        "        w1 = (k + 1 <= m && CQ + k + 1 < SEQ) ? w1 : 0.f;",
+        "      }",
+        "      wv[4 * j + 2 * hh] = w0; wv[4 * j + 2 * hh + 1] = w1;",
+        "    }", "  }", LAST_READ,
+        "  // the fp32 accumulator layout of W is the wgmma A-fragment layout once packed in pairs",
+        "#pragma unroll", "  for (int kk = 0; kk < BK / 16; ++kk)", "#pragma unroll",
+        "    for (int rr = 0; rr < 4; ++rr)",
+        f"      {buf}[kk][rr] = {PACK2[dt]}(wv[8 * kk + 2 * rr], wv[8 * kk + 2 * rr + 1]);"])
+
+
+def _body(t: Task) -> str:
+    ir, b = t.ir, t.base
+    dt, BK, N = ir.params["dtype"], ir.tiling["BK"], ir.params["d_state"]
+    ptx = PTXTYPE[dt]
+    buf = f"pf{t.parity if ir.copies.get(f'w@{t.role.group}', 1) == 2 and t.parity is not None else 0}"
+    if b.startswith("load_"):
+        return _load(b)
     if b == "mma_state":
         lines = ["{ const uint32_t sc = smem_u32(c_s) + ROW0 * 128, ss = smem_u32(states_s);", "  wg_fence();"]
         for kk in range(N // 16):
@@ -148,39 +193,7 @@ def _body(t: Task) -> str:
             "#pragma unroll", "  for (int j = 0; j < P / 8; ++j) {",
             "    acc[4 * j + 2 * hh] *= e; acc[4 * j + 2 * hh + 1] *= e;", "  }", "}"])
     if b == "decay":
-        cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
-        h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
-        return "\n".join([
-            f"  fence_regs({buf}_flat);",
-            "  const float* das = reinterpret_cast<const float*>(da_cur);",
-            "  const float* dts = reinterpret_cast<const float*>(dt_cur);",
-            "  const int kb = it_ * BK;",
-            "  // tiles wholly below the diagonal and inside seq need no mask",
-            "  const bool full_ = kb + BK - 1 <= m0 + ROW0 && CQ + kb + BK <= SEQ;",
-            "  float wv[BK / 2];",
-            "#pragma unroll", "  for (int j = 0; j < BK / 8; ++j) {",
-            "    const int col = 8 * j + 2 * (lane & 3);",
-            "    const float2 dak = *reinterpret_cast<const float2*>(das + col);",
-            "    const float2 dtk = *reinterpret_cast<const float2*>(dts + col);",
-            "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
-            "      const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;  // row within the CTA's block",
-            "      // 128-byte swizzle: 16-byte granule (col / 8) % 8 of row r sits at granule ^ (r % 8)",
-            "      const uint32_t cbv = *reinterpret_cast<const uint32_t*>(cb_cur + (j >> 3) * BM * 128 + r * 128 +"
-            " ((((j & 7) ^ (r & 7))) << 4) + 4 * (lane & 3));",
-            f"      const float2 cf = {cvt}(*reinterpret_cast<const {h2}*>(&cbv));",
-            "      float w0 = cf.x * fast_exp2(dam[hh] - dak.x * LOG2E) * dtk.x;",
-            "      float w1 = cf.y * fast_exp2(dam[hh] - dak.y * LOG2E) * dtk.y;",
-            "      if (!full_) {  // causal (k <= m) and ragged (k < seq) mask: select, so inf/nan never pass",
-            "        const int m = m0 + r, k = kb + col;",
-            "        w0 = (k <= m && CQ + k < SEQ) ? w0 : 0.f;",
-            "        w1 = (k + 1 <= m && CQ + k + 1 < SEQ) ? w1 : 0.f;",
-            "      }",
-            "      wv[4 * j + 2 * hh] = w0; wv[4 * j + 2 * hh + 1] = w1;",
-            "    }", "  }", LAST_READ,
-            "  // the fp32 accumulator layout of W is the wgmma A-fragment layout once packed in pairs",
-            "#pragma unroll", "  for (int kk = 0; kk < BK / 16; ++kk)", "#pragma unroll",
-            "    for (int rr = 0; rr < 4; ++rr)",
-            f"      {buf}[kk][rr] = {PACK2[dt]}(wv[8 * kk + 2 * rr], wv[8 * kk + 2 * rr + 1]);"])
+        return _decay(dt, buf)
     if b == "mma":
         lines = ["  const uint32_t sx = smem_u32(x_cur);", "  wg_fence();"]
         for kk in range(BK // 16):

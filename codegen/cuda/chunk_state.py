@@ -21,8 +21,9 @@ from typing import Any
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
 
 from ..kernel_ir import KernelIR, Role
+from ..walk import LAST_READ
 from .common import BULK, TensorMapSpec, check_dtype, wgmma_smem
-from .skeleton import LAST_READ, REGISTRY, OpKernel, Task
+from .skeleton import REGISTRY, OpKernel, Task
 
 OP = "mamba2_chunk_state"
 LOG2E = 1.4426950408889634

@@ -310,7 +310,36 @@ def _entry(ir: KernelIR) -> str:
     """The merge CTAs' whole code (ptsolve.ops.decode.merge_units): before any barrier is set up, they leave."""
     if _nmax(ir) == 1:
         return ""
-    dt, W = ir.params["dtype"], ir.tiling["groups"]
+    W = ir.tiling["groups"]
+    return "\n".join([
+        *_merge_unit(ir),
+        "    const long long ctr = (long long)row_ * NQT + qt;",
+        f"    if (threadIdx.x == 0) while (ld_acquire(&cnt[ctr]) < ns * {W}) __nanosleep(64);  // every warpgroup",
+        "    __syncthreads();",
+        "    __threadfence();",
+        # thread groups of D / 4 threads, one float4 of a row each; P groups share a row's pieces (ptsolve.ops.decode
+        # .merge_rows: the same P and rows per CTA)
+        f"    constexpr int C4 = D / 4, NG = {ir.threads} / C4, MP = {MERGE_PIECES};",
+        "    const int P = min(NG, (ns + MP - 1) / MP);",
+        "    const int RR = NG / P;  // rows merged at a time",
+        "    const int c4 = threadIdx.x % C4, grp = threadIdx.x / C4, rr = grp / P, pp = grp % P;",
+        "    float* red = reinterpret_cast<float*>(smem_raw);  // the P groups of a row meet here: (m, l, acc)",
+        f"    constexpr int NT = {ir.threads};",
+        *_merge_rows(ir),
+        "    __syncthreads();",
+        "    if (threadIdx.x == 0 && atomicAdd(&cnt[TILES_ + ctr], 1) == nu - 1) {",
+        "      cnt[ctr] = 0;  // the tile's last merge CTA: every one has seen the count; ready for the next launch",
+        "      cnt[TILES_ + ctr] = 0;",
+        "    }",
+        "    return;",
+        "  }"])
+
+
+
+
+def _merge_unit(ir: KernelIR) -> list[str]:
+    """Which rows of which query tile this merge CTA merges, and the tile's pieces: from the launch sizes (generic)
+    or the baked merge table."""
     if ir.generic:  # merge CTA u of every query tile: rows u·MRR.. (none: it still counts in the reset)
         head = ["  if (blockIdx.x >= NTILES) {  // a merge CTA: merge rows r0 .. r0 + nr - 1 of query tile qt",
                 "    const int m_ = blockIdx.x - NTILES, row_ = m_ / (NQT * NMU);",
@@ -327,20 +356,14 @@ def _entry(ir: KernelIR) -> str:
                 "    const int4 mu_ = dec_merge[m_ % NM];",
                 "    const int qt = mu_.x, r0 = mu_.y, nr = mu_.z, nu = mu_.w, ns = dec_nsp[qt];",
                 "    const int j0 = (qt % NGT) * GB, s0 = (qt / NGT) * SB, base_ = dec_base[qt];"]
-    return "\n".join([
-        *head,
-        "    const long long ctr = (long long)row_ * NQT + qt;",
-        f"    if (threadIdx.x == 0) while (ld_acquire(&cnt[ctr]) < ns * {W}) __nanosleep(64);  // every warpgroup",
-        "    __syncthreads();",
-        "    __threadfence();",
-        # thread groups of D / 4 threads, one float4 of a row each; P groups share a row's pieces (ptsolve.ops.decode
-        # .merge_rows: the same P and rows per CTA)
-        f"    constexpr int C4 = D / 4, NG = {ir.threads} / C4, MP = {MERGE_PIECES};",
-        "    const int P = min(NG, (ns + MP - 1) / MP);",
-        "    const int RR = NG / P;  // rows merged at a time",
-        "    const int c4 = threadIdx.x % C4, grp = threadIdx.x / C4, rr = grp / P, pp = grp % P;",
-        "    float* red = reinterpret_cast<float*>(smem_raw);  // the P groups of a row meet here: (m, l, acc)",
-        f"    constexpr int NT = {ir.threads};",
+    return head
+
+
+def _merge_rows(ir: KernelIR) -> list[str]:
+    """Rows merged RR at a time: each row's pieces over P thread groups (MP pieces' loads in flight per group),
+    which meet in shared memory; the first group of a row stores it."""
+    dt = ir.params["dtype"]
+    return [
         "    for (int rb = 0; rb < nr; rb += RR) {",
         "      const int r = r0 + rb + rr;",
         "      const bool act = grp < RR * P && rb + rr < nr;",
@@ -391,14 +414,7 @@ def _entry(ir: KernelIR) -> str:
         f"        uint2* orow = reinterpret_cast<uint2*>({_o_row()});",
         f"        orow[c4] = make_uint2({PACK2[dt]}(o0 * inv, o1 * inv), {PACK2[dt]}(o2 * inv, o3 * inv));",
         "      }",
-        "    }",
-        "    __syncthreads();",
-        "    if (threadIdx.x == 0 && atomicAdd(&cnt[TILES_ + ctr], 1) == nu - 1) {",
-        "      cnt[ctr] = 0;  // the tile's last merge CTA: every one has seen the count; ready for the next launch",
-        "      cnt[TILES_ + ctr] = 0;",
-        "    }",
-        "    return;",
-        "  }"])
+        "    }"]
 
 
 def maps(p: Mapping[str, Any], t: Mapping[str, int], strides: Mapping[str, tuple[int, int, int]] | None = None

@@ -1,9 +1,10 @@
 """The one CUDA sm_90a skeleton: any KernelIR plus an operator's task bodies -> a warp-specialised kernel.
 
-Everything about the pipeline comes from the KernelIR (``codegen.lower``): the shared-memory carve-up, the
-mbarriers and their counts, setmaxnreg, the role split, each role's prologue / software-pipelined loop /
-epilogue (``schedule.emit_loop``), the wgmma waits, the full-barrier waits at a ring's first reader, the
-empty-barrier arrivals at its release points, the tensor-core turns, the persistent tile loop. An operator
+Everything about the pipeline comes from the KernelIR (``codegen.lower``), walked by ``codegen.walk`` (this
+module is its sm_90a ``Backend``): the shared-memory carve-up, the mbarriers and their counts, setmaxnreg, the role
+split, each role's prologue / software-pipelined loop / epilogue (``codegen.loop.emit_loop``), the wgmma waits, the
+full-barrier waits at a ring's first reader, the empty-barrier arrivals at its release points, the tensor-core
+turns, the persistent tile loop. An operator
 (``OpKernel``) adds only what differs: its device functions, constants, how a tile index becomes
 coordinates and a trip count, its register declarations, the C++ of each task body and its tensor maps.
 
@@ -14,6 +15,7 @@ for a double-buffered register copy, the parity of its iteration (the ``parity``
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -23,36 +25,26 @@ from typing import Any
 from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
 
-from ..kernel_ir import KernelIR, Ring, Role
+from ..kernel_ir import KernelIR, Release, Ring, Role
 from ..sync_sim import check as check_protocol
-from ..sync_sim import loops, tile_turns, turns
+from ..sync_sim import tile_turns
+from ..walk import (
+    Consumer,
+    Parts,
+    Task,
+    Walk,
+    block,
+    copies_note,
+    facts,
+    register_copies,
+    slot_pointers,
+    tile_loop,
+    walk,
+)
 from .common import CLUSTER_FNS, PRELUDE, PRELUDE_END, KernelSource, TensorMapSpec, persistent_grid, setup
-from .schedule import emit_loop, wait_depths
+from .schedule import early_writes, turn_code, wait_depths
 
 Body = Callable[["Task"], str]
-# A task body may mark where it has done its last read of the shared memory it frees: an "end" release (the slot is
-# free once a synchronous task no longer reads it) is emitted there instead of after the whole body, so the
-# producer can refill the slot while the task finishes work in registers.
-LAST_READ = "  /*pts:last-read*/"
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task instance as a body sees it: ``name`` (graph name), ``base`` (without ``@g``), ``role``,
-    ``it`` (C expression of its iteration), ``parity`` (0/1 for double-buffered registers, else None),
-    ``phase``."""
-
-    name: str
-    role: Role
-    it: str
-    parity: int | None
-    phase: str
-    ir: KernelIR
-    early: bool = False  # the register write moved from the later task to the earlier one (OpKernel.early)
-
-    @property
-    def base(self) -> str:
-        return self.name.split("@")[0]
 
 
 @dataclass(frozen=True)
@@ -173,25 +165,6 @@ __device__ __forceinline__ void pts_rec(uint64_t* pr, int& n, int cap, uint64_t 
 """
 
 
-def _cname(buf: str) -> str:
-    return buf.split("@")[0]
-
-
-def _regbufs(ir: KernelIR, role: Role) -> int:
-    """Register buffers a role double-buffers: 2 when any of its register copies is 2 (loop unrolled by two)."""
-    own = {b for n, _ in role.loop for b in ir.task(n).regs}
-    n = max((ir.copies.get(b, 1) for b in own), default=1)
-    if n > 2:
-        raise CodegenError(f"{role.name}: {n} register copies of one buffer; the skeleton double-buffers at most")
-    return n
-
-
-def _ptr(ir: KernelIR, buf: str, slot: str | None) -> str:
-    s = ir.buffer(buf)
-    base = f"smem + {s.offset}"
-    return f"{base} + ({slot}) * {s.stride}" if slot is not None and s.slots > 1 else base
-
-
 def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
     """CUDA C++ source and launch metadata of ``ir``; CodegenError when its operator has no task bodies here,
     the operator refuses the shape, or the synchronisation could deadlock (``codegen.sync_sim.check``)."""
@@ -204,255 +177,260 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         raise CodegenError(f"{ir.op}: no shape-generic build" + (" of the profiler" if ir.profile else
                                                                   " (its sizes are compile-time constants)"))
     pid = plan_id or (generic_id(ir, opk) if ir.generic else hashlib.sha256(ir.to_json().encode()).hexdigest()[:8])
-    lo = loops(ir)
-    tn = turns(ir, lo)
-    W = ir.groups
-    rings = {r.name: r for r in ir.rings}
-    pre = rings.get("pre")
-    loop_rings = [r for r in ir.rings if r.phase == "loop"]
-    fill_of = {t: r for r in ir.rings for t, _ in r.fills}
-    ring_of_buf = {b: r for r in loop_rings for b in r.buffers}
-    trips = opk.trips(ir)
-    ntiles, decode = opk.tiles(ir)
+    w = facts(ir, opk, pid)
     cl = cluster_of(ir.tiling)
-    # rings a multicast load fills: a slot is free when the consumers of every CTA of the cluster released it
-    mc_rings = {r.name for r in ir.rings if any(f in ir.multicast for f, _ in r.fills)}
-    if (cl > 1) != bool(ir.multicast) or "pre" in mc_rings:
+    if (cl > 1) != bool(ir.multicast) or "pre" in _multicast_rings(ir):
         raise CodegenError(f"{ir.op}: cluster={cl} with multicast loads {list(ir.multicast)}: a cluster shares "
                            "loop loads by TMA multicast (and only those); the operator's graph must mark them")
-
-    def pointers(task: str, slot_expr: str) -> list[str]:
-        out = []
-        for b in ir.task(task).smem:
-            r = ring_of_buf.get(b)
-            if r is not None:
-                out.append(f"  uint8_t* const {_cname(b)}_cur = {_ptr(ir, b, f'({slot_expr}) % {r.depth}')};")
-            elif ir.buffer(b).slots > 1 or ir.buffer(b).role:
-                out.append(f"  uint8_t* const {_cname(b)}_cur = {_ptr(ir, b, f'(it_) % {ir.buffer(b).slots}')};")
-        return out
-
-    task_id = {t.name: k for k, t in enumerate(ir.tasks)}
-
-    def probe(var: str) -> str:
-        return f"  const uint64_t {var} = pts_clock();" if ir.profile else ""
-
-    def record(name: str, phase: str, it: str = "it_") -> str:
-        if not ir.profile:
-            return ""
-        meta = f"(1ull << 63) | ({PHASE_CODE[phase]}ull << 56) | ({task_id[name]}ull << 32)"
-        return (f"  {probe('p2_').strip()}\n"
-                f"  pts_rec(pr_, pn_, PROF_CAP, {meta} | (uint32_t)({it}), p0_, p1_, p2_);")
-
-    def release(r: Ring, slot: str, generic: bool) -> str:
-        fence = '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if generic else ""
-        bar = f"&{r.name}_empty[({slot}) % {r.depth}]"
-        arrive = f"mbar_arrive_cluster({bar}, CLUSTER)" if r.name in mc_rings else f"mbar_arrive({bar})"
-        return f"{fence}    __syncwarp();\n    if (lane == 0) {arrive};"
-
-    # ---- producer
-    def prod_body(name: str, it: str, parity: int | None, waits: Any) -> str:
-        r = fill_of[name]
-        nbytes = opk.fill_bytes(ir, name) or dict(r.fills)[name]
-        lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
-                 probe("p0_"), f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);", probe("p1_"),
-                 f"  mbar_expect_tx(&{r.name}_full[s_], {nbytes});",
-                 f"  uint64_t* const fbar_ = &{r.name}_full[s_];", *pointers(name, "q_"),
-                 opk.body(Task(name, ir.role("producer"), "it_", None, "loop", ir)), record(name, "loop"), "}"]
-        return "\n".join(x for x in lines if x)
-
-    prod = ir.role("producer")
-    prod_pre = []
-    if pre is not None:
-        prod_pre.append(f"if (PERSISTENT) mbar_wait(pre_empty, (lt & 1) ^ 1);  // the previous tile is done with "
-                        f"{', '.join(pre.buffers)}")
-        for name, _ in prod.pre:
-            if name in dict(pre.fills):
-                nbytes = opk.fill_bytes(ir, name) or dict(pre.fills)[name]
-                prod_pre.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
-                                      f"  mbar_expect_tx(pre_full, {nbytes});",
-                                      "  uint64_t* const fbar_ = pre_full;",
-                                      opk.body(Task(name, prod, "0", None, "pre", ir)), record(name, "pre", "0"),
-                                      "}"))
-    prod_code = emit_loop(lo["producer"], trips, prod_body, 1, {}, min_trips=opk.min_trips)
-    roles_idx = {r.name: k for k, r in enumerate(ir.roles)}
-
-    def prof_head(role: str, recorder: str) -> str:
-        """The role's profile region, when this CTA is sampled and this thread records (instrumented builds): the
-        CTA's first tile, or a ping-pong warpgroup's own first one."""
-        if not ir.profile:
-            return ""
-        first = ir.role(role).group if ir.pingpong and role != "producer" else 0
-        return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
-                f"if (lt == {first} && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
-                f"{recorder}) {{\n"
-                f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {roles_idx[role]}) * "
-                f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
-                "  pr_[0] = pts_smid(); pr_[1] = pts_gtime(); pr_[2] = pts_clock(); pr_[3] = tile;\n}")
-
-    # ---- consumers
-    branches = []
-    for role in (r for r in ir.roles if r.group >= 0):
-        rn, loop = role.name, lo[role.name]
-        names = {n for n, _ in role.loop}
-        commits = {t for t in ir.commits if t in names}
-        needs = {t: list(v) for t, v in ir.waits.items() if t in names}
-        steady = wait_depths(loop, commits, needs)
-        needs, steady, early = early_writes(opk, role, loop, commits, needs, steady)
-        nbuf = _regbufs(ir, role)
-        waiter_of = {t: [r for r in loop_rings if (rn, t) in r.waiters] for t in names}
-        rel = {t: [(r, x) for r in loop_rings for x in r.releases if x.role == rn and x.task == t] for t in names}
-
-        def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
-                 role: Role = role, commits: set[str] = commits, needs: dict = needs,  # noqa: B008
-                 waiter_of: dict = waiter_of, rel: dict = rel, early: set[str] = early) -> str:
-            lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;", probe("p0_")]
-            depth = (0 if waits is None else waits.get("depth")) if name in needs else None
-            if depth is not None and name not in commits:
-                lines.append(f"  wg_wait<{depth}>();")
-            for r, x in rel[name]:
-                if x.mode == "wait":
-                    guard = f"if (it_ >= {x.dist}) " if x.dist else ""
-                    lines.append(f"  {guard}{{  // {', '.join(r.buffers)} of iteration it-{x.dist} released\n"
-                                 f"{release(r, f'q_ - {x.dist}', x.generic)}\n  }}")
-            for r in waiter_of[name]:
-                lines.append(f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
-                             f"// {', '.join(r.buffers)} of iteration it_ landed")
-            lines += pointers(name, "q_")
-            lines.append(probe("p1_"))
-            body_ = opk.body(Task(name, role, "it_", parity, "loop", ir, name in early))
-            # an "end" release goes where the body's last read of the slot is done (its LAST_READ marker), else after it
-            ends = "\n".join(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
-                              f"{release(r, 'q_', x.generic)}\n  }}" for r, x in rel[name] if x.mode == "end")
-            if LAST_READ in body_:
-                body_, ends = body_.replace(LAST_READ, ends), ""
-            lines.append(body_)
-            if depth is not None and name in commits:
-                lines.append(f"  wg_wait<{depth}>();")
-            for r, x in rel[name]:
-                if x.mode == "commit":
-                    lines.append(f"  if (it_ >= 1) {{  // {', '.join(r.buffers)} of iteration it-1 released\n"
-                                 f"{release(r, 'q_ - 1', x.generic)}\n  }}")
-            lines.append(ends)
-            lines += [record(name, "loop"), "}"]
-            return "\n".join(x for x in lines if x)
-
-        code = [f"// ---- consumer warpgroup {role.group}"
-                + "".join(f"; {b}: {c} copies" for b, c in sorted(ir.copies.items())
-                          if b.endswith(f"@{role.group}") and c > 1),
-                f"constexpr int WG_BAR = {W + 1 + role.group};  // a named barrier of this warpgroup alone",
-                "(void)WG_BAR;", opk.decls(ir, role)]
-        tile = [prof_head(rn, "(threadIdx.x & 127) == 0")]
-        if ir.pingpong:  # this warpgroup's tiles are every groups-th of the CTA's; the others only move the ring on
-            tile.insert(0, f"if (lt % {W} != {role.group}) {{ rbase += T; ++lt; continue; }}  "
-                        "// another warpgroup's tile (ping-pong)")
-        pw = dict(pre.waiters).get(rn) if pre is not None else None
-        for name, _ in role.pre:
-            if pw == name:
-                tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
-            if any(ir.task(a).is_async and ir.task(a).phase == "pre" for a in ir.task(name).after):
-                tile.append("wg_wait<0>();  // the prologue's wgmma it reads is complete")
-            tile.append(block(f"// pre: {name}", "{", probe("p0_"), probe("p1_"),
-                              opk.body(Task(name, role, "0", None, "pre", ir)), record(name, "pre", "0"), "}"))
-        if pw == "":
-            tile.append("mbar_wait(pre_full, lt & 1);  // the prologue's loads landed")
-        turn = None if tn is None or ir.pingpong else tn.code(rn, 256)
-        sync, arrive = tile_turns(ir, tn, rn) if ir.pingpong else (None, None)
-        if sync is not None:
-            tile.append(f'asm volatile("bar.sync {sync}, 256;" ::: "memory");  // wait for the tensor cores\' turn')
-        tile.append(emit_loop(loop, trips, body, nbuf, steady, commits, min_trips=opk.min_trips, turn=turn))
-        if arrive is not None:
-            tile.append(f'if (tile + (int)gridDim.x < NTILES) asm volatile("bar.arrive {arrive}, 256;" ::: "memory");'
-                        "  // the main loop's wgmmas are issued: the next tile's warpgroup takes the tensor cores")
-        tail = ["wg_wait<0>();  // every wgmma of the tile is complete"]
-        for r in loop_rings:
-            for x in r.releases:
-                if x.role == rn and x.mode in ("wait", "commit"):
-                    for k in range(1, x.dist + 1):
-                        tail.append(f"if (T >= {k}) {{  // {', '.join(r.buffers)} of iteration T-{k}\n"
-                                    f"{release(r, f'rbase + T - {k}', x.generic)}\n}}")
-        if pre is not None and pw is not None:
-            tail.append("if (PERSISTENT) {  // the prologue's buffers are free for the next tile\n"
-                        f"{release_pre(pre, rn)}\n}}")
-        tile += tail
-        for name, _ in role.post:
-            tile.append(block(f"// post: {name}", "{", probe("p0_"), probe("p1_"),
-                              opk.body(Task(name, role, "T - 1", None, "post", ir)), record(name, "post", "T - 1"),
-                              "}"))
-        branches.append((role.group, "\n".join(code), "\n".join(tile)))
-
-    first_turn = "" if tn is None or tn.first is None else (
-        f"if (g == {int(tn.first[0][2:])}) asm volatile(\"bar.arrive {tn.first[1]}, 256;\" ::: \"memory\");  "
-        "// the first turn")
-    cons = " else ".join(f"if (g == {gi}) {{\n{d}\nTILE_LOOP {{\n{t}\nTILE_END\n}}" for gi, d, t in branches)
-
-    # ---- the kernel
-    bars = []
-    offs = ir.barriers
-    inits = []
-    for r in loop_rings:
-        bars.append(f"  uint64_t* const {r.name}_full = reinterpret_cast<uint64_t*>(smem + {offs});")
-        bars.append(f"  uint64_t* const {r.name}_empty = {r.name}_full + {r.depth};")
-        inits.append(f"    for (int s = 0; s < {r.depth}; ++s) {{ mbar_init(&{r.name}_full[s], {len(r.fills)}); "
-                     f"mbar_init(&{r.name}_empty[s], {r.arrivals * (cl if r.name in mc_rings else 1)}); }}")
-        offs += 16 * r.depth
-    bars.append(f"  uint64_t* const pre_full = reinterpret_cast<uint64_t*>(smem + {offs});")
-    bars.append("  uint64_t* const pre_empty = pre_full + 1;")
-    bars.append("  (void)pre_full; (void)pre_empty;")
-    if pre is not None:
-        inits.append(f"    mbar_init(pre_full, {len(pre.fills)}); mbar_init(pre_empty, {pre.arrivals});")
-    pre_ptrs = [f"  uint8_t* const {_cname(b)}_s = smem + {ir.buffer(b).offset}; (void){_cname(b)}_s;"
-                for b in (pre.buffers if pre else ())]
+    parts = walk(w, BACKEND)
+    bars, inits = _barriers(w, cl)
     maps = opk.maps(ir)
-    extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
-    opsig = (*opk.signature(ir), *size_args(ir, opk))
-    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
-    sig += [c for _, c in extra]
-    args = tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
+    ntiles = w.ntiles
     grid_x = (persistent_grid(ntiles, ir.sms, cl) if ir.persistent else ntiles) if isinstance(ntiles, int) else 0
     if cl > 1 and (ir.generic or not isinstance(ntiles, int) or ntiles % cl or opk.extra_ctas(ir)):
         raise CodegenError(f"{ir.op}: a cluster of {cl} CTAs needs an exact build whose work units come in whole "
                            f"clusters ({ntiles} units) and no CTAs after them; use cluster=1")
-    prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
-                   f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
-    name = _kernel_name(ir, pid)
-    prod_regs = next(r.regs for r in ir.roles if r.group < 0)
-    cons_regs = next((r.regs for r in ir.roles if r.group >= 0), 0)
-    dec = f'asm volatile("setmaxnreg.dec.sync.aligned.u32 {prod_regs};");' if prod_regs else ""
-    inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
-    if ir.persistent:
+    src = tile_loop(_source(w, parts, bars, inits, maps, grid_x, cl), *_tile_loop(w))
+    # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
+    extra = opk.extra_ctas(ir)
+    if extra and (ir.persistent or not isinstance(ntiles, int)):
+        raise CodegenError(f"{ir.op}: {extra} CTAs after the work units need a launched grid of an exact build; "
+                           "use persistent=0")
+    grid_x += extra
+    if not ir.persistent and grid_x >= 1 << 31:
+        raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")
+    return _kernel_source(w, src, maps, (grid_x, 1, 1), cl)
+
+
+def _multicast_rings(ir: KernelIR) -> set[str]:
+    """Rings a multicast load fills: a slot is free when the consumers of every CTA of the cluster released it."""
+    return {r.name for r in ir.rings if any(f in ir.multicast for f, _ in r.fills)}
+
+
+def _task_id(ir: KernelIR, name: str) -> int:
+    return next(k for k, t in enumerate(ir.tasks) if t.name == name)
+
+
+class _Cuda:
+    """The sm_90a text of the walk's steps (``codegen.walk.Backend``): mbarriers with TMA transaction counts for the
+    rings, wgmma commit groups and waits, named barriers for the turns, the profiler's clock stamps."""
+
+    ptr = "uint8_t*"
+
+    def slot_pointer(self, buf: str, addr: str) -> str:
+        return f"  uint8_t* const {buf}_cur = {addr};"
+
+    def fill(self, w: Walk, name: str, it: str) -> str:
+        ir, r = w.ir, w.fill_of[name]
+        nbytes = w.opk.fill_bytes(ir, name) or dict(r.fills)[name]
+        return block(f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
+                     self.probe(w, "p0_"), f"  mbar_wait(&{r.name}_empty[s_], ((q_ / {r.depth}) & 1) ^ 1);",
+                     self.probe(w, "p1_"), f"  mbar_expect_tx(&{r.name}_full[s_], {nbytes});",
+                     f"  uint64_t* const fbar_ = &{r.name}_full[s_];", *slot_pointers(w, self, name, "q_"),
+                     w.opk.body(Task(name, ir.role("producer"), "it_", None, "loop", ir)),
+                     self.record(w, name, "loop", "it_"), "}")
+
+    def producer_pre(self, w: Walk) -> list[str]:
+        pre, ir = w.pre, w.ir
+        if pre is None:
+            return []
+        out = [f"if (PERSISTENT) mbar_wait(pre_empty, (lt & 1) ^ 1);  // the previous tile is done with "
+               f"{', '.join(pre.buffers)}"]
+        prod = ir.role("producer")
+        for name, _ in prod.pre:
+            if name in dict(pre.fills):
+                nbytes = w.opk.fill_bytes(ir, name) or dict(pre.fills)[name]
+                out.append(block(f"// pre: {name}", "{", self.probe(w, "p0_"), self.probe(w, "p1_"),
+                                 f"  mbar_expect_tx(pre_full, {nbytes});", "  uint64_t* const fbar_ = pre_full;",
+                                 w.opk.body(Task(name, prod, "0", None, "pre", ir)), self.record(w, name, "pre", "0"),
+                                 "}"))
+        return out
+
+    def consumer(self, w: Walk, role: Role, base: Consumer) -> Consumer:
+        loop = w.lo[role.name]
+        names = {n for n, _ in role.loop}
+        commits = {t for t in w.ir.commits if t in names}
+        needs = {t: list(v) for t, v in w.ir.waits.items() if t in names}
+        steady = wait_depths(loop, commits, needs)
+        needs, steady, early = early_writes(w.opk, role, loop, commits, needs, steady)
+        return dataclasses.replace(base, commits=commits, needs=needs, steady=steady, early=early,
+                                   nbuf=register_copies(w.ir, role, "the skeleton double-buffers at most"))
+
+    def full_wait(self, w: Walk, r: Ring) -> str:
+        return (f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
+                f"// {', '.join(r.buffers)} of iteration it_ landed")
+
+    def release(self, w: Walk, r: Ring, slot: str, x: Release) -> str:
+        fence = '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if x.generic else ""
+        bar = f"&{r.name}_empty[({slot}) % {r.depth}]"
+        arrive = (f"mbar_arrive_cluster({bar}, CLUSTER)" if r.name in _multicast_rings(w.ir)
+                  else f"mbar_arrive({bar})")
+        return f"{fence}    __syncwarp();\n    if (lane == 0) {arrive};"
+
+    def wg_wait(self, depth: int) -> str:
+        return f"  wg_wait<{depth}>();"
+
+    def probe(self, w: Walk, var: str) -> str:
+        return f"  const uint64_t {var} = pts_clock();" if w.ir.profile else ""
+
+    def record(self, w: Walk, task: str, phase: str, it: str) -> str:
+        if not w.ir.profile:
+            return ""
+        meta = f"(1ull << 63) | ({PHASE_CODE[phase]}ull << 56) | ({_task_id(w.ir, task)}ull << 32)"
+        return (f"  {self.probe(w, 'p2_').strip()}\n"
+                f"  pts_rec(pr_, pn_, PROF_CAP, {meta} | (uint32_t)({it}), p0_, p1_, p2_);")
+
+    def role_head(self, w: Walk, role: Role) -> list[str]:
+        return [f"// ---- consumer warpgroup {role.group}" + copies_note(w.ir, role),
+                f"constexpr int WG_BAR = {w.ir.groups + 1 + role.group};  // a named barrier of this warpgroup alone",
+                "(void)WG_BAR;", w.opk.decls(w.ir, role)]
+
+    def tile_head(self, w: Walk, role: Role) -> list[str]:
+        tile = [_prof_head(w.ir, role.name, "(threadIdx.x & 127) == 0")]
+        if w.ir.pingpong:  # this warpgroup's tiles are every groups-th of the CTA's; the others only move the ring on
+            tile.insert(0, f"if (lt % {w.ir.groups} != {role.group}) {{ rbase += T; ++lt; continue; }}  "
+                        "// another warpgroup's tile (ping-pong)")
+        return tile
+
+    def pre_wait(self, w: Walk) -> str:
+        return "mbar_wait(pre_full, lt & 1);  // the prologue's loads landed"
+
+    def edge_task(self, w: Walk, role: Role, name: str, phase: str) -> list[str]:
+        ir = w.ir
+        it = "0" if phase == "pre" else "T - 1"
+        out = []
+        if phase == "pre" and any(ir.task(a).is_async and ir.task(a).phase == "pre" for a in ir.task(name).after):
+            out.append("wg_wait<0>();  // the prologue's wgmma it reads is complete")
+        out.append(block(f"// {phase}: {name}", "{", self.probe(w, "p0_"), self.probe(w, "p1_"),
+                         w.opk.body(Task(name, role, it, None, phase, ir)), self.record(w, name, phase, it), "}"))
+        return out
+
+    def turns(self, w: Walk, role: Role) -> tuple[dict[str, tuple[str, str]] | None, list[str], list[str]]:
+        tn, ir = w.tn, w.ir
+        turn = None if tn is None or ir.pingpong else turn_code(tn, role.name, 256)
+        sync, arrive = tile_turns(ir, tn, role.name) if ir.pingpong else (None, None)
+        before = [] if sync is None else [
+            f'asm volatile("bar.sync {sync}, 256;" ::: "memory");  // wait for the tensor cores\' turn']
+        after = [] if arrive is None else [
+            f'if (tile + (int)gridDim.x < NTILES) asm volatile("bar.arrive {arrive}, 256;" ::: "memory");'
+            "  // the main loop's wgmmas are issued: the next tile's warpgroup takes the tensor cores"]
+        return turn, before, after
+
+    def tile_done(self, w: Walk, role: Role) -> list[str]:
+        return ["wg_wait<0>();  // every wgmma of the tile is complete"]
+
+    def release_pre(self, w: Walk, role: Role) -> str:
+        x = next(x for x in w.pre.releases if x.role == role.name)
+        fence = '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if x.generic else ""
+        return f"{fence}  __syncwarp();\n  if (lane == 0) mbar_arrive(pre_empty);"
+
+    def first_turn(self, w: Walk) -> str:
+        tn = w.tn
+        if tn is None or tn.first is None:
+            return ""
+        return (f"if (g == {int(tn.first[0][2:])}) asm volatile(\"bar.arrive {tn.first[1]}, 256;\" ::: \"memory\");  "
+                "// the first turn")
+
+
+BACKEND = _Cuda()
+
+
+def _prof_head(ir: KernelIR, role: str, recorder: str) -> str:
+    """The role's profile region, when this CTA is sampled and this thread records (instrumented builds): the
+    CTA's first tile, or a ping-pong warpgroup's own first one."""
+    if not ir.profile:
+        return ""
+    first = ir.role(role).group if ir.pingpong and role != "producer" else 0
+    idx = next(k for k, r in enumerate(ir.roles) if r.name == role)
+    return (f"uint64_t* pr_ = nullptr; int pn_ = 0;\n"
+            f"if (lt == {first} && blockIdx.x % PROF_STRIDE == 0 && blockIdx.x / PROF_STRIDE < PROF_CTAS && "
+            f"{recorder}) {{\n"
+            f"  pr_ = prof + ((blockIdx.x / PROF_STRIDE) * {len(ir.roles)} + {idx}) * "
+            f"({PROF_HDR} + {PROF_REC} * PROF_CAP);\n"
+            "  pr_[0] = pts_smid(); pr_[1] = pts_gtime(); pr_[2] = pts_clock(); pr_[3] = tile;\n}")
+
+
+def _barriers(w: Walk, cl: int) -> tuple[list[str], list[str]]:
+    """The mbarriers in the KernelIR's barrier area (a full and an empty one per ring slot, the prologue's pair) and
+    their initialisation (an empty barrier of a multicast ring counts the releases of every CTA of the cluster)."""
+    bars, inits = [], []
+    offs = w.ir.barriers
+    mc = _multicast_rings(w.ir)
+    for r in w.loop_rings:
+        bars.append(f"  uint64_t* const {r.name}_full = reinterpret_cast<uint64_t*>(smem + {offs});")
+        bars.append(f"  uint64_t* const {r.name}_empty = {r.name}_full + {r.depth};")
+        inits.append(f"    for (int s = 0; s < {r.depth}; ++s) {{ mbar_init(&{r.name}_full[s], {len(r.fills)}); "
+                     f"mbar_init(&{r.name}_empty[s], {r.arrivals * (cl if r.name in mc else 1)}); }}")
+        offs += 16 * r.depth
+    bars.append(f"  uint64_t* const pre_full = reinterpret_cast<uint64_t*>(smem + {offs});")
+    bars.append("  uint64_t* const pre_empty = pre_full + 1;")
+    bars.append("  (void)pre_full; (void)pre_empty;")
+    if w.pre is not None:
+        inits.append(f"    mbar_init(pre_full, {len(w.pre.fills)}); mbar_init(pre_empty, {w.pre.arrivals});")
+    return bars, inits
+
+
+def _signature(w: Walk, maps: tuple[TensorMapSpec, ...]) -> tuple[list[str], tuple[str, ...]]:
+    """The kernel's C parameters and its launch arguments: the tensor maps, the operator's, a generic build's
+    sizes, the profile buffer."""
+    ir, opk = w.ir, w.opk
+    extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
+    opsig = (*opk.signature(ir), *size_args(ir, opk))
+    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
+    sig += [c for _, c in extra]
+    return sig, tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
+
+
+def _tile_loop(w: Walk) -> tuple[str, str]:
+    """The head and end of the tile loop: persistent CTAs stride over the tiles, else one tile each."""
+    if w.ir.persistent:
         # lt counts the tiles this CTA ran (the pre ring's phase): a skipped tile (skip_) is not one of them
         # skip_ is the same for a whole warp (the tile's), but a generic build derives it from loaded sizes (varlen
         # offsets): a branch ptxas cannot prove warp-uniform around the consumers' wgmma serialises them (C7520), so
         # it branches on lane 0's value (the producer's lone thread: its own)
         head = ("for (int tile = blockIdx.x, lt = 0, rbase = 0; tile < NTILES; tile += gridDim.x) {\n"
-                "  bool skip_ = false; (void)skip_;\n" + decode +
+                "  bool skip_ = false; (void)skip_;\n" + w.decode +
                 "\n  if (__shfl_sync(__activemask(), (int)skip_, 0)) continue;")
-        end = "  rbase += T;  // ring position of the next tile's first iteration\n  ++lt;\n}"
-    else:
-        head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"
-                "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) return;")
-        end = "}"
+        return head, "  rbase += T;  // ring position of the next tile's first iteration\n  ++lt;\n}"
+    head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = blockIdx.x;\n"
+            "  bool skip_ = false; (void)skip_;\n" + w.decode + "\n  if (skip_) return;")
+    return head, "}"
+
+
+def _source(w: Walk, parts: Parts, bars: list[str], inits: list[str], maps: tuple[TensorMapSpec, ...], grid_x: int,
+            cl: int) -> str:
+    """The kernel's source around the walk's parts (``TILE_LOOP`` / ``TILE_END`` still to be replaced)."""
+    ir, opk = w.ir, w.opk
+    sig, _ = _signature(w, maps)
+    prof_consts = (f"  constexpr int PROF_CTAS = {min(PROF_CTAS, grid_x)}, PROF_STRIDE = "
+                   f"{max(1, grid_x // PROF_CTAS)}, PROF_CAP = {prof_cap(ir)};") if ir.profile else ""
+    prod_regs = next(r.regs for r in ir.roles if r.group < 0)
+    cons_regs = next((r.regs for r in ir.roles if r.group >= 0), 0)
+    dec = f'asm volatile("setmaxnreg.dec.sync.aligned.u32 {prod_regs};");' if prod_regs else ""
+    inc = f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {cons_regs};");' if cons_regs else ""
     cluster_const = f"\n  constexpr int CLUSTER = {cl};" if cl > 1 else ""
     cluster_dims = f" __cluster_dims__({cl}, 1, 1)" if cl > 1 else ""
     # no CTA of a cluster leaves while its peers may still arrive on its barriers
     cluster_end = "\n  cluster_sync();" if cl > 1 else ""
-    src = f"""// generated by ptsolve codegen.cuda.skeleton ({ir.op}, plan {pid}); see the KernelIR for the protocol
+    ntiles = "" if opk.sizes is not None and (ir.generic or not opk.exact_consts) else \
+        f"  constexpr int NTILES = {w.ntiles};"
+    return f"""// generated by ptsolve codegen.cuda.skeleton ({ir.op}, plan {w.pid}); see the KernelIR for the protocol
 {PRELUDE}
 {opk.device(ir)}{PROF_FNS if ir.profile else ""}{CLUSTER_FNS if cl > 1 else ""}
 {PRELUDE_END}
 extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas}){cluster_dims}
-{name}({', '.join(sig)}) {{
+{_kernel_name(ir, w.pid)}({', '.join(sig)}) {{
   using namespace pts;
 {size_decls(ir, opk)}
 {opk.consts(ir)}
-{"" if opk.sizes is not None and (ir.generic or not opk.exact_consts) else f"  constexpr int NTILES = {ntiles};"}
+{ntiles}
   (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'};{cluster_const}
 {prof_consts}
   extern __shared__ uint8_t smem_raw[];
   // swizzled TMA tiles need {ir.smem_bytes and 1024}-byte alignment; dynamic shared memory guarantees 16
 {_smem_base(opk.shared_base)}
-{chr(10).join(pre_ptrs)}
+{chr(10).join(parts.pre_ptrs)}
 {chr(10).join(bars)}
 {opk.entry(ir)}
 {setup(chr(10).join(inits), tuple(m.tensor for m in maps), cl)}
@@ -460,9 +438,9 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas}){cluster_di
     {dec}
     if (threadIdx.x == 0) {{
       TILE_LOOP {{
-{prof_head("producer", "true")}
-{chr(10).join(prod_pre)}
-{prod_code}
+{_prof_head(ir, "producer", "true")}
+{chr(10).join(parts.producer_pre)}
+{parts.producer}
       TILE_END
     }}
   }} else {{
@@ -470,60 +448,26 @@ extern "C" __global__ void __launch_bounds__({ir.threads}, {ir.ctas}){cluster_di
     const int g = wg - 1;
     const int w = (threadIdx.x / 32) & 3;
     (void)w;
-{first_turn}
-{cons}
+{parts.first_turn}
+{parts.consumers}
   }}{cluster_end}
 }}
 """
-    src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
-    # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
-    extra = opk.extra_ctas(ir)
-    if extra and (ir.persistent or not isinstance(ntiles, int)):
-        raise CodegenError(f"{ir.op}: {extra} CTAs after the work units need a launched grid of an exact build; "
-                           "use persistent=0")
-    grid_x += extra
-    grid = (grid_x, 1, 1)
-    if not ir.persistent and grid_x >= 1 << 31:
-        raise CodegenError(f"{ir.op}: {ntiles} tiles exceed the grid's x limit (2^31 - 1)")
-    return KernelSource(source=src, name=name, op=ir.op, params=dict(ir.params), grid=grid, block=(ir.threads, 1, 1),
-                        smem_bytes=ir.smem_bytes, tensor_maps=maps, args=args,
+
+
+def _kernel_source(w: Walk, src: str, maps: tuple[TensorMapSpec, ...], grid: tuple[int, int, int],
+                   cl: int) -> KernelSource:
+    ir, ntiles = w.ir, w.ntiles
+    cons_regs = next((r.regs for r in ir.roles if r.group >= 0), 0)
+    return KernelSource(source=src, name=_kernel_name(ir, w.pid), op=ir.op, params=dict(ir.params), grid=grid,
+                        block=(ir.threads, 1, 1), smem_bytes=ir.smem_bytes, tensor_maps=maps,
+                        args=_signature(w, maps)[1],
                         persistent_tiles=(ntiles if isinstance(ntiles, int) else 1) if ir.persistent else 0,
                         generic=ir.generic, cluster=cl,
                         info={"tiling": dict(ir.tiling), "consumer_regs": cons_regs, "copies": dict(ir.copies),
                               "profile_words": prof_words(ir) if ir.profile else 0,
-                              "tc_turns": None if tn is None else tn.handoffs, "turns_note": ir.turns_note,
-                              **opk.info(ir)})
-
-
-def early_writes(opk: OpKernel, role: Role, loop: Any, commits: set[str], needs: dict[str, list],
-                 steady: dict[str, dict[str, int]]) -> tuple[dict[str, list], dict[str, dict[str, int]], set[str]]:
-    """Where an operator lets an earlier task of the iteration do a later task's write of the register buffer that
-    task allocates (``OpKernel.early``), do it when that is free: the earlier task then needs what the later one
-    waits for (the wgmma readers of the buffer's older copy complete, from the KernelIR's waits), and in the steady
-    loop an earlier wait of the role must already cover it (no wait is added there; the prologue and epilogue wait
-    for everything anyway). Where the later task runs a stage behind the earlier one the write moves into the
-    previous emitted iteration, before the loop's back edge, which ptxas does not schedule across; left in the
-    later task it lands between that task's tensor-core turn (``bar.sync``) and its wgmma issue, since ptxas moves
-    register work across ``bar.sync`` towards its use (FlashAttention's second warpgroup: 32 F2FP there). Within
-    one stage it moves too: one warpgroup packing early and the other late measured 1% slower on the H200 than
-    both early (causal FA3c / FA13c, results/ab/regress_ab_h200.log). Returns (needs, steady wait depths, tasks
-    whose bodies take the early form)."""
-    stage = dict(loop.ops)
-    tag = f"@{role.group}"
-    early: set[str] = set()
-    for late, first in opk.early.items():
-        t, e = late + tag, first + tag
-        if t not in stage or e not in stage or t not in needs or e in needs or stage[t] < stage[e]:
-            continue
-        aug = {**needs, e: list(needs[t])}
-        try:
-            st = wait_depths(loop, commits, aug)
-        except CodegenError:
-            continue  # a reader of the older copy is issued after the earlier task: not possible there
-        if st.get(e) == {} and all(st.get(k) == v for k, v in steady.items()):
-            needs, steady = aug, st
-            early |= {t, e}
-    return needs, steady, early
+                              "tc_turns": None if w.tn is None else w.tn.handoffs, "turns_note": ir.turns_note,
+                              **w.opk.info(ir)})
 
 
 def _smem_base(shared: bool) -> str:
@@ -539,17 +483,6 @@ def _smem_base(shared: bool) -> str:
                 "1023u)) & 1023u);")
     return ("  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & "
             "~uintptr_t(1023));")
-
-
-def block(*lines: str) -> str:
-    """Lines joined, the empty ones (switched-off probes) left out."""
-    return "\n".join(x for x in lines if x)
-
-
-def release_pre(pre: Ring, role: str) -> str:
-    x = next(x for x in pre.releases if x.role == role)
-    fence = '  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n' if x.generic else ""
-    return f"{fence}  __syncwarp();\n  if (lane == 0) mbar_arrive(pre_empty);"
 
 
 def _kernel_name(ir: KernelIR, pid: str) -> str:

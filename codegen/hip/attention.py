@@ -131,92 +131,130 @@ def _reduce(q: dict[str, int], var: str, op: str) -> str:
     return "\n".join(f"    {var} = {op.format(var, f'shfl_xor({var}, lane, {m})')};" for m in masks)
 
 
-def _body(t: Task) -> str:
-    ir, b = t.ir, t.base
-    q = _geom(ir)
+def _ctx(t: Task) -> tuple:
+    """The geometry and names a task body uses: (geometry, TM, KS, QT, KT, DT, NR, dtype, the MFMA function, this
+    iteration's score buffer, the three nested unrolled loops over a score block's registers)."""
+    q = _geom(t.ir)
     TM, KS, QT, KT, DT, NR = q["TM"], q["KS"], q["QT"], q["KT"], q["DT"], q["NR"]
-    dt = ir.params["dtype"]
-    mma = f"mma{TM}_{dt}"
-    S = _buf(t, "sacc")
+    dt = t.ir.params["dtype"]
     loops3 = (f"#pragma unroll\n  for (int kt = 0; kt < {KT}; ++kt)\n"
               f"#pragma unroll\n    for (int qt = 0; qt < {QT}; ++qt)"
               f"\n#pragma unroll\n      for (int r = 0; r < {NR}; ++r)")
-    if b == "init":
-        return (f"#pragma unroll\nfor (int i = 0; i < {DT}; ++i)\n#pragma unroll\n  for (int j = 0; j < {QT}; ++j)\n"
-                f"#pragma unroll\n    for (int r = 0; r < {NR}; ++r) oacc[i][j][r] = 0.f;\n"
-                f"#pragma unroll\nfor (int j = 0; j < {QT}; ++j) {{ m_r[j] = -__builtin_inff(); l_r[j] = 0.f; "
-                "alpha[j] = 0.f; muse[j] = 0.f; }")
-    if b == "mma_qk":
-        kt_, qt_ = _lds(ir, "k"), _lds(ir, "q")
-        return "\n".join([
-            f"{loops3} {S}[kt][qt][r] = 0.f;",
-            f"#pragma unroll\n  for (int ds = 0; ds < {q['D'] // KS}; ++ds) {{",
-            f"    u32x2 fk[{KT}], fq[{QT}];",
-            f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt) "
-            f"fk[kt] = {kt_.read8('k_cur', f'kt * {TM} + lc', f'ds * {KS} + 4 * lg')};",
-            f"#pragma unroll\n    for (int qt = 0; qt < {QT}; ++qt) "
-            f"fq[qt] = {qt_.read8('q_s', f'QROW + qt * {TM} + lc', f'ds * {KS} + 4 * lg')};",
-            f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
-            f"      for (int qt = 0; qt < {QT}; ++qt) {S}[kt][qt] = {mma}(fk[kt], fq[qt], {S}[kt][qt]);",
-            "  }"])
-    if b == "rowmax":
-        key = f"kb + kt * {TM} + {acc_row(TM, 'r', 'lg')}"
-        return "\n".join([
-            "  const int kb = it_ * BN;",
-            "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > m0 + QROW + OFF)) {  // the block crosses a mask edge",
-            loops3 + " {",
-            f"        const int key = {key}, row = m0 + QROW + qt * {TM} + lc;",
-            f"        if (key >= SKV || (CAUSAL && key > row + OFF)) {S}[kt][qt][r] = -__builtin_inff();",
-            "      }", "  }",
-            f"#pragma unroll\n  for (int qt = 0; qt < {QT}; ++qt) {{",
-            f"    float mx = {S}[0][qt][0];",
-            f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
-            f"      for (int r = 0; r < {NR}; ++r) mx = __builtin_fmaxf(mx, {S}[kt][qt][r]);",
-            _reduce(q, "mx", "__builtin_fmaxf({0}, {1})"),
-            "    const float mn = __builtin_fmaxf(m_r[qt], mx * SCALE_LOG2);",
-            "    // a fully masked row so far: keep exp2 finite",
-            "    const float mu = (mn == -__builtin_inff()) ? 0.f : mn;",
-            "    alpha[qt] = fast_exp2(m_r[qt] - mu);", "    m_r[qt] = mn;", "    muse[qt] = mu;", "  }"])
-    if b == "exp2":
-        return f"{loops3} {S}[kt][qt][r] = fast_exp2(__builtin_fmaf({S}[kt][qt][r], SCALE_LOG2, -muse[qt]));"
-    if b == "rowsum":
-        # per-lane partial sums (the lanes of a query are combined once, in normalize); then P is packed: registers
-        # 4m..4m+3 of Sᵀ block kt are 4 consecutive keys of the lane's query, the B fragment of k-step kt*(TM/KS)+m
-        P, pk = _buf(t, "pf"), f"pack2_{dt}"
-        per = TM // KS
-        return "\n".join([
-            f"#pragma unroll\n  for (int qt = 0; qt < {QT}; ++qt) {{", "    float sm = 0.f;",
-            f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
-            f"      for (int r = 0; r < {NR}; ++r) sm += {S}[kt][qt][r];",
-            "    l_r[qt] = l_r[qt] * alpha[qt] + sm;",
-            f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
-            f"      for (int m = 0; m < {per}; ++m) {{",
-            f"        {P}[qt][kt * {per} + m].x = {pk}({S}[kt][qt][4 * m], {S}[kt][qt][4 * m + 1]);",
-            f"        {P}[qt][kt * {per} + m].y = {pk}({S}[kt][qt][4 * m + 2], {S}[kt][qt][4 * m + 3]);",
-            "      }", "  }"])
-    if b == "rescale":
-        return (f"#pragma unroll\n  for (int i = 0; i < {DT}; ++i)\n"
-                f"#pragma unroll\n    for (int qt = 0; qt < {QT}; ++qt)"
-                f"\n#pragma unroll\n      for (int r = 0; r < {NR}; ++r) oacc[i][qt][r] *= alpha[qt];")
-    if b == "mma_pv":
-        P = _buf(t, "pf")
-        vt = _lds(ir, "v")
-        return "\n".join([
-            f"#pragma unroll\n  for (int ks = 0; ks < {q['NPF']}; ++ks) {{",
-            f"    u32x2 fv[{DT}];",
-            f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i) "
-            f"fv[i] = {vt.read8('v_cur', f'i * {TM} + lc', f'ks * {KS} + 4 * lg')};",
-            f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i)\n#pragma unroll\n"
-            f"      for (int qt = 0; qt < {QT}; ++qt) oacc[i][qt] = {mma}(fv[i], {P}[qt][ks], oacc[i][qt]);",
-            "  }"])
-    if b == "normalize":
-        return "\n".join([
-            f"#pragma unroll\nfor (int qt = 0; qt < {QT}; ++qt) {{", "    float l = l_r[qt];",
-            _reduce(q, "l", "{0} + {1}"),
-            "    const float inv = l > 0.f ? 1.f / l : 0.f;",
-            f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i)\n#pragma unroll\n"
-            f"      for (int r = 0; r < {NR}; ++r) oacc[i][qt][r] *= inv;", "}"])
-    assert b == "store", b
+    return q, TM, KS, QT, KT, DT, NR, dt, f"mma{TM}_{dt}", _buf(t, "sacc"), loops3
+
+
+def _init(t: Task) -> str:
+    """O, the running max and sum zeroed."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    return (f"#pragma unroll\nfor (int i = 0; i < {DT}; ++i)\n#pragma unroll\n  for (int j = 0; j < {QT}; ++j)\n"
+            f"#pragma unroll\n    for (int r = 0; r < {NR}; ++r) oacc[i][j][r] = 0.f;\n"
+            f"#pragma unroll\nfor (int j = 0; j < {QT}; ++j) {{ m_r[j] = -__builtin_inff(); l_r[j] = 0.f; "
+            "alpha[j] = 0.f; muse[j] = 0.f; }")
+
+
+def _mma_qk(t: Task) -> str:
+    """Sᵀ = K·Qᵀ of this key block."""
+    ir = t.ir
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    kt_, qt_ = _lds(ir, "k"), _lds(ir, "q")
+    return "\n".join([
+        f"{loops3} {S}[kt][qt][r] = 0.f;",
+        f"#pragma unroll\n  for (int ds = 0; ds < {q['D'] // KS}; ++ds) {{",
+        f"    u32x2 fk[{KT}], fq[{QT}];",
+        f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt) "
+        f"fk[kt] = {kt_.read8('k_cur', f'kt * {TM} + lc', f'ds * {KS} + 4 * lg')};",
+        f"#pragma unroll\n    for (int qt = 0; qt < {QT}; ++qt) "
+        f"fq[qt] = {qt_.read8('q_s', f'QROW + qt * {TM} + lc', f'ds * {KS} + 4 * lg')};",
+        f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
+        f"      for (int qt = 0; qt < {QT}; ++qt) {S}[kt][qt] = {mma}(fk[kt], fq[qt], {S}[kt][qt]);",
+        "  }"])
+
+
+def _rowmax(t: Task) -> str:
+    """the masks on a block crossing an edge, the new running max and the rescale factor."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    key = f"kb + kt * {TM} + {acc_row(TM, 'r', 'lg')}"
+    return "\n".join([
+        "  const int kb = it_ * BN;",
+        "  if (kb + BN > SKV || (CAUSAL && kb + BN - 1 > m0 + QROW + OFF)) {  // the block crosses a mask edge",
+        loops3 + " {",
+        f"        const int key = {key}, row = m0 + QROW + qt * {TM} + lc;",
+        f"        if (key >= SKV || (CAUSAL && key > row + OFF)) {S}[kt][qt][r] = -__builtin_inff();",
+        "      }", "  }",
+        f"#pragma unroll\n  for (int qt = 0; qt < {QT}; ++qt) {{",
+        f"    float mx = {S}[0][qt][0];",
+        f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
+        f"      for (int r = 0; r < {NR}; ++r) mx = __builtin_fmaxf(mx, {S}[kt][qt][r]);",
+        _reduce(q, "mx", "__builtin_fmaxf({0}, {1})"),
+        "    const float mn = __builtin_fmaxf(m_r[qt], mx * SCALE_LOG2);",
+        "    // a fully masked row so far: keep exp2 finite",
+        "    const float mu = (mn == -__builtin_inff()) ? 0.f : mn;",
+        "    alpha[qt] = fast_exp2(m_r[qt] - mu);", "    m_r[qt] = mn;", "    muse[qt] = mu;", "  }"])
+
+
+def _exp2(t: Task) -> str:
+    """the probabilities."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    return f"{loops3} {S}[kt][qt][r] = fast_exp2(__builtin_fmaf({S}[kt][qt][r], SCALE_LOG2, -muse[qt]));"
+
+
+def _rowsum(t: Task) -> str:
+    """the running sum; P packed into MFMA B fragments."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    # per-lane partial sums (the lanes of a query are combined once, in normalize); then P is packed: registers
+    # 4m..4m+3 of Sᵀ block kt are 4 consecutive keys of the lane's query, the B fragment of k-step kt*(TM/KS)+m
+    P, pk = _buf(t, "pf"), f"pack2_{dt}"
+    per = TM // KS
+    return "\n".join([
+        f"#pragma unroll\n  for (int qt = 0; qt < {QT}; ++qt) {{", "    float sm = 0.f;",
+        f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
+        f"      for (int r = 0; r < {NR}; ++r) sm += {S}[kt][qt][r];",
+        "    l_r[qt] = l_r[qt] * alpha[qt] + sm;",
+        f"#pragma unroll\n    for (int kt = 0; kt < {KT}; ++kt)\n#pragma unroll\n"
+        f"      for (int m = 0; m < {per}; ++m) {{",
+        f"        {P}[qt][kt * {per} + m].x = {pk}({S}[kt][qt][4 * m], {S}[kt][qt][4 * m + 1]);",
+        f"        {P}[qt][kt * {per} + m].y = {pk}({S}[kt][qt][4 * m + 2], {S}[kt][qt][4 * m + 3]);",
+        "      }", "  }"])
+
+
+def _rescale(t: Task) -> str:
+    """O scaled by the max's change."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    return (f"#pragma unroll\n  for (int i = 0; i < {DT}; ++i)\n"
+            f"#pragma unroll\n    for (int qt = 0; qt < {QT}; ++qt)"
+            f"\n#pragma unroll\n      for (int r = 0; r < {NR}; ++r) oacc[i][qt][r] *= alpha[qt];")
+
+
+def _mma_pv(t: Task) -> str:
+    """Oᵀ += Vᵀ·Pᵀ."""
+    ir = t.ir
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    P = _buf(t, "pf")
+    vt = _lds(ir, "v")
+    return "\n".join([
+        f"#pragma unroll\n  for (int ks = 0; ks < {q['NPF']}; ++ks) {{",
+        f"    u32x2 fv[{DT}];",
+        f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i) "
+        f"fv[i] = {vt.read8('v_cur', f'i * {TM} + lc', f'ks * {KS} + 4 * lg')};",
+        f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i)\n#pragma unroll\n"
+        f"      for (int qt = 0; qt < {QT}; ++qt) oacc[i][qt] = {mma}(fv[i], {P}[qt][ks], oacc[i][qt]);",
+        "  }"])
+
+
+def _normalize(t: Task) -> str:
+    """O divided by the sum of its query's lanes."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
+    return "\n".join([
+        f"#pragma unroll\nfor (int qt = 0; qt < {QT}; ++qt) {{", "    float l = l_r[qt];",
+        _reduce(q, "l", "{0} + {1}"),
+        "    const float inv = l > 0.f ? 1.f / l : 0.f;",
+        f"#pragma unroll\n    for (int i = 0; i < {DT}; ++i)\n#pragma unroll\n"
+        f"      for (int r = 0; r < {NR}; ++r) oacc[i][qt][r] *= inv;", "}"])
+
+
+def _store(t: Task) -> str:
+    """O to memory (rows past seq_q left out)."""
+    q, TM, KS, QT, KT, DT, NR, dt, mma, S, loops3 = _ctx(t)
     pk = f"pack2_{dt}"
     return "\n".join([
         f"#pragma unroll\nfor (int qt = 0; qt < {QT}; ++qt) {{",
@@ -230,6 +268,15 @@ def _body(t: Task) -> str:
         f"        w_.y = {pk}(oacc[i][qt][4 * r + 2], oacc[i][qt][4 * r + 3]);",
         f"        *reinterpret_cast<u32x2*>(orow + i * {TM} + {acc_row(TM, '4 * r', 'lg')}) = w_;",
         "      }", "  }", "}"])
+
+
+_BODIES = {"init": _init, "mma_qk": _mma_qk, "rowmax": _rowmax, "exp2": _exp2, "rowsum": _rowsum, "rescale": _rescale,
+           "mma_pv": _mma_pv, "normalize": _normalize, "store": _store}
+
+
+def _body(t: Task) -> str:
+    """The C++ of one task instance of a consumer group."""
+    return _BODIES[t.base](t)
 
 
 REGISTRY["flash_attention"] = OpKernel(

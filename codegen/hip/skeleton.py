@@ -1,9 +1,10 @@
 """The one HIP gfx942 skeleton: any KernelIR lowered for an AMD table plus an operator's task bodies -> a
 wave-specialised kernel.
 
-The same KernelIR the CUDA skeleton emits decides everything about the pipeline: the roles (the producer and the
-consumer groups, four waves each, one per SIMD), each role's prologue / software-pipelined loop / epilogue through
-``codegen.cuda.schedule.emit_loop``, the LDS rings (``depth`` slots at the KernelIR's offsets) with a full and an
+The same KernelIR the CUDA skeleton emits decides everything about the pipeline, through the same walk
+(``codegen.walk``; this module is its gfx942 ``Backend``): the roles (the producer and the consumer groups, four
+waves each, one per SIMD), each role's prologue / software-pipelined loop / epilogue (``codegen.loop.emit_loop``),
+the LDS rings (``depth`` slots at the KernelIR's offsets) with a full and an
 empty semaphore per slot, the full waits at a ring's first reader, the empty arrivals at its release points
 (``end`` / ``wait`` / ``commit``, and the ones past the last iteration at the end of a tile), the prologue's
 buffers released at the end of a persistent tile, the tensor-core turns between consumer groups (with
@@ -23,6 +24,7 @@ bodies. A body sees ``it_`` (its reduction iteration), ``<buf>_cur`` (the LDS sl
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,28 +33,22 @@ from typing import Any
 from ptsolve.errors import CodegenError
 from ptsolve.hw import load
 
-from ..cuda.schedule import emit_loop
-from ..kernel_ir import KernelIR, Ring, Role
+from ..kernel_ir import KernelIR, Release, Ring, Role
 from ..sync_sim import check as check_protocol
-from ..sync_sim import loops, turns
+from ..walk import (
+    Consumer,
+    Parts,
+    Task,
+    Walk,
+    cname,
+    copies_note,
+    facts,
+    register_copies,
+    slot_pointers,
+    tile_loop,
+    walk,
+)
 from .common import COMMON, GROUP_LANES, GROUP_WAVES, PRELUDE, PRELUDE_END, HipSource, check_dtype
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task instance as a body sees it: ``name`` (graph name), ``base`` (without ``@g``), ``role``, ``it`` (C
-    expression of its iteration), ``parity`` (0/1 for double-buffered registers, else None), ``phase``."""
-
-    name: str
-    role: Role
-    it: str
-    parity: int | None
-    phase: str
-    ir: KernelIR
-
-    @property
-    def base(self) -> str:
-        return self.name.split("@")[0]
 
 
 @dataclass(frozen=True)
@@ -80,21 +76,6 @@ class OpKernel:
 
 
 REGISTRY: dict[str, OpKernel] = {}
-
-
-def _cname(buf: str) -> str:
-    return buf.split("@")[0]
-
-
-def _regbufs(ir: KernelIR, role: Role) -> int:
-    """Register copies a role keeps of its loop buffers: 2 when any copy count is 2 (the loop is unrolled by two
-    and each task picks its copy by the parity of its iteration)."""
-    own = {b for n, _ in role.loop for b in ir.task(n).regs}
-    n = max((ir.copies.get(b, 1) for b in own), default=1)
-    if n > 2:
-        raise CodegenError(f"{role.name}: {n} register copies of one buffer; the HIP skeleton keeps at most two "
-                           "(reorder so that at most one stage separates a buffer's writer from its readers)")
-    return n
 
 
 def check_target(ir: KernelIR) -> None:
@@ -135,148 +116,132 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:
     opk = REGISTRY[ir.op]
     opk.check(ir)
     check_protocol(ir)
-    pid = plan_id or hashlib.sha256(ir.to_json().encode()).hexdigest()[:8]
-    lo = loops(ir)
-    tn = turns(ir, lo)
-    W = ir.groups
-    rings = {r.name: r for r in ir.rings}
-    pre = rings.get("pre")
-    loop_rings = [r for r in ir.rings if r.phase == "loop"]
-    fill_of = {t: r for r in ir.rings for t, _ in r.fills}
-    ring_of_buf = {b: r for r in loop_rings for b in r.buffers}
-    trips = opk.trips(ir)
-    ntiles, decode = opk.tiles(ir)
+    w = facts(ir, opk, plan_id or hashlib.sha256(ir.to_json().encode()).hexdigest()[:8])
+    src = tile_loop(_source(w, walk(w, BACKEND)), *_tile_loop(w))
+    if not ir.persistent and w.ntiles >= 1 << 31:
+        raise CodegenError(f"{ir.op}: {w.ntiles} workgroups exceed the grid's x limit (2^31 - 1)")
+    W, nthreads = ir.groups, GROUP_LANES * (ir.groups + 1)
+    grid = (min(w.ntiles, ir.sms), 1, 1) if ir.persistent else (w.ntiles, 1, 1)
+    loop_rings = w.loop_rings
+    return HipSource(source=src, name=_kernel_name(ir, w.pid), op=ir.op, params=dict(ir.params), grid=grid,
+                     block=(nthreads, 1, 1), lds_bytes=ir.smem_bytes, args=tuple(a for a, _ in opk.signature(ir)),
+                     persistent_tiles=w.ntiles if ir.persistent else 0,
+                     info={"tiling": dict(ir.tiling), "rings": {r.name: r.depth for r in loop_rings},
+                           "roles": [r.name for r in ir.roles], "groups": W, "waves": GROUP_WAVES * (W + 1),
+                           "orders": {r.name: [list(x) for x in r.loop] for r in ir.roles},
+                           "copies": dict(ir.copies), "tc_turns": None if w.tn is None else w.tn.handoffs,
+                           "turns_note": ir.turns_note, **opk.info(ir)})
 
-    def arrivals(r: Ring) -> int:
-        return GROUP_WAVES * len({x.role for x in r.releases})
 
-    def full_target(r: Ring, q: str) -> str:
-        return f"(u32)(({q}) / {r.depth} + 1) * {len(r.fills) * GROUP_WAVES}u"
+def _arrivals(r: Ring) -> int:
+    """Arrivals that free one slot of ``r``: every wave of each releasing role."""
+    return GROUP_WAVES * len({x.role for x in r.releases})
 
-    def ptr(buf: str, slot: str | None) -> str:
-        s = ir.buffer(buf)
-        if slot is not None and s.slots > 1:
-            return f"smem + {s.offset} + ({slot}) * {s.stride}"
-        return f"smem + {s.offset}"
 
-    def pointers(task: str, slot_expr: str) -> list[str]:
-        out = []
-        for b in ir.task(task).smem:
-            r = ring_of_buf.get(b)
-            if r is not None:
-                out.append(f"  u8* const {_cname(b)}_cur = {ptr(b, f'({slot_expr}) % {r.depth}')}; "
-                           f"(void){_cname(b)}_cur;")
-            elif ir.buffer(b).slots > 1 or ir.buffer(b).role:
-                out.append(f"  u8* const {_cname(b)}_cur = {ptr(b, f'(it_) % {ir.buffer(b).slots}')}; "
-                           f"(void){_cname(b)}_cur;")
-        return out
+class _Hip:
+    """The gfx942 text of the walk's steps (``codegen.walk.Backend``): LDS semaphores for the rings and turns,
+    the producer's loads staged one iteration ahead in registers, MFMA with nothing to wait for."""
 
-    def release(r: Ring, slot: str) -> str:
-        return f"    sem_arrive(&{r.name}_empty[({slot}) % {r.depth}], lane);"
+    ptr = "u8*"
 
-    # ---- producer: four waves; each load task's global reads run one of its iterations ahead in registers
-    def prod_body(name: str, it: str, parity: int | None, waits: Any) -> str:
-        r = fill_of[name]
-        dst = ir.task(name).smem
+    def slot_pointer(self, buf: str, addr: str) -> str:
+        return f"  u8* const {buf}_cur = {addr}; (void){buf}_cur;"
+
+    def fill(self, w: Walk, name: str, it: str) -> str:
+        r = w.fill_of[name]
+        dst = w.ir.task(name).smem
         lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; const int s_ = q_ % {r.depth};",
-                 f"  sem_wait(&{r.name}_empty[s_], (u32)(q_ / {r.depth}) * {arrivals(r)}u);  "
+                 f"  sem_wait(&{r.name}_empty[s_], (u32)(q_ / {r.depth}) * {_arrivals(r)}u);  "
                  f"// slot s_ released by the consumers of iteration it_ - {r.depth}",
-                 *pointers(name, "q_"),
-                 f"  u8* const dst_ = {_cname(dst[0])}_cur;",
-                 opk.commit(ir, name),
+                 *slot_pointers(w, self, name, "q_"),
+                 f"  u8* const dst_ = {cname(dst[0])}_cur;",
+                 w.opk.commit(w.ir, name),
                  f"  sem_arrive(&{r.name}_full[s_], lane);  // {', '.join(r.buffers)} of iteration it_ landed",
-                 f"  if (it_ + 1 < {trips}) {{  // the next iteration's global reads, in flight while this one is used",
-                 opk.stage(ir, name, "it_ + 1"), "  }", "}"]
+                 f"  if (it_ + 1 < {w.trips}) {{  // the next iteration's global reads, in flight while this one is "
+                 "used", w.opk.stage(w.ir, name, "it_ + 1"), "  }", "}"]
         return "\n".join(lines)
 
-    prod = ir.role("producer")
-    loop_loads = [n for n, _ in prod.loop]
-    prod_pre = []
-    if pre is not None:
-        prod_pre.append(f"if (PERSISTENT) sem_wait(pre_empty, (u32)lt * {arrivals(pre)}u);  // the previous tile is "
-                        f"done with {', '.join(pre.buffers)}")
-        for name, _ in prod.pre:
+    def producer_pre(self, w: Walk) -> list[str]:
+        pre, ir = w.pre, w.ir
+        if pre is None:
+            return []
+        out = [f"if (PERSISTENT) sem_wait(pre_empty, (u32)lt * {_arrivals(pre)}u);  // the previous tile is "
+               f"done with {', '.join(pre.buffers)}"]
+        for name, _ in ir.role("producer").pre:
             if name in dict(pre.fills):
                 buf = ir.task(name).smem[0]
-                prod_pre.append(f"// pre: {name}\n{{ const int it_ = 0; (void)it_;\n"
-                                f"  u8* const dst_ = {_cname(buf)}_s;\n{opk.stage(ir, name, '0')}\n"
-                                f"{opk.commit(ir, name)}\n  sem_arrive(pre_full, lane);\n}}")
-    first_loads = "\n".join(f"{{ const int it_ = 0; (void)it_;  // {n}: iteration 0's global reads\n"
-                            f"{opk.stage(ir, n, '0')}\n}}" for n in loop_loads)
-    prod_code = emit_loop(lo["producer"], trips, prod_body, 1, {}, min_trips=opk.min_trips)
+                out.append(f"// pre: {name}\n{{ const int it_ = 0; (void)it_;\n"
+                           f"  u8* const dst_ = {cname(buf)}_s;\n{w.opk.stage(ir, name, '0')}\n"
+                           f"{w.opk.commit(ir, name)}\n  sem_arrive(pre_full, lane);\n}}")
+        return out
 
-    # ---- consumers: groups of four waves
-    branches = []
-    for role in (r for r in ir.roles if r.group >= 0):
-        rn, loop = role.name, lo[role.name]
-        names = {n for n, _ in role.loop}
-        nbuf = _regbufs(ir, role)
-        waiter_of = {t: [r for r in loop_rings if (rn, t) in r.waiters] for t in names}
-        rel = {t: [(r, x) for r in loop_rings for x in r.releases if x.role == rn and x.task == t] for t in names}
+    def consumer(self, w: Walk, role: Role, base: Consumer) -> Consumer:
+        # MFMA is synchronous for the issuing wave: no commit groups, nothing to wait for
+        return dataclasses.replace(base, nbuf=register_copies(
+            w.ir, role, "the HIP skeleton keeps at most two (reorder so that at most one stage separates a "
+            "buffer's writer from its readers)"))
 
-        def body(name: str, it: str, parity: int | None, waits: Mapping[str, int] | None,
-                 role: Role = role, waiter_of: dict = waiter_of, rel: dict = rel) -> str:  # noqa: B008
-            lines = [f"{{ const int it_ = {it}; const int q_ = rbase + it_; (void)q_;"]
-            for r, x in rel[name]:
-                if x.mode == "wait":  # the KernelIR releases here, after the wgmma wait a Hopper kernel has
-                    guard = f"if (it_ >= {x.dist}) " if x.dist else ""
-                    lines.append(f"  {guard}{{  // {', '.join(r.buffers)} of iteration it-{x.dist} released\n"
-                                 f"{release(r, f'q_ - {x.dist}')}\n  }}")
-            for r in waiter_of[name]:
-                lines.append(f"  sem_wait(&{r.name}_full[q_ % {r.depth}], {full_target(r, 'q_')});  "
-                             f"// {', '.join(r.buffers)} of iteration it_ landed")
-            lines += pointers(name, "q_")
-            lines.append(opk.body(Task(name, role, "it_", parity, "loop", ir)))
-            for r, x in rel[name]:
-                if x.mode == "commit":
-                    lines.append(f"  if (it_ >= 1) {{  // {', '.join(r.buffers)} of iteration it-1 released\n"
-                                 f"{release(r, 'q_ - 1')}\n  }}")
-                elif x.mode == "end":
-                    lines.append(f"  {{  // {', '.join(r.buffers)} of this iteration released\n"
-                                 f"{release(r, 'q_')}\n  }}")
-            lines.append("}")
-            return "\n".join(lines)
+    def full_wait(self, w: Walk, r: Ring) -> str:
+        target = f"(u32)((q_) / {r.depth} + 1) * {len(r.fills) * GROUP_WAVES}u"
+        return (f"  sem_wait(&{r.name}_full[q_ % {r.depth}], {target});  "
+                f"// {', '.join(r.buffers)} of iteration it_ landed")
 
+    def release(self, w: Walk, r: Ring, slot: str, x: Release) -> str:
+        # a "wait" release sits where the KernelIR puts it, after the wgmma wait a Hopper kernel has there
+        return f"    sem_arrive(&{r.name}_empty[({slot}) % {r.depth}], lane);"
+
+    def wg_wait(self, depth: int) -> str:
+        return ""
+
+    def probe(self, w: Walk, var: str) -> str:
+        return ""
+
+    def record(self, w: Walk, task: str, phase: str, it: str) -> str:
+        return ""
+
+    def role_head(self, w: Walk, role: Role) -> list[str]:
         order = ", ".join(f"{n}(stage {s})" for n, s in role.loop)
-        code = [f"// ---- consumer group {role.group}: waves {GROUP_WAVES * (role.group + 1)}.."
-                f"{GROUP_WAVES * (role.group + 2) - 1}; loop order {order}"
-                + "".join(f"; {b}: {c} copies" for b, c in sorted(ir.copies.items())
-                          if b.endswith(f"@{role.group}") and c > 1),
-                "u32 turns_seen = 0; (void)turns_seen;", opk.decls(ir, role)]
-        tile = []
-        pw = dict(pre.waiters).get(rn) if pre is not None else None
-        pre_wait = f"sem_wait(pre_full, (u32)(lt + 1) * {len(pre.fills) * GROUP_WAVES if pre else 0}u);  " \
-                   "// the prologue's loads landed"
-        for name, _ in role.pre:
-            if pw == name:
-                tile.append(pre_wait)
-            tile.append(f"// pre: {name}\n{{ const int it_ = 0; (void)it_;\n"
-                        f"{opk.body(Task(name, role, '0', None, 'pre', ir))}\n}}")
-        if pw == "":
-            tile.append(pre_wait)
-        turn = None if tn is None else _turn_code(tn.ops.get(rn, {}))
-        tile.append(emit_loop(loop, trips, body, nbuf, {}, set(), min_trips=opk.min_trips, turn=turn))
-        for r in loop_rings:
-            for x in r.releases:
-                if x.role == rn and x.mode in ("wait", "commit"):
-                    for k in range(1, x.dist + 1):
-                        tile.append(f"if (T >= {k}) {{  // {', '.join(r.buffers)} of iteration T-{k}\n"
-                                    f"{release(r, f'rbase + T - {k}')}\n}}")
-        if pre is not None and pw is not None:
-            tile.append("if (PERSISTENT) {  // the prologue's buffers are free for the next tile\n"
-                        "  sem_arrive(pre_empty, lane);\n}")
-        for name, _ in role.post:
-            tile.append(f"// post: {name}\n{{ const int it_ = T - 1; (void)it_;\n"
-                        f"{opk.body(Task(name, role, 'T - 1', None, 'post', ir))}\n}}")
-        branches.append((role.group, "\n".join(code), "\n".join(tile)))
+        return [f"// ---- consumer group {role.group}: waves {GROUP_WAVES * (role.group + 1)}.."
+                f"{GROUP_WAVES * (role.group + 2) - 1}; loop order {order}" + copies_note(w.ir, role),
+                "u32 turns_seen = 0; (void)turns_seen;", w.opk.decls(w.ir, role)]
 
-    first_turn = "" if tn is None or tn.first is None else (
-        f"if (g == {int(tn.first[0][2:])}) sem_arrive(&turn_ctr[{tn.first[1] - 1}], lane);  // the first turn")
-    cons = " else ".join(f"if (g == {gi}) {{\n{d}\nTILE_LOOP {{\n{t}\nTILE_END\n}}" for gi, d, t in branches)
+    def tile_head(self, w: Walk, role: Role) -> list[str]:
+        return []
 
-    # ---- LDS: the KernelIR's buffers at its offsets, the semaphores in its barrier area
+    def pre_wait(self, w: Walk) -> str:
+        n = len(w.pre.fills) * GROUP_WAVES if w.pre else 0
+        return f"sem_wait(pre_full, (u32)(lt + 1) * {n}u);  // the prologue's loads landed"
+
+    def edge_task(self, w: Walk, role: Role, name: str, phase: str) -> list[str]:
+        it = "0" if phase == "pre" else "T - 1"
+        return [f"// {phase}: {name}\n{{ const int it_ = {it}; (void)it_;\n"
+                f"{w.opk.body(Task(name, role, it, None, phase, w.ir))}\n}}"]
+
+    def turns(self, w: Walk, role: Role) -> tuple[dict[str, tuple[str, str]] | None, list[str], list[str]]:
+        return (None if w.tn is None else _turn_code(w.tn.ops.get(role.name, {}))), [], []
+
+    def tile_done(self, w: Walk, role: Role) -> list[str]:
+        return []
+
+    def release_pre(self, w: Walk, role: Role) -> str:
+        return "  sem_arrive(pre_empty, lane);"
+
+    def first_turn(self, w: Walk) -> str:
+        tn = w.tn
+        if tn is None or tn.first is None:
+            return ""
+        return f"if (g == {int(tn.first[0][2:])}) sem_arrive(&turn_ctr[{tn.first[1] - 1}], lane);  // the first turn"
+
+
+BACKEND = _Hip()
+
+
+def _semaphores(w: Walk) -> tuple[list[str], int]:
+    """The semaphores in the KernelIR's barrier area: a full and an empty one per ring slot, the prologue's pair,
+    one turn counter per consumer group; and how many words they take."""
+    ir = w.ir
     sems, off = [], ir.barriers
-    for r in loop_rings:
+    for r in w.loop_rings:
         sems.append(f"  u32* const {r.name}_full = reinterpret_cast<u32*>(smem + {off});  "
                     f"// ring {r.name}: {r.depth} LDS stages of {', '.join(r.buffers)}")
         sems.append(f"  u32* const {r.name}_empty = {r.name}_full + {r.depth}; (void){r.name}_empty;")
@@ -284,47 +249,60 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> HipSource:
     sems.append(f"  u32* const pre_full = reinterpret_cast<u32*>(smem + {off}); (void)pre_full;")
     sems.append("  u32* const pre_empty = pre_full + 1; (void)pre_empty;")
     sems.append("  u32* const turn_ctr = pre_full + 2; (void)turn_ctr;  // one counter per consumer group")
-    nsem = (off - ir.barriers) // 4 + 2 + W
+    nsem = (off - ir.barriers) // 4 + 2 + ir.groups
     if ir.barriers + 4 * nsem > ir.smem_bytes:
         raise CodegenError(f"{ir.op}: the semaphores do not fit the KernelIR's barrier area ({ir.smem_bytes} B)")
-    ring_lines = [f"//   ring {r.name}: {r.depth} LDS stages, buffers "
-                  + ", ".join(f"{b} @{ir.buffer(b).offset} +{ir.buffer(b).stride}/stage" for b in r.buffers)
-                  + f"; filled by {', '.join(t for t, _ in r.fills)}; read first by "
-                  + ", ".join(f"{a}:{b}" for a, b in r.waiters) + "; released by "
-                  + ", ".join(f"{x.role}:{x.task or 'end of tile'}({x.mode}{', +' + str(x.dist) if x.dist else ''})"
-                              for x in r.releases) for r in ir.rings]
-    pre_ptrs = [f"  u8* const {_cname(b)}_s = smem + {ir.buffer(b).offset}; (void){_cname(b)}_s;"
-                for b in (pre.buffers if pre else ())]
-    sig = [c for _, c in opk.signature(ir)]
-    args = tuple(a for a, _ in opk.signature(ir))
-    name = _kernel_name(ir, pid)
-    nthreads = GROUP_LANES * (W + 1)
-    if ir.persistent:
+    return sems, nsem
+
+
+def _ring_notes(ir: KernelIR) -> list[str]:
+    """One comment line per ring: its stages, buffers, fills, first readers and release points."""
+    return [f"//   ring {r.name}: {r.depth} LDS stages, buffers "
+            + ", ".join(f"{b} @{ir.buffer(b).offset} +{ir.buffer(b).stride}/stage" for b in r.buffers)
+            + f"; filled by {', '.join(t for t, _ in r.fills)}; read first by "
+            + ", ".join(f"{a}:{b}" for a, b in r.waiters) + "; released by "
+            + ", ".join(f"{x.role}:{x.task or 'end of tile'}({x.mode}{', +' + str(x.dist) if x.dist else ''})"
+                        for x in r.releases) for r in ir.rings]
+
+
+def _tile_loop(w: Walk) -> tuple[str, str]:
+    """The head and end of the tile loop: persistent workgroups stride over the tiles, else one tile each."""
+    if w.ir.persistent:
         head = ("for (int tile = block_id(), lt = 0, rbase = 0; tile < NTILES; tile += num_blocks(), ++lt) {\n"
-                "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) continue;")
-        end = "  rbase += T;  // ring position of the next tile's first iteration\n}"
-    else:
-        head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = block_id();\n"
-                "  bool skip_ = false; (void)skip_;\n" + decode + "\n  if (skip_) return;")
-        end = "}"
-    prod_order = ", ".join(f"{n}(stage {s})" for n, s in prod.loop)
-    src = f"""// generated by ptsolve codegen.hip.skeleton ({ir.op}, plan {pid}) for gfx942; compile-verified, not run
+                "  bool skip_ = false; (void)skip_;\n" + w.decode + "\n  if (skip_) continue;")
+        return head, "  rbase += T;  // ring position of the next tile's first iteration\n}"
+    head = ("{\n  constexpr int lt = 0, rbase = 0; (void)lt;\n  const int tile = block_id();\n"
+            "  bool skip_ = false; (void)skip_;\n" + w.decode + "\n  if (skip_) return;")
+    return head, "}"
+
+
+def _source(w: Walk, parts: Parts) -> str:
+    """The kernel's source around the walk's parts (``TILE_LOOP`` / ``TILE_END`` still to be replaced)."""
+    ir, opk, tn, pid = w.ir, w.opk, w.tn, w.pid
+    W = ir.groups
+    sems, nsem = _semaphores(w)
+    nthreads = GROUP_LANES * (W + 1)
+    first_loads = "\n".join(f"{{ const int it_ = 0; (void)it_;  // {n}: iteration 0's global reads\n"
+                            f"{opk.stage(ir, n, '0')}\n}}" for n, _ in ir.role("producer").loop)
+    prod_order = ", ".join(f"{n}(stage {s})" for n, s in ir.role("producer").loop)
+    turns_note = ('enforced: ' + ', '.join(ir.tc_order) if tn is not None else
+                  'none (' + (ir.turns_note or 'one group') + ')')
+    return f"""// generated by ptsolve codegen.hip.skeleton ({ir.op}, plan {pid}) for gfx942; compile-verified, not run
 // roles: producer waves 0..{GROUP_WAVES - 1}, {W} consumer group(s) of {GROUP_WAVES} waves; {nthreads} threads
 // LDS {ir.smem_bytes} B (the KernelIR's layout):
-{chr(10).join(ring_lines)}
-// tensor-core turns: {'enforced: ' + ', '.join(ir.tc_order) if tn is not None else 'none (' + (ir.turns_note or
-                                                                                            'one group') + ')'}
+{chr(10).join(_ring_notes(ir))}
+// tensor-core turns: {turns_note}
 {PRELUDE}
 {COMMON}
 {PRELUDE_END}
 PTS_KERNEL({nthreads})
-{name}({', '.join(sig)}) {{
+{_kernel_name(ir, pid)}({', '.join(c for _, c in opk.signature(ir))}) {{
   using namespace pts;
 {opk.consts(ir)}
-  constexpr int NTILES = {ntiles}; (void)NTILES;
+  constexpr int NTILES = {w.ntiles}; (void)NTILES;
   constexpr bool PERSISTENT = {'true' if ir.persistent else 'false'}; (void)PERSISTENT;
   __shared__ __attribute__((aligned(16))) u8 smem[{ir.smem_bytes}];
-{chr(10).join(pre_ptrs)}
+{chr(10).join(parts.pre_ptrs)}
 {chr(10).join(sems)}
   const int tid = thread_id();
   const int lane = tid & 63;
@@ -335,29 +313,18 @@ PTS_KERNEL({nthreads})
     const int ptid = tid;
 {opk.pdecls(ir)}
     TILE_LOOP {{
-{chr(10).join(prod_pre)}
+{chr(10).join(parts.producer_pre)}
 {first_loads}
-{prod_code}
+{parts.producer}
     TILE_END
   }} else {{
     const int g = wave / {GROUP_WAVES} - 1;
     const int wq = wave % {GROUP_WAVES}; (void)wq;
-{first_turn}
-{cons}
+{parts.first_turn}
+{parts.consumers}
   }}
 }}
 """
-    src = src.replace("TILE_LOOP {", head).replace("TILE_END", end)
-    if not ir.persistent and ntiles >= 1 << 31:
-        raise CodegenError(f"{ir.op}: {ntiles} workgroups exceed the grid's x limit (2^31 - 1)")
-    grid = (min(ntiles, ir.sms), 1, 1) if ir.persistent else (ntiles, 1, 1)
-    return HipSource(source=src, name=name, op=ir.op, params=dict(ir.params), grid=grid, block=(nthreads, 1, 1),
-                     lds_bytes=ir.smem_bytes, args=args, persistent_tiles=ntiles if ir.persistent else 0,
-                     info={"tiling": dict(ir.tiling), "rings": {r.name: r.depth for r in loop_rings},
-                           "roles": [r.name for r in ir.roles], "groups": W, "waves": GROUP_WAVES * (W + 1),
-                           "orders": {r.name: [list(x) for x in r.loop] for r in ir.roles},
-                           "copies": dict(ir.copies), "tc_turns": None if tn is None else tn.handoffs,
-                           "turns_note": ir.turns_note, **opk.info(ir)})
 
 
 def _turn_code(ops: Mapping[str, tuple[int | None, int | None]]) -> dict[str, tuple[str, str]]:
