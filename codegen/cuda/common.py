@@ -62,7 +62,7 @@ class KernelSource:
     info: dict[str, Any] = field(default_factory=dict)
     persistent_tiles: int = 0  # > 0: grid.x = persistent_grid(this, the device's SMs); the kernel loops over tiles
     # shape-generic: sizes are kernel arguments (``i32:<name>``, ``f32:<name>``), tensor maps and grid are made per
-    # shape at launch (codegen.generic); ``grid`` and ``tensor_maps`` describe the representative shape only
+    # shape at launch (ptsolve.serve); ``grid`` and ``tensor_maps`` describe the representative shape only
     generic: bool = False
     cluster: int = 1  # CTAs of a thread-block cluster (__cluster_dims__): the launched grid.x is a multiple of it
 

@@ -59,7 +59,7 @@ def _work(ir: KernelIR) -> list[tuple[int, int, int, int, int]]:
 
 def _nmax(ir: KernelIR) -> int:
     """The most pieces of a query tile (a generic build has the several-piece epilogue unless it is persistent: its
-    launches take one piece per tile, ``codegen.generic.decode_pick``)."""
+    launches take one piece per tile, ``ptsolve.serve.decode.decode_pick``)."""
     if ir.generic:
         return 1 if ir.persistent else 2
     return max(w[3] for w in _work(ir))
@@ -113,7 +113,7 @@ SIZE_PARAMS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv")
 
 def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132) -> dict[str, int]:
     """What a generic build takes at launch for shape ``p`` and tiling ``t`` (its ``splits`` chosen per shape,
-    ``codegen.generic``): the sizes, the query-tile packing (``packing``), NSP pieces of the longest tile, CHUNK key
+    ``ptsolve.serve``): the sizes, the query-tile packing (``packing``), NSP pieces of the longest tile, CHUNK key
     blocks per piece at most (``piece_blocks``: the kernel cuts each tile as ``pieces`` does), the merge grid
     (``merge_grid``: MRR rows per merge CTA, NMU merge CTAs per query tile, fewer than ``sms`` in all), NTILES piece
     CTAs last; the grid is NTILES + B_·HKV·NQT·NMU."""
@@ -464,7 +464,7 @@ def _fill_bytes(ir: KernelIR, task: str) -> str | None:
 
 
 def _info(ir: KernelIR) -> dict[str, Any]:
-    if ir.generic:  # the launcher sizes the workspace and the grid per shape (codegen.generic)
+    if ir.generic:  # the launcher sizes the workspace and the grid per shape (ptsolve.serve)
         return {"pieces": "per shape"}
     return {"workspace": workspace(ir), "pieces": _nmax(ir), "ctas_per_row": len(_work(ir)),
             "merge_ctas_per_row": len(_merges(ir))}

@@ -191,7 +191,7 @@ def emit_ir(ir: KernelIR, plan_id: str | None = None) -> KernelSource:
         raise CodegenError(f"{ir.op}: a cluster of {cl} CTAs needs an exact build whose work units come in whole "
                            f"clusters ({ntiles} units) and no CTAs after them; use cluster=1")
     src = tile_loop(_source(w, parts, bars, inits, maps, grid_x, cl), *_tile_loop(w))
-    # a generic kernel's grid follows the shape it is launched on (codegen.generic): (0, 1, 1) until then
+    # a generic kernel's grid follows the shape it is launched on (ptsolve.serve): (0, 1, 1) until then
     extra = opk.extra_ctas(ir)
     if extra and (ir.persistent or not isinstance(ntiles, int)):
         raise CodegenError(f"{ir.op}: {extra} CTAs after the work units need a launched grid of an exact build; "
