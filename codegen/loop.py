@@ -70,7 +70,7 @@ def check_deps(role: str, order: LoopOrder, deps: Mapping[str, Sequence[tuple[st
 
 def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady: Mapping[str, Mapping[str, int]],
               commits: set[str] = frozenset(), min_trips: int = 1,
-              turn: Mapping[str, tuple[str, str]] | None = None) -> str:
+              turn: Mapping[str, tuple[str, str]] | None = None, tail: str = "") -> str:
     """C++ for one role's loop: prologue (j = 0 .. S-2), steady loop (j = S-1 .. T-1), epilogue
     (j = max(T, S-1) .. T+S-2). ``trips`` (T) is the number of reduction iterations, an int or a C expression.
 
@@ -85,11 +85,12 @@ def emit_loop(order: LoopOrder, trips: str | int, body: Body, nbuf: int, steady:
     ``turn`` = {task: (code before, code after)}: the tensor-core turn operations (``plan_turns``). They
     run at the task's place in every emitted iteration (max(T, S-1) + S - 1 of them), outside the guards and
     also where the task has no iteration, so roles with equal S perform the same turn sequence for any T.
+    ``tail``: code at the end of every steady iteration, before the next one starts (the back end's).
     """
     S = order.stages
     if isinstance(trips, int):
         min_trips = max(min_trips, trips)
-    lp = _Loop(order, str(trips), body, nbuf, steady, commits, dict(turn or {}))
+    lp = _Loop(order, str(trips), body, nbuf, steady, commits, dict(turn or {}), tail)
     out = [f"// loop: {S} stage(s): prologue {S - 1}, steady loop, epilogue {S - 1}", *lp.prologue(min_trips),
            lp.steady_loop()]
     if S > 1 and min_trips >= S - 1:  # the epilogue starts at j = T: task s runs in step e iff s > e
@@ -110,6 +111,7 @@ class _Loop:
     steady: Mapping[str, Mapping[str, int]]
     commits: set[str]
     turn: dict[str, tuple[str, str]]
+    tail: str = ""
 
     def par(self, it_parity: int) -> int | None:
         return it_parity % 2 if self.nbuf == 2 else None
@@ -145,7 +147,7 @@ class _Loop:
             it = f"({jvar} - {s})" if s else jvar
             p = None if jpar is None else (jpar - s) % 2
             parts.append(self.wrap(name, f"{{  // {name}\n{self.body(name, it, p, self.steady.get(name, {}))}\n}}"))
-        return "\n".join(parts)
+        return "\n".join([*parts, self.tail] if self.tail else parts)
 
     def steady_loop(self) -> str:
         """j = S-1 .. T-1; unrolled by two (each half with its compile-time parity) for double-buffered registers."""

@@ -96,6 +96,7 @@ class Consumer:
     steady: dict[str, dict[str, int]] = field(default_factory=dict)
     early: set[str] = field(default_factory=set)
     nbuf: int = 1
+    tail: str = ""  # code at the end of every steady iteration (emit_loop's ``tail``)
 
 
 class Backend(Protocol):
@@ -258,7 +259,7 @@ def consumer_tile(w: Walk, bk: Backend, c: Consumer) -> str:
     tile += before
     tile.append(emit_loop(w.lo[role.name], w.trips,
                           lambda name, it, parity, waits: task_instance(w, bk, c, name, it, parity, waits),
-                          c.nbuf, c.steady, c.commits, min_trips=w.opk.min_trips, turn=turn))
+                          c.nbuf, c.steady, c.commits, min_trips=w.opk.min_trips, turn=turn, tail=c.tail))
     tile += after
     tile += bk.tile_done(w, role)
     for r in w.loop_rings:

@@ -26,6 +26,7 @@ from ptsolve.errors import CodegenError
 from ptsolve.ops.base import cluster_of
 
 from ..kernel_ir import KernelIR, Release, Ring, Role
+from ..loop import LoopOrder
 from ..sync_sim import check as check_protocol
 from ..sync_sim import tile_turns
 from ..walk import (
@@ -211,6 +212,21 @@ def _task_id(ir: KernelIR, name: str) -> int:
     return next(k for k, t in enumerate(ir.tasks) if t.name == name)
 
 
+
+def _back_edge_wait(loop: LoopOrder, steady: dict[str, dict[str, int]]) -> str:
+    """The wait of a loop whose first task begins with a wgmma wait, again at the end of every steady iteration.
+
+    Nothing runs between the two (the back edge, and the first task's turn and ring waits, which do not depend on this
+    warpgroup's wgmma), so the kernel waits for the same groups at the same moment; but ptxas then sees every
+    in-flight group's pipeline stage end inside the iteration that issued it. Left open across the back edge, ptxas
+    serialised the whole wgmma pipeline (C7515) on attention orders whose last tasks issue the tensor-core work that
+    the next iteration's first task reads (results/compile_verdicts)."""
+    first = loop.ops[0][0] if loop.ops else None
+    depth = steady.get(first, {}).get("depth") if first is not None else None
+    if depth is None:
+        return ""
+    return f"wg_wait<{depth}>();  // {first}'s wait before the back edge: each wgmma stage ends in its iteration"
+
 class _Cuda:
     """The sm_90a text of the walk's steps (``codegen.walk.Backend``): mbarriers with TMA transaction counts for the
     rings, wgmma commit groups and waits, named barriers for the turns, the profiler's clock stamps."""
@@ -254,7 +270,8 @@ class _Cuda:
         steady = wait_depths(loop, commits, needs)
         needs, steady, early = early_writes(w.opk, role, loop, commits, needs, steady)
         return dataclasses.replace(base, commits=commits, needs=needs, steady=steady, early=early,
-                                   nbuf=register_copies(w.ir, role, "the skeleton double-buffers at most"))
+                                   nbuf=register_copies(w.ir, role, "the skeleton double-buffers at most"),
+                                   tail=_back_edge_wait(loop, steady))
 
     def full_wait(self, w: Walk, r: Ring) -> str:
         return (f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
