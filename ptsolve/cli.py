@@ -21,16 +21,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from . import ops  # noqa: F401  (the face registers the operators it offers)
 from .arguments import PLACEMENTS, SOLVER_NAMES
 from .calibrate import FIT as CAL_FIT
 from .errors import ConfigError, PtsolveError, SchemaError
 from .fileio import read_json, write_text
+from .hw import DEFAULT_HW
+from .opspec import aliases
 from .provenance import stamp
 
-OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
-       "decode": "flash_decode", "flash_decode": "flash_decode",
-       "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
-       "chunk_state": "mamba2_chunk_state", "mamba2_chunk_state": "mamba2_chunk_state"}
+OPS = aliases()  # every name the command takes for an operator -> its registered name (each spec's aliases)
 DETERMINISTIC_HELP = ("reproducible search: the same schedule, status and bound under any machine load, --jobs "
                       "and --executor. --time-limit is then CP-SAT deterministic time, not seconds (its unit is "
                       "nominally a second of one core; it took 3-4 s on a 2-core test machine), for the whole "
@@ -106,7 +106,6 @@ def _hw(a: argparse.Namespace) -> Any:
 
 def op_help(name: str | None = None) -> str:
     """Each operator's parameters (from the signatures of ptsolve.ops' builders), with defaults and aliases."""
-    from . import ops
 
     if name is not None and name not in OPS:
         raise PtsolveError(f"unknown operator {name!r}; use one of {sorted(OPS)}")
@@ -229,7 +228,6 @@ def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
 
 def cmd_tune(a: argparse.Namespace) -> int:
     """Prepare, run (with a GPU runner) or finish a measured selection."""
-    from . import ops
     from .hw import load
     from .tune import candidates, finish, tune
 
@@ -275,7 +273,7 @@ def cmd_ops(a: argparse.Namespace) -> int:
 
 
 def cmd_optimize(a: argparse.Namespace) -> int:
-    from . import ops, optimize
+    from . import optimize
     from .report import gantt_svg
     from .simulate import simulate
 
@@ -461,7 +459,6 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .ops.base import slots_of
     from .placement import exact_loads, lower_bound, sm_loads
     from .simulate import unit_floor
     from .suites import SUITES, operator
@@ -498,7 +495,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
         if len(set(g.row)) < 2:
             continue
         costs = [p.cta_cycles(n, hw) for n in g.row]
-        slots = hw.sms * slots_of(g.tiling)
+        slots = hw.sms * g.tiling.slots
         fl = {x: unit_floor(g, hw, x) for x in ("even", "dynamic", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, dyn, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "dynamic", "lpt"))
@@ -704,7 +701,7 @@ def parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ops", formatter_class=fmt, help="list the operators and their parameters")
     ls.add_argument("name", nargs="?", default=None, help="one operator (default: all)")
     for q in (o, c, pl):
-        q.add_argument("--hw", default="h100", metavar="NAME|PATH",
+        q.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH",
                        help=f"hardware: {', '.join(known())}, or the path of a .json table")
         q.add_argument("--time-limit", type=_seconds, default=30.0 if q is o else WHOLE[q is c],
                        help="wall-clock seconds for the whole command, compile checks included; the answers it "

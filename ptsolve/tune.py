@@ -23,7 +23,7 @@ from .errors import InfeasibleError, PtsolveError
 from .hw import Hardware, load
 from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
-from .ops.base import Operator
+from .opspec import Operator
 from .policies.model import build, fits
 from .result import Result
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cost import Timing, timings
-from .hw import Hardware, load
+from .hw import Hardware, Target, load
 from .ir import STaskGraph
-from .ops.base import consumer_reg_budget, ctas_of, kernel_groups, smem_budget
 from .program import SProgram, precedences, required_barriers
 from .protocol import is_ring, ring_depths, ring_users, smem_layout
 
@@ -54,10 +53,10 @@ def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int, hw: Hardw
 
 def register_excess(g: STaskGraph, copies: dict[str, int], hw: Hardware) -> tuple[int, int, int, list[str]] | None:
     """The first consumer warpgroup whose estimated registers per thread (``regs_per_thread``) exceed what its
-    kernel gives it (ops.base.consumer_reg_budget), as (group, need, budget, buffers); None when all fit. An
+    kernel gives it (ptsolve.hw.Target.consumer_regs), as (group, need, budget, buffers); None when all fit. An
     estimate: ptxas often fits a kernel under the launch bound with fewer (optimize asks it: SProgram.registers)."""
-    k = ctas_of(g.tiling)
-    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
+    k = g.tiling.ctas
+    budget = Target(hw).consumer_regs(g.tiling.kernel_groups(g.groups), k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, copies, grp, hw)
         if need > budget:
@@ -193,13 +192,14 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                              + (f" (modulo ii={p.ii})" if kinds == {"loop"} else ""))
 
     # capacity
-    k = ctas_of(g.tiling)
+    k = g.tiling.ctas
     sm, names = smem_peak(g, p.rings | p.copies, hw)
-    if sm > smem_budget(hw, k):
-        v.append(f"shared memory {sm} B exceeds {smem_budget(hw, k)} B per block with {k} CTA(s) per SM on {hw.name} "
+    smem_cap = Target(hw).smem_budget(k)
+    if sm > smem_cap:
+        v.append(f"shared memory {sm} B exceeds {smem_cap} B per block with {k} CTA(s) per SM on {hw.name} "
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
-    kg = kernel_groups(g.groups, g.tiling)
-    budget = consumer_reg_budget(kg, hw, k)
+    kg = g.tiling.kernel_groups(g.groups)
+    budget = Target(hw).consumer_regs(kg, k)
     if p.registers > budget:
         v.append(f"the compiled kernel holds {p.registers} registers per thread but {kg} consumer warpgroups get "
                  f"{budget} each on {hw.name}")

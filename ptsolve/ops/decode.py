@@ -42,7 +42,8 @@ from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .attention import kept_pairs, qkv_loads, warpgroup_edges, warpgroup_tasks
 from .attention import orders as orders_fa3
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, sms_of, task
+from .attention import textbook as textbook_fa
+from .base import WG_ROWS, OpSpec, TextbookPlan, cdiv, check_keys, dtype_ok, positive, register, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # candidate pieces of the longest query tile
@@ -293,7 +294,15 @@ def orders(groups: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
                                                        for t in ("mma_qk", "mma_pv")]}}
 
 
-REGISTRY["flash_decode"] = OpSpec(
+def textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool) -> TextbookPlan:
+    """FlashAttention's textbook order (attention.textbook); a tiling that cuts some query tile into several pieces
+    ends with the partial, the combine and the merged O."""
+    p = _validate(dict(params))
+    split = max(w[3] for w in pieces(p, tiling["BM"], tiling["BN"], tiling["splits"])) > 1
+    return textbook_fa(p, tiling, overlap, ("store", "combine", "out") if split else ("store",))
+
+
+register("flash_decode", OpSpec(
     _validate, _tilings, _build,
     orders=orders,
     out_tile=lambda t: (t["BM"], 0),
@@ -302,4 +311,5 @@ REGISTRY["flash_decode"] = OpSpec(
     # tail, follow) and the generic classes' choice of it measured faster (results/torch_decode/pick_ab.py), but only
     # the generic binaries were measured, so the exact-shape search offers it only when asked (the generic classes ask)
     optional={"ctas": 1}, opt_in=("ctas",), follow=follow,
-)
+    aliases=("decode",), plan=textbook,
+))

@@ -51,7 +51,21 @@ from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
+from .base import (
+    MMA_K,
+    WG_ROWS,
+    OpSpec,
+    TextbookPlan,
+    cdiv,
+    check_keys,
+    dtype_ok,
+    positive,
+    reg,
+    register,
+    smem,
+    sms_of,
+    task,
+)
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
@@ -223,10 +237,26 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                       rows=tm_units * tn, useful_flops=2 * M * N * K)
 
 
-REGISTRY["gemm"] = OpSpec(
+def textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool) -> TextbookPlan:
+    """The textbook order (codegen.plan.default_plan): the producer loads A and B, each warpgroup zeroes, runs its
+    mma and stores; split-K meets in the workspace before the epilogue. ``overlap`` changes nothing here."""
+    wgs = range(int(tiling["groups"]))
+    pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
+    loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
+    loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
+    split = [("partial@{g}", 0)] if int(tiling.get("splits", 1)) > 1 else []  # split-K meets before the epilogue
+    post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0),
+                                                                   (f"{store_task(tiling)}@{g}", 0)]
+            for g in wgs}
+    return TextbookPlan({"pre": pre, "loop": loop, "post": post}, [f"mma@{g}" for g in wgs])
+
+
+register("gemm", OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
     optional={"splits": 1, "pingpong": 0, "cluster": 1, "tma_store": 0},
     opt_in=("cluster",),
-)
+    persistent=1,  # persistent CTAs unless told otherwise (a split-K tiling launches a grid)
+    plan=textbook,
+))

@@ -18,7 +18,7 @@ from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, task
+from .base import MMA_K, WG_ROWS, OpSpec, TextbookPlan, cdiv, check_keys, dtype_ok, positive, reg, register, smem, task
 
 KEYS = ("batch", "seq", "heads", "head_dim", "d_state", "chunk", "groups")
 E = 2  # fp16/bf16 activations; dA cumsum and dt are fp32
@@ -167,9 +167,36 @@ def _state_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = Non
                       rows=B * nchunks * H, useful_flops=flops)
 
 
-REGISTRY["mamba2_chunk_scan"] = OpSpec(
-    _validate, _scan_tilings, _scan_build,
-    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1})
-REGISTRY["mamba2_chunk_state"] = OpSpec(
-    _validate, _state_tilings, _state_build,
-    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1})
+def _scan_textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool) -> TextbookPlan:
+    """ChunkScan's textbook order (codegen.plan.default_plan); ``overlap`` puts the mma one stage behind the decay
+    that feeds it, with two copies of the W fragment it hands over."""
+    wgs, s = range(int(tiling["groups"])), 1 if overlap else 0
+    pre = {"producer": [("load_c", 0), ("load_states", 0), ("load_dacs", 0)]}
+    pre |= {f"wg{g}": [(f"mma_state@{g}", 0), (f"scale_state@{g}", 0)] for g in wgs}
+    loop = {"producer": [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 0)]}
+    loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"decay@{g}", 0)] if overlap else [(f"decay@{g}", 0), (f"mma@{g}", 0)]
+             for g in wgs}
+    post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
+    return TextbookPlan({"pre": pre, "loop": loop, "post": post}, [f"mma@{g}" for g in wgs],
+                        {f"w@{g}": 1 + s for g in wgs})
+
+
+def _state_textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool) -> TextbookPlan:
+    """ChunkState's textbook order; ``overlap`` puts the mma one stage behind the scale that feeds it, with two
+    copies of the scaled x it hands over."""
+    wgs, s = range(int(tiling["groups"])), 1 if overlap else 0
+    pre = {"producer": [("load_dalast", 0)]} | {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
+    loop = {"producer": [("load_b", 0), ("load_x", 0), ("load_dA", 0), ("load_dt", 0)]}
+    loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"scale@{g}", 0)] if overlap else [(f"scale@{g}", 0), (f"mma@{g}", 0)]
+             for g in wgs}
+    post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
+    return TextbookPlan({"pre": pre, "loop": loop, "post": post}, [f"mma@{g}" for g in wgs],
+                        {f"xs@{g}": 1 + s for g in wgs})
+
+
+register("mamba2_chunk_scan", OpSpec(
+    _validate, _scan_tilings, _scan_build, aliases=("chunk_scan",), plan=_scan_textbook,
+    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1}))
+register("mamba2_chunk_state", OpSpec(
+    _validate, _state_tilings, _state_build, aliases=("chunk_state",), plan=_state_textbook,
+    out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1}))
