@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError
-from ptsolve.ops.decode import (
+from ptsolve.geometry.decode import (
     MERGE_PIECES,
     merge_grid,
     merge_units,

@@ -49,6 +49,7 @@ from typing import Any
 
 from .. import arguments
 from ..errors import ShapeError
+from ..geometry.gemm import STAGE_COLS, STAGE_SLOTS, a_rows, reduce_ctas, split_trips, stage_bytes  # noqa: F401  (re-exported for its readers)
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
 from .base import (
@@ -82,8 +83,6 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
 # dividing K further cannot fill more SMs, it only adds partial tiles
-STAGE_COLS = 64  # columns of one staged chunk of the TMA-store epilogue: a 128-byte swizzled row of fp16/bf16
-STAGE_SLOTS = 2  # chunks a warpgroup stages at once: it fills one while the copy engine reads the other
 DEPTHS = (2, 3, 4, 5)  # ring depths searched; the winner's ring is then deepened where that pays (hw.deep_ring_max)
 SPLIT_DEPTHS = (3, 4)  # ring depths searched with split-K (short loops: 2 starves, 5 buys nothing; keeps the
 # space, and the search time, about 3x the unsplit one at most)
@@ -113,42 +112,10 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                                     yield t | {"splits": 1, "pingpong": 1, "cluster": 2}
 
 
-def a_rows(M: int, BM: int) -> int:
-    """Rows of A's TMA box for a BM-row tile: all BM, or where M is smaller only M rounded up to 8 (one 128-byte
-    swizzle atom). A box mostly past M is filled with zeros by the copy engine, and that fill is slow: a 1-row GEMM
-    ran 18% slower than a 32-row one with the same 64-row box (results/gemm_skinny, small_m.py). The rows past the
-    box keep stale shared memory; wgmma's output row i reads A's row i only, and rows past M are never stored. The
-    one rule the model's load bytes and the code generator's tensor map use."""
-    return min(BM, -(-M // 8) * 8)
-
-
-def reduce_ctas(M: int, N: int, t: dict[str, int], threads: int, sms: int) -> int:
-    """Reduce CTAs per output tile of a split-K tiling: one float4 of the tile per thread (BM × BN / 4 / ``threads``),
-    fewer where that would make the kernel's reduce CTAs as many as ``sms`` (each waits on an SM for its tile's
-    splits; with fewer than SMs a split always finds an SM whatever order the CTAs are dispatched in), at least one.
-    The one rule the code generator's grid and reduce loop use."""
-    tiles = cdiv(M, t["BM"]) * cdiv(N, t["BN"])
-    return max(1, min(cdiv(t["BM"] * t["BN"] // 4, threads), (sms - 1) // tiles))
-
-
-def split_trips(kt: int, splits: int) -> tuple[int, ...]:
-    """K steps of each split when ``kt`` steps are divided into ``splits`` contiguous ranges: split s runs steps
-    [s·kt // splits, (s+1)·kt // splits) (the code generator's formula too), so each range has at least one step
-    when splits <= kt."""
-    return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
-
-
 def store_task(tiling: dict[str, int]) -> str:
     """The name (without ``@g``) of a tiling's store task: ``store_tma`` with the TMA-store epilogue, else ``store``;
     the graph's and the code generator's plans use it."""
     return "store_tma" if int(tiling.get("tma_store", 0)) else "store"
-
-
-def stage_bytes(rows: int, BN: int, dtype: str) -> int:
-    """Shared memory of one kernel warpgroup's TMA-store staging (tiling key ``tma_store``), bytes: STAGE_SLOTS
-    chunks of ``rows`` × STAGE_COLS elements, fewer where the tile has fewer chunks. The one rule the model's ``cs@g``
-    buffer and the code generator's chunk loop use."""
-    return min(STAGE_SLOTS, BN // STAGE_COLS) * rows * STAGE_COLS * DTYPE_BYTES[dtype]
 
 
 def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
