@@ -736,7 +736,7 @@ def parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", formatter_class=fmt,
                          help="fit the hardware table's estimated entries to a measured study (codegen.study) and "
                               "evaluate the fit on its held-out configurations")
-    cal.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    cal.add_argument("--hw", default=DEFAULT_HW, metavar="NAME", help="hardware table to calibrate")
     cal.add_argument("--candidates", required=True, help="candidates JSON of `python3 -m codegen.study prepare`")
     cal.add_argument("--study", required=True, help="study.json of `python3 -m codegen.study run` (the GPU)")
     cal.add_argument("--params", default=",".join(CAL_FIT), help="comma-separated entries to fit")
@@ -757,7 +757,7 @@ def parser() -> argparse.ArgumentParser:
     ct.add_argument("--profiles", nargs="+", required=True, metavar="DIR", help="folders of *.profile.json")
     ct.add_argument("--schedules", required=True, metavar="DIR",
                     help="folder of the Result JSON files the profiles ran (<name>.json beside <name>.profile.json)")
-    ct.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    ct.add_argument("--hw", default=DEFAULT_HW, metavar="NAME", help="hardware table to calibrate")
     ct.add_argument("--write", action="store_true", help="write task_extra into <hw>.calibrated.json")
     ct.add_argument("--time-limit", type=_seconds, default=600.0,
                     help="wall-clock seconds for reading the profiles; the fit takes those read by then")
@@ -765,7 +765,7 @@ def parser() -> argparse.ArgumentParser:
                         help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
     tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")
     tu.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape")
-    tu.add_argument("--hw", default="h200", metavar="NAME|PATH", help="hardware")
+    tu.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH", help="hardware")
     tu.add_argument("--top-k", type=_positive_int, default=5, help="schedules to time")
     tu.add_argument("--solver", default="cpsat", type=_policy_list, metavar="POLICY[,POLICY]",
                     help=f"policy, or several comma-separated (each tiling's distinct orders): "

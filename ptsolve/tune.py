@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import InfeasibleError, PtsolveError
-from .hw import Hardware, load
+from .hw import DEFAULT_HW, Hardware, load
 from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
 from .opspec import Operator
@@ -211,7 +211,7 @@ def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
                    rejected=tuple((t, why) for t, why in rejected))
 
 
-def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
+def tune(op: Operator, hw: str | Hardware = DEFAULT_HW, top_k: int = 5, runner: Runner | None = None,
          solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
          cache: bool = True, per: Sequence[str] = (), deterministic: bool = False,
          deadline: float | None = None) -> Result:
