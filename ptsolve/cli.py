@@ -670,9 +670,9 @@ def _seconds(v: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``ptsolve`` command line: the plugin commands (listed; main hands them their own command lines), then the
+    search commands, the calibrations and measured selection."""
     from . import __version__
-    from .hw import known
-    from .suites import SUITES
 
     fmt = _Fmt
     p = _Parser(prog="ptsolve", description=__doc__, formatter_class=fmt)
@@ -681,6 +681,17 @@ def parser() -> argparse.ArgumentParser:
     for name, ep in plugin_commands().items():  # listed here; main hands them their own command lines
         sub.add_parser(name, help=f"{_first_doc_line(ep.value.split(':')[0])} (`ptsolve {name} --help`; from "
                                   f"{ep.value.split(':')[0]})", add_help=False)
+    _search_commands(sub, fmt)
+    _calibrate_commands(sub, fmt)
+    _tune_command(sub, fmt)
+    return p
+
+
+def _search_commands(sub: Any, fmt: type) -> None:
+    """optimize (one operator), compare and placement (a suite), ops (the operators' parameters)."""
+    from .hw import known
+    from .suites import SUITES
+
     o = sub.add_parser("optimize", formatter_class=fmt, epilog=op_help() + "\n\n" + LEGEND,
                        help="schedule one operator; print the schedule, write its JSON and a Gantt chart (SVG)")
     o.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))} (`ptsolve ops OP` lists its "
@@ -733,6 +744,11 @@ def parser() -> argparse.ArgumentParser:
                         "loop where a code generator and its compiler are installed; PTSOLVE_COMPILE_CHECK=0 too)")
     c.add_argument("--compile-check", action="store_true",
                    help="put the compiler in the loop (each chosen kernel generated and compiled: minutes more)")
+
+
+def _calibrate_commands(sub: Any, fmt: type) -> None:
+    """calibrate (the table's estimated entries from a measured study) and calibrate-tasks (the vector tasks'
+    extra cycles from profiler timelines)."""
     cal = sub.add_parser("calibrate", formatter_class=fmt,
                          help="fit the hardware table's estimated entries to a measured study (codegen.study) and "
                               "evaluate the fit on its held-out configurations")
@@ -761,6 +777,10 @@ def parser() -> argparse.ArgumentParser:
     ct.add_argument("--write", action="store_true", help="write task_extra into <hw>.calibrated.json")
     ct.add_argument("--time-limit", type=_seconds, default=600.0,
                     help="wall-clock seconds for reading the profiles; the fit takes those read by then")
+
+
+def _tune_command(sub: Any, fmt: type) -> None:
+    """tune: measured selection among the model's best compile-clean schedules."""
     tu = sub.add_parser("tune", formatter_class=fmt, epilog=op_help(),
                         help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
     tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")
@@ -783,7 +803,6 @@ def parser() -> argparse.ArgumentParser:
                     help="read the GPU's times (codegen.tune_runner output), report the best")
     tu.add_argument("--per", action="append", default=[], metavar="KEY", help="the K best of every value of this "
                     "structure key, e.g. --per pingpong (GEMM: cooperative and ping-pong both timed); repeatable")
-    return p
 
 
 def _first_doc_line(module: str) -> str:

@@ -120,26 +120,10 @@ def _deadlock(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
     return ["deadlock: a cycle of waits that can never be released: " + "; ".join(reversed(cyc))]
 
 
-def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
-    """Check ``p`` on ``hw`` (a table or its name; default the program's); the result is truthy iff valid
-    and lists each violation otherwise."""
-    hw = load(hw or p.hw)
+def _sync_problems(p: SProgram, tm: dict[str, Timing]) -> list[str]:
+    """Missing barriers (a cross-stream dependence or a ring slot with no mbarrier is a race), barriers naming
+    unknown tasks, and loop buffers without a ring depth or copy count."""
     g, v = p.graph, []
-    tm = timings(g, hw)
-    missing = sorted(set(g.task) - set(p.start))
-    if missing:
-        return Validity((f"tasks not scheduled: {missing}; give every task a start time",))
-    extra = sorted(set(p.start) - set(g.task))
-    if extra:
-        v.append(f"start times for unknown tasks {extra}")
-    if p.ii < 1:
-        return Validity((f"initiation interval ii={p.ii} must be >= 1 cycle",))
-    neg = sorted(t for t, s in p.start.items() if s < 0)
-    if neg:
-        v.append(f"negative start times for {neg}")
-    S = p.start
-
-    # barriers: a cross-stream dependence or a ring slot with no mbarrier is a race
     have = set(p.barriers)
     for b in required_barriers(g, tm, p.rings, p.copies):
         if b not in have:
@@ -149,16 +133,18 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
     for b in p.barriers:
         if b.src not in g.task or b.dst not in g.task:
             v.append(f"barrier {b.src}->{b.dst} names an unknown task")
-
-    # ring depths and register copies match the buffers allocated in the loop
     for n in ring_users(g):
         d = p.rings.get(n) if is_ring(g, n) else p.copies.get(n)
         if d is None or d < 1:
             what = "ring depth" if is_ring(g, n) else "copy count"
             v.append(f"buffer {n!r} is allocated every iteration but has no {what} >= 1")
+    return v
 
-    # precedence with latency, and ring / register reuse
-    for u, w, d, lat, kind in precedences(g, tm, hw, p.rings, p.copies):
+
+def _precedence_problems(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
+    """Dependencies whose latency the start times do not cover, and ring / register slots refilled before freed."""
+    S, v = p.start, []
+    for u, w, d, lat, kind in precedences(p.graph, tm, hw, p.rings, p.copies):
         if S[w] + d * p.ii >= S[u] + lat:
             continue
         if kind == "edge":
@@ -167,10 +153,14 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
         else:
             v.append(f"over-full ring: {w} refills a slot {d} iterations later at {S[w]}+{d}*{p.ii}, but {u} "
                      f"frees it only at {S[u]}+{lat}; deepen the ring or raise ii")
+    return v
 
-    # resources: no two reservations at once (loop tasks modulo ii)
+
+def _resource_problems(p: SProgram, tm: dict[str, Timing]) -> list[str]:
+    """Two reservations of one unit at once (loop tasks modulo ii), or a loop task holding a unit longer than ii."""
+    S, v = p.start, []
     res: dict[str, list[tuple[int, int, str, str]]] = {}
-    for t in g.tasks:
+    for t in p.graph.tasks:
         for r, o, n in tm[t.name].uses:
             res.setdefault(r, []).append((S[t.name] + o, S[t.name] + o + n, t.name, t.phase))
     for r, xs in sorted(res.items()):
@@ -190,8 +180,13 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                 if bad:
                     v.append(f"{r} holds {an} [{a0},{a1}) and {bn} [{b0},{b1}) at once"
                              + (f" (modulo ii={p.ii})" if kinds == {"loop"} else ""))
+    return v
 
-    # capacity
+
+def _capacity_problems(p: SProgram, hw: Hardware) -> list[str]:
+    """Shared memory over the CTA's budget, and registers over the consumer warpgroups' (the compiler's count where
+    the program carries one, else the model's)."""
+    g, v = p.graph, []
     k = g.tiling.ctas
     sm, names = smem_peak(g, p.rings | p.copies, hw)
     smem_cap = Target(hw).smem_budget(k)
@@ -208,6 +203,28 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
         v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
                  f"{kg} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
                  "fewer live copies")
+    return v
+
+
+def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
+    """Check ``p`` on ``hw`` (a table or its name; default the program's); the result is truthy iff valid
+    and lists each violation otherwise."""
+    hw = load(hw or p.hw)
+    g, v = p.graph, []
+    tm = timings(g, hw)
+    missing = sorted(set(g.task) - set(p.start))
+    if missing:
+        return Validity((f"tasks not scheduled: {missing}; give every task a start time",))
+    extra = sorted(set(p.start) - set(g.task))
+    if extra:
+        v.append(f"start times for unknown tasks {extra}")
+    if p.ii < 1:
+        return Validity((f"initiation interval ii={p.ii} must be >= 1 cycle",))
+    neg = sorted(t for t, s in p.start.items() if s < 0)
+    if neg:
+        v.append(f"negative start times for {neg}")
+    v += _sync_problems(p, tm) + _precedence_problems(p, tm, hw) + _resource_problems(p, tm)
+    v += _capacity_problems(p, hw)
     if not v:
         v += _deadlock(p, tm, hw)
     return Validity(tuple(v))

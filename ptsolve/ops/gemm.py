@@ -118,10 +118,10 @@ def store_task(tiling: dict[str, int]) -> str:
     return "store_tma" if int(tiling.get("tma_store", 0)) else "store"
 
 
-def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
-    M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
-    BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
-    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
+def _structure(p: dict[str, Any], t: dict[str, int]) -> tuple[int, int, int]:
+    """The kernel structure a tiling asks for, checked: (pingpong, cluster, tma_store). Each key stays in ``t`` only
+    when set, so the graphs of the plain cooperative kernel keep the tiling (and the names) they had before it."""
+    BN, W, S = t["BN"], t["groups"], t.get("splits", 1)
     pp = t.pop("pingpong", 0)  # kept in the graph's tiling only when set (cooperative graphs stay as they were)
     if pp not in (0, 1) or isinstance(pp, bool):
         raise ShapeError(f"gemm tiling: pingpong={pp!r} must be 0 (cooperative) or 1 (ping-pong)")
@@ -148,6 +148,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                          f"BN a multiple of {STAGE_COLS} (got {BN})")
     if ts:
         t["tma_store"] = 1
+    return pp, cl, ts
+
+
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
+    M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
+    BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
+    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
+    pp, cl, ts = _structure(p, t)
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
