@@ -168,7 +168,8 @@ def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[s
     """The loop's ring groups (ptsolve.protocol.ring_groups) with each role's first reader and release points,
     then the prologue's loads as one ring of depth 1 (released at the end of a tile). A fill delivers its task's
     bytes; in a generic build (``any_shape``) the whole tile it allocates: the shape's own box (e.g. GEMM's A of
-    fewer rows than the tile, ops.gemm.a_rows) would bake one shape into a kernel every shape of its class runs."""
+    fewer rows than the tile, ptsolve.geometry.gemm.a_rows) would bake one shape into a kernel every shape of its
+    class runs."""
 
     def nbytes(t: str) -> int:
         return sum(b.bytes for b in g.task[t].allocs if b.space == "smem") if any_shape else g.task[t].bytes

@@ -197,7 +197,9 @@ def gantt(predicted: Any, measured: Profile, path: str | Path, title: str = "", 
 def measure(schedule: Any, hw: str = DEFAULT_HW, seed: int = 0, nsets: int = 2) -> tuple[Profile, Any]:
     """Profile a schedule (SProgram, KernelPlan or KernelIR) on this machine's GPU: the plain kernel and the
     instrumented one, timed back to back (CUDA graphs, interleaved rounds), and the instrumented one's buffer
-    parsed. Returns the Profile and the raw buffer (uint64 words). Needs torch, cuda-python and an sm_90 GPU."""
+    parsed. Returns the Profile and the raw buffer (uint64 words). Needs torch, cuda-python and an sm_90 GPU.
+    ``hw``: the table the schedule is lowered for (default ptsolve.hw.DEFAULT_HW, as every entry point; it is not
+    detected)."""
     import dataclasses
 
     import numpy as np

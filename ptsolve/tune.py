@@ -248,7 +248,8 @@ def tune(op: Operator, hw: str | Hardware = DEFAULT_HW, top_k: int = 5, runner: 
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
     time; the model's own first choice is candidate 0. A measured selection of the same shape, table, K and
     policy already in the schedule cache is returned without timing anything (``cache`` False times again).
-    ``deterministic``: the candidates are solved reproducibly (``candidates``); the timing is the GPU's."""
+    ``deterministic``: the candidates are solved reproducibly (``candidates``); the timing is the GPU's. ``hw``
+    defaults to ptsolve.hw.DEFAULT_HW like every entry point; name the timing GPU's table (e.g. h200) to match it."""
     from . import cache as store
 
     hw = load(hw)

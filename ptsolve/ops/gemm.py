@@ -8,8 +8,8 @@ BM×BN tile of a persistent CTA (local tiles 0, 2, 4, ... and 1, 3, 5, ...); the
 in turn (``tc_order`` mma@0, mma@1 at tile granularity) and one's epilogue (convert + store) overlaps the other's
 main loop; the producer fills one ring in tile order (CUTLASS's Hopper ping-pong kernel schedule). The graph is one
 warpgroup's tile; the model runs it in two slots per SM that share the tensor cores, copy engine and MUFU
-(``ops.base.slots_of``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
-consumer warpgroups (``ops.base.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
+(``Tiling.slots``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
+consumer warpgroups (``Tiling.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
 
 Clusters (tiling key ``cluster`` = 2, default 1; not with split-K): the two CTAs of a thread-block cluster compute
 M-neighbour tiles with the same B columns; each loads half of the B tile and multicasts it into both (TMA
