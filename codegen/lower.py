@@ -14,9 +14,9 @@ from typing import Any
 from ptsolve import protocol
 from ptsolve.cost import timings
 from ptsolve.errors import CodegenError, PtsolveError
-from ptsolve.hw import Hardware, Target, load
+from ptsolve.hw import DEFAULT_HW, Hardware, Target, load
 from ptsolve.ir import STaskGraph
-from ptsolve.ops.base import kernel_groups, pingpong_of
+from ptsolve.opspec import make, spec_of
 from ptsolve.program import SProgram
 
 from .kernel_ir import KernelIR, Release, Ring, Role, Smem, TaskInfo
@@ -24,16 +24,13 @@ from .loop import LoopOrder, check_deps
 from .plan import PHASES, KernelPlan, plan_from_program
 
 CODEGEN_KEYS = {"persistent": (0, 1)}  # keys the code generator reads (the model too where the space has them)
-DEFAULT_PERSISTENT = {"gemm": 1}  # GEMM runs on persistent CTAs unless told otherwise; the others launch a grid
 WARPS = 4  # warps of a warpgroup: each warp's lane 0 arrives on an empty barrier
 
 
 def graph_of(plan: KernelPlan, hw: Hardware) -> STaskGraph:
     """The sTask-graph a plan schedules (the operator rebuilt from its parameters and tiling)."""
-    from ptsolve import ops
-
     try:
-        op = ops.make(plan.op, **dict(plan.params))
+        op = make(plan.op, **dict(plan.params))
         modelled = set().union(*op.tilings(), op.spec.optional)  # attention's space has persistent: the model's
         return op.graph({k: v for k, v in dict(plan.tiling).items() if k not in CODEGEN_KEYS or k in modelled}, hw)
     except PtsolveError as e:
@@ -124,7 +121,7 @@ def _source(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None
                                "older model, or a graph edited by hand): solve it again with ptsolve optimize")
         return plan, schedule.graph, hwt, dict(plan.copies)
     if isinstance(schedule, KernelPlan):
-        hwt = load(hw or "h100")
+        hwt = load(hw or DEFAULT_HW)
         return schedule, graph_of(schedule, hwt), hwt, dict(schedule.copies or {})
     raise CodegenError(f"lower() takes an SProgram or a KernelPlan, got {type(schedule).__name__}")
 
@@ -133,14 +130,13 @@ def _check_tiling(plan: KernelPlan, g: STaskGraph, copies: dict[str, int]) -> in
     """CodegenError for tiling keys neither the model nor the generator reads, bad copies, or a ring too shallow
     for its release point; returns the persistent flag. Registers are the compiler's to judge (codegen.compile_check
     compiles and reads ptxas); the model's count goes into the KernelIR."""
-    from ptsolve import ops
-    spec = ops.REGISTRY[g.op]
+    spec = spec_of(g.op)
     tiling = dict(plan.tiling)
-    extra = sorted(set(tiling) - set(ops.make(g.op, **g.params).tilings()[0]) - set(spec.optional) - set(CODEGEN_KEYS))
+    extra = sorted(set(tiling) - set(make(g.op, **g.params).tilings()[0]) - set(spec.optional) - set(CODEGEN_KEYS))
     if extra:
         raise CodegenError(f"{g.op}: unknown tiling key(s) {extra}")
     # split-K's reduce CTAs come after every split unit in a launched grid (codegen.cuda.gemm)
-    pers = tiling.get("persistent", DEFAULT_PERSISTENT.get(g.op, 0) if tiling.get("splits", 1) == 1 else 0)
+    pers = tiling.get("persistent", spec.persistent if tiling.get("splits", 1) == 1 else 0)
     if isinstance(pers, bool) or pers not in (0, 1):
         raise CodegenError(f"tiling persistent must be 0 or 1, got {pers!r}")
     bufs = protocol.copy_buffers(g)
@@ -172,7 +168,8 @@ def _rings(g: STaskGraph, rings: dict[str, int], roles: list[str], loops: dict[s
     """The loop's ring groups (ptsolve.protocol.ring_groups) with each role's first reader and release points,
     then the prologue's loads as one ring of depth 1 (released at the end of a tile). A fill delivers its task's
     bytes; in a generic build (``any_shape``) the whole tile it allocates: the shape's own box (e.g. GEMM's A of
-    fewer rows than the tile, ops.gemm.a_rows) would bake one shape into a kernel every shape of its class runs."""
+    fewer rows than the tile, ptsolve.geometry.gemm.a_rows) would bake one shape into a kernel every shape of its
+    class runs."""
 
     def nbytes(t: str) -> int:
         return sum(b.bytes for b in g.task[t].allocs if b.space == "smem") if any_shape else g.task[t].bytes
@@ -321,7 +318,6 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
     plan's tiling key; ``turns`` False leaves the consumers' tensor-core order unenforced; ``profile`` asks for
     the instrumented build (codegen.profile); ``generic`` for the shape-generic build (the schedule's shape is only
     its representative: sizes become kernel arguments)."""
-    from ptsolve import ops
     from ptsolve.validate import regs_per_thread
 
     plan, g, hwt, copies = _source(schedule, hw)
@@ -358,7 +354,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
                            (prod_regs if r == "producer" else tgt.consumer_regs(W, ctas)) if prod_regs else 0,
                            tuple(order["pre"][r]), loops[r].ops, tuple(order["post"][r])) for r in roles)
     ir = KernelIR(
-        op=g.op, params=ops.make(g.op, **g.params).params,  # the operator's defaults for graphs that predate them
+        op=g.op, params=make(g.op, **g.params).params,  # the operator's defaults for graphs that predate them
         tiling={k: v for k, v in plan.tiling.items() if k not in CODEGEN_KEYS} | {"ctas": ctas}, target=hwt.name,
         roles=out_roles, tasks=_tasks(g, stream), rings=_rings(g, rings, roles, loops, order, stream, generic),
         waits={t: tuple(v) for t, v in protocol.waits(g, copies).items() if g.task[t].phase == "loop"},
@@ -369,7 +365,7 @@ def lower(schedule: SProgram | KernelPlan, hw: str | Hardware | Target | None = 
         predicted_ii=int(plan.ii), trips=g.trip_count,
         model_regs=max(regs_per_thread(g, copies, k, hwt)[0] for k in range(W)),
         profile=profile, generic=generic, multicast=tuple(sorted(t.name for t in g.tasks if t.multicast > 1)))
-    if pingpong_of(g.tiling):
-        kg = kernel_groups(W, g.tiling)
+    if g.tiling.pingpong:
+        kg = g.tiling.kernel_groups(W)
         return pingpong(ir, kg, tgt.consumer_regs(kg, ctas) if prod_regs else 0, turns)
     return ir

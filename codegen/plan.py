@@ -14,13 +14,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ptsolve.opspec import REGISTRY
+
 PHASES = ("pre", "loop", "post")
 
 
 @dataclass(frozen=True)
 class KernelPlan:
     op: str                                   # "gemm" | "flash_attention" | "mamba2_chunk_scan" | ...
-    params: dict[str, Any]                    # the operator's shape parameters (see ptsolve.ops)
+    params: dict[str, Any]                    # the operator's shape parameters (ptsolve.opspec.Operator.params)
     tiling: dict[str, int]                    # BM, BN (, BK), depth, groups
     order: dict[str, dict[str, list[tuple[str, int]]]]  # phase -> role -> [(task, stage), ...]
     tc_order: list[str] = field(default_factory=list)
@@ -58,67 +60,21 @@ def default_plan(op: str, params: dict[str, Any], tiling: dict[str, int], overla
     two score buffers), Mamba2's mma behind the vector task that feeds it (ChunkScan's decay, ChunkState's scale:
     two copies of what they hand over), so the tensor cores work on iteration j-1 while the CUDA cores prepare j.
     The consumers' mma tasks are served in warpgroup order (``tc_order``) except for attention without
-    overlap, where turns would serialise the warpgroups' softmaxes. For tests, baselines and hand plans."""
-    W = int(tiling["groups"])
-    wgs = range(W)
-    s = 1 if overlap else 0
-    copies: dict[str, int] = {}
-    if op == "gemm":
-        from ptsolve.ops.gemm import store_task
-        pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
-        loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
-        loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
-        split = [("partial@{g}", 0)] if int(tiling.get("splits", 1)) > 1 else []  # split-K meets before the epilogue
-        post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0),
-                                                                       (f"{store_task(tiling)}@{g}", 0)]
-                for g in wgs}
-        tc = [f"mma@{g}" for g in wgs]
-    elif op in ("flash_attention", "flash_decode"):
-        pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in wgs}
-        loop = {"producer": [("load_k", 0), ("load_v", 0)]}
-        loop |= {f"wg{g}": [(f"mma_qk@{g}", 0), (f"rowmax@{g}", s), (f"exp2@{g}", s), (f"rowsum@{g}", s),
-                            (f"rescale@{g}", s), (f"mma_pv@{g}", s)] for g in wgs}
-        # split-KV with several pieces per query tile: the partial, the combine and the merged O (ptsolve.ops.decode)
-        tail = ["store", "combine", "out"] if op == "flash_decode" and _split(params, tiling) else ["store"]
-        post = {f"wg{g}": [(f"normalize@{g}", 0)] + [(f"{t}@{g}", 0) for t in tail] for g in wgs}
-        tc = [f"{t}@{g}" for g in wgs for t in ("mma_qk", "mma_pv")] if overlap else []
-    elif op == "mamba2_chunk_scan":
-        pre = {"producer": [("load_c", 0), ("load_states", 0), ("load_dacs", 0)]}
-        pre |= {f"wg{g}": [(f"mma_state@{g}", 0), (f"scale_state@{g}", 0)] for g in wgs}
-        loop = {"producer": [("load_cb", 0), ("load_dA", 0), ("load_dt", 0), ("load_x", 0)]}
-        loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"decay@{g}", 0)] if overlap else [(f"decay@{g}", 0), (f"mma@{g}", 0)]
-                 for g in wgs}
-        post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
-        tc = [f"mma@{g}" for g in wgs]
-        copies = {f"w@{g}": 1 + s for g in wgs}
-    elif op == "mamba2_chunk_state":
-        pre = {"producer": [("load_dalast", 0)]} | {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
-        loop = {"producer": [("load_b", 0), ("load_x", 0), ("load_dA", 0), ("load_dt", 0)]}
-        loop |= {f"wg{g}": [(f"mma@{g}", 1), (f"scale@{g}", 0)] if overlap else [(f"scale@{g}", 0), (f"mma@{g}", 0)]
-                 for g in wgs}
-        post = {f"wg{g}": [(f"store@{g}", 0)] for g in wgs}
-        tc = [f"mma@{g}" for g in wgs]
-        copies = {f"xs@{g}": 1 + s for g in wgs}
-    else:
+    overlap, where turns would serialise the warpgroups' softmaxes. Each operator states its own (OpSpec.plan,
+    in its file under ptsolve/ops). For tests, baselines and hand plans."""
+    spec = REGISTRY.get(op)
+    if spec is None or spec.plan is None:
         raise ValueError(f"no default plan for {op!r}")
-    return KernelPlan(op, dict(params), dict(tiling), {"pre": pre, "loop": loop, "post": post}, tc, copies=copies)
-
-
-def _split(params: dict[str, Any], tiling: dict[str, int]) -> bool:
-    """Does a flash_decode tiling cut some query tile into several pieces (so its epilogue combines)?"""
-    from ptsolve import ops
-    from ptsolve.ops.decode import pieces
-    p = ops.make("flash_decode", **params).params
-    return max(w[3] for w in pieces(p, tiling["BM"], tiling["BN"], tiling["splits"])) > 1
+    tb = spec.plan(dict(params), dict(tiling), overlap)
+    return KernelPlan(op, dict(params), dict(tiling), tb.order, tb.tc_order, copies=dict(tb.copies))
 
 
 def fa3_order_plan(params: dict[str, Any], tiling: dict[str, int]) -> KernelPlan:
     """FA3's intra-warpgroup overlap as a plan: QK of j issued, then PV of j-1, then the softmax of j; ping-pong:
     each warpgroup issues QK(j) and PV(j-1) in one turn, then hands the tensor cores on."""
-    from ptsolve.ops.attention import orders
     base = default_plan("flash_attention", params, tiling)
     loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_k", 0), ("load_v", 0)]}
-    fa3 = orders(tiling["groups"])["fa3"]
+    fa3 = REGISTRY["flash_attention"].orders(tiling["groups"])["fa3"]
     loop |= {r: seq for r, seq in fa3.items() if r != "tc"}
     turns = [x for g in range(tiling["groups"]) for x in (f"mma_qk@{g}", f"mma_pv@{g}")]
     return KernelPlan(base.op, base.params, base.tiling, {**base.order, "loop": loop}, turns)
@@ -188,7 +144,6 @@ def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str],
 def entries(op: str, groups: int) -> dict[str, str] | None:
     """Where each consumer warpgroup's loop starts, from the operator's declared issue order (OpSpec.orders: the
     first order by name, its first task per warpgroup), or None when it declares none."""
-    from ptsolve.ops import REGISTRY
     spec = REGISTRY.get(op)
     if spec is None or spec.orders is None:
         return None

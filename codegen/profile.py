@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ptsolve.errors import CodegenError
+from ptsolve.hw import DEFAULT_HW
 
 from .cuda.skeleton import PHASE_CODE, PROF_CTAS, PROF_HDR, PROF_REC, prof_cap
 from .kernel_ir import KernelIR
@@ -193,10 +194,12 @@ def gantt(predicted: Any, measured: Profile, path: str | Path, title: str = "", 
     return path
 
 
-def measure(schedule: Any, hw: str = "h200", seed: int = 0, nsets: int = 2) -> tuple[Profile, Any]:
+def measure(schedule: Any, hw: str = DEFAULT_HW, seed: int = 0, nsets: int = 2) -> tuple[Profile, Any]:
     """Profile a schedule (SProgram, KernelPlan or KernelIR) on this machine's GPU: the plain kernel and the
     instrumented one, timed back to back (CUDA graphs, interleaved rounds), and the instrumented one's buffer
-    parsed. Returns the Profile and the raw buffer (uint64 words). Needs torch, cuda-python and an sm_90 GPU."""
+    parsed. Returns the Profile and the raw buffer (uint64 words). Needs torch, cuda-python and an sm_90 GPU.
+    ``hw``: the table the schedule is lowered for (default ptsolve.hw.DEFAULT_HW, as every entry point; it is not
+    detected)."""
     import dataclasses
 
     import numpy as np
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedules", required=True,
                     help="folder of Result JSON files solved with the current model (e.g. tests/data/sched_new)")
     ap.add_argument("--only", required=True, help="comma-separated file stems, e.g. FA3_cpsat,FA3_greedy")
-    ap.add_argument("--hw", default="h200", help="hardware table the schedules were solved for")
+    ap.add_argument("--hw", default=DEFAULT_HW, help="hardware table the schedules were solved for")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--time-limit", type=float, default=900.0,
                     help="wall-clock seconds: no schedule starts after it (the ones left are named)")

@@ -21,16 +21,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from . import ops  # noqa: F401  (the face registers the operators it offers)
 from .arguments import PLACEMENTS, SOLVER_NAMES
 from .calibrate import FIT as CAL_FIT
 from .errors import ConfigError, PtsolveError, SchemaError
 from .fileio import read_json, write_text
+from .hw import DEFAULT_HW
+from .opspec import aliases
 from .provenance import stamp
 
-OPS = {"gemm": "gemm", "fa": "flash_attention", "flash_attention": "flash_attention",
-       "decode": "flash_decode", "flash_decode": "flash_decode",
-       "chunk_scan": "mamba2_chunk_scan", "mamba2_chunk_scan": "mamba2_chunk_scan",
-       "chunk_state": "mamba2_chunk_state", "mamba2_chunk_state": "mamba2_chunk_state"}
+OPS = aliases()  # every name the command takes for an operator -> its registered name (each spec's aliases)
 DETERMINISTIC_HELP = ("reproducible search: the same schedule, status and bound under any machine load, --jobs "
                       "and --executor. --time-limit is then CP-SAT deterministic time, not seconds (its unit is "
                       "nominally a second of one core; it took 3-4 s on a 2-core test machine), for the whole "
@@ -106,7 +106,6 @@ def _hw(a: argparse.Namespace) -> Any:
 
 def op_help(name: str | None = None) -> str:
     """Each operator's parameters (from the signatures of ptsolve.ops' builders), with defaults and aliases."""
-    from . import ops
 
     if name is not None and name not in OPS:
         raise PtsolveError(f"unknown operator {name!r}; use one of {sorted(OPS)}")
@@ -229,7 +228,6 @@ def cmd_calibrate_tasks(a: argparse.Namespace) -> int:
 
 def cmd_tune(a: argparse.Namespace) -> int:
     """Prepare, run (with a GPU runner) or finish a measured selection."""
-    from . import ops
     from .hw import load
     from .tune import candidates, finish, tune
 
@@ -275,7 +273,7 @@ def cmd_ops(a: argparse.Namespace) -> int:
 
 
 def cmd_optimize(a: argparse.Namespace) -> int:
-    from . import ops, optimize
+    from . import optimize
     from .report import gantt_svg
     from .simulate import simulate
 
@@ -461,7 +459,6 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 def cmd_placement(a: argparse.Namespace) -> int:
     """Inter-EU placement of the exact schedules of every suite entry with unequal CTAs."""
     from . import optimize
-    from .ops.base import slots_of
     from .placement import exact_loads, lower_bound, sm_loads
     from .simulate import unit_floor
     from .suites import SUITES, operator
@@ -498,7 +495,7 @@ def cmd_placement(a: argparse.Namespace) -> int:
         if len(set(g.row)) < 2:
             continue
         costs = [p.cta_cycles(n, hw) for n in g.row]
-        slots = hw.sms * slots_of(g.tiling)
+        slots = hw.sms * g.tiling.slots
         fl = {x: unit_floor(g, hw, x) for x in ("even", "dynamic", "lpt")}
         floor = fl["lpt"]  # exact is approximated by longest-first's slots (as in the model)
         even, dyn, lpt = (max(fl[x], int(sm_loads(costs, g.rows, slots, x).max())) for x in ("even", "dynamic", "lpt"))
@@ -673,9 +670,9 @@ def _seconds(v: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``ptsolve`` command line: the plugin commands (listed; main hands them their own command lines), then the
+    search commands, the calibrations and measured selection."""
     from . import __version__
-    from .hw import known
-    from .suites import SUITES
 
     fmt = _Fmt
     p = _Parser(prog="ptsolve", description=__doc__, formatter_class=fmt)
@@ -684,6 +681,17 @@ def parser() -> argparse.ArgumentParser:
     for name, ep in plugin_commands().items():  # listed here; main hands them their own command lines
         sub.add_parser(name, help=f"{_first_doc_line(ep.value.split(':')[0])} (`ptsolve {name} --help`; from "
                                   f"{ep.value.split(':')[0]})", add_help=False)
+    _search_commands(sub, fmt)
+    _calibrate_commands(sub, fmt)
+    _tune_command(sub, fmt)
+    return p
+
+
+def _search_commands(sub: Any, fmt: type) -> None:
+    """optimize (one operator), compare and placement (a suite), ops (the operators' parameters)."""
+    from .hw import known
+    from .suites import SUITES
+
     o = sub.add_parser("optimize", formatter_class=fmt, epilog=op_help() + "\n\n" + LEGEND,
                        help="schedule one operator; print the schedule, write its JSON and a Gantt chart (SVG)")
     o.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))} (`ptsolve ops OP` lists its "
@@ -704,7 +712,7 @@ def parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ops", formatter_class=fmt, help="list the operators and their parameters")
     ls.add_argument("name", nargs="?", default=None, help="one operator (default: all)")
     for q in (o, c, pl):
-        q.add_argument("--hw", default="h100", metavar="NAME|PATH",
+        q.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH",
                        help=f"hardware: {', '.join(known())}, or the path of a .json table")
         q.add_argument("--time-limit", type=_seconds, default=30.0 if q is o else WHOLE[q is c],
                        help="wall-clock seconds for the whole command, compile checks included; the answers it "
@@ -736,10 +744,15 @@ def parser() -> argparse.ArgumentParser:
                         "loop where a code generator and its compiler are installed; PTSOLVE_COMPILE_CHECK=0 too)")
     c.add_argument("--compile-check", action="store_true",
                    help="put the compiler in the loop (each chosen kernel generated and compiled: minutes more)")
+
+
+def _calibrate_commands(sub: Any, fmt: type) -> None:
+    """calibrate (the table's estimated entries from a measured study) and calibrate-tasks (the vector tasks'
+    extra cycles from profiler timelines)."""
     cal = sub.add_parser("calibrate", formatter_class=fmt,
                          help="fit the hardware table's estimated entries to a measured study (codegen.study) and "
                               "evaluate the fit on its held-out configurations")
-    cal.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    cal.add_argument("--hw", default=DEFAULT_HW, metavar="NAME", help="hardware table to calibrate")
     cal.add_argument("--candidates", required=True, help="candidates JSON of `python3 -m codegen.study prepare`")
     cal.add_argument("--study", required=True, help="study.json of `python3 -m codegen.study run` (the GPU)")
     cal.add_argument("--params", default=",".join(CAL_FIT), help="comma-separated entries to fit")
@@ -760,15 +773,19 @@ def parser() -> argparse.ArgumentParser:
     ct.add_argument("--profiles", nargs="+", required=True, metavar="DIR", help="folders of *.profile.json")
     ct.add_argument("--schedules", required=True, metavar="DIR",
                     help="folder of the Result JSON files the profiles ran (<name>.json beside <name>.profile.json)")
-    ct.add_argument("--hw", default="h200", metavar="NAME", help="hardware table to calibrate")
+    ct.add_argument("--hw", default=DEFAULT_HW, metavar="NAME", help="hardware table to calibrate")
     ct.add_argument("--write", action="store_true", help="write task_extra into <hw>.calibrated.json")
     ct.add_argument("--time-limit", type=_seconds, default=600.0,
                     help="wall-clock seconds for reading the profiles; the fit takes those read by then")
+
+
+def _tune_command(sub: Any, fmt: type) -> None:
+    """tune: measured selection among the model's best compile-clean schedules."""
     tu = sub.add_parser("tune", formatter_class=fmt, epilog=op_help(),
                         help="measured selection: the model's K best compile-clean schedules, timed on the GPU")
     tu.add_argument("op", metavar="OP", help=f"operator: {', '.join(sorted(OPS))}")
     tu.add_argument("params", nargs="*", metavar="KEY=VALUE", help="shape")
-    tu.add_argument("--hw", default="h200", metavar="NAME|PATH", help="hardware")
+    tu.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH", help="hardware")
     tu.add_argument("--top-k", type=_positive_int, default=5, help="schedules to time")
     tu.add_argument("--solver", default="cpsat", type=_policy_list, metavar="POLICY[,POLICY]",
                     help=f"policy, or several comma-separated (each tiling's distinct orders): "
@@ -786,7 +803,6 @@ def parser() -> argparse.ArgumentParser:
                     help="read the GPU's times (codegen.tune_runner output), report the best")
     tu.add_argument("--per", action="append", default=[], metavar="KEY", help="the K best of every value of this "
                     "structure key, e.g. --per pingpong (GEMM: cooperative and ping-pong both timed); repeatable")
-    return p
 
 
 def _first_doc_line(module: str) -> str:

@@ -21,7 +21,6 @@ from . import arguments
 from .errors import ConfigError
 from .hw import Hardware
 from .ir import STask, STaskGraph
-from .ops.base import slots_of
 
 # An invalid PTSOLVE_GRAIN must not break ``import ptsolve`` (the CLI could not print its one-line error): it is
 # kept here and raised by grain(), which every duration of the cost model goes through.
@@ -165,7 +164,7 @@ def timings(g: STaskGraph, hw: Hardware) -> dict[str, Timing]:
     how many CTAs share an SM)."""
     turns = len({t.group for t in g.tasks if t.kind == "mma" and t.group >= 0}) > 1
     ctas = int(g.tiling.get("ctas", 1))
-    busy = -(-g.n_ctas // slots_of(g.tiling))  # SMs the launch keeps busy (task_timing caps it at hw.sms)
+    busy = -(-g.n_ctas // g.tiling.slots)  # SMs the launch keeps busy (task_timing caps it at hw.sms)
     hw = hw.for_op(g.op)  # once, not per task
     return {t.name: task_timing(t, hw, turns, ctas, g.op, g.groups, busy) for t in g.tasks}
 

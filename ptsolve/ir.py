@@ -15,6 +15,7 @@ from typing import Any
 
 from . import arguments
 from .errors import GraphError, PtsolveError, SchemaError
+from .tiling import Tiling
 
 SCHEMA_VERSION = 1
 KINDS = ("load", "store", "mma", "vector", "barrier")
@@ -105,7 +106,7 @@ class STaskGraph:
     name: str
     op: str
     params: dict[str, Any]
-    tiling: dict[str, int]
+    tiling: Tiling  # a plain mapping given here becomes a Tiling
     tasks: tuple[STask, ...]
     edges: tuple[Edge, ...]
     row: tuple[int, ...]
@@ -114,6 +115,8 @@ class STaskGraph:
     schema: int = field(default=SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
+        if isinstance(self.tiling, dict) and not isinstance(self.tiling, Tiling):
+            object.__setattr__(self, "tiling", Tiling(self.tiling))  # frozen: set once, before anything reads it
         self.verify()
 
     # -- queries -----------------------------------------------------------------------------

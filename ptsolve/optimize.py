@@ -11,15 +11,15 @@ from typing import Any
 from . import cache as cache_mod
 from .cost import check_grain
 from .errors import PtsolveError
-from .hw import Hardware, load
+from .hw import DEFAULT_HW, Hardware, load
 from .ir import STaskGraph
 from .kernelcheck import KernelCheck, checker
-from .ops.base import Operator
+from .opspec import Operator
 from .result import Result
 from .search import check_args, search
 
 
-def optimize(op: Operator | STaskGraph, hw: str | Hardware = "h100", solver: str = "cpsat",
+def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver: str = "cpsat",
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
              jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
              progress: Callable[[str], None] | None = None, compile_check: bool | None = None,

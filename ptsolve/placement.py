@@ -12,6 +12,7 @@ import heapq
 
 import numpy as np
 
+from . import cpsolver
 from .arguments import PLACEMENTS as POLICIES
 from .errors import PtsolveError
 
@@ -137,7 +138,7 @@ def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
 
     LPT first; if it meets lower_bound it is optimal. Otherwise CP-SAT over how many CTAs of each
     distinct latency each SM runs (SMs sorted by load to break their symmetry), LPT as the hint.
-    ``deterministic``: ``time_limit`` is CP-SAT deterministic time, one worker (policies.cpsat.cp_solver): the same
+    ``deterministic``: ``time_limit`` is CP-SAT deterministic time, one worker (ptsolve.cpsolver.cp_solver): the same
     answer and proof under any load; else wall-clock seconds, two workers.
     """
     lpt = sm_loads(row_cycles, rows, sms, "lpt")
@@ -161,9 +162,8 @@ def exact_loads(row_cycles: list[int] | tuple[int, ...], rows: int, sms: int,
         m.add(loads[s] >= loads[s + 1])
     m.minimize(cap)
     m.add_hint(cap, int(lpt.max()))
-    from .policies.cpsat import cp_solver  # here: policies.model imports this module
-
-    sv = cp_solver(cp_model, 1, det_time=time_limit) if deterministic else cp_solver(cp_model, 2, time_limit=time_limit)
+    sv = (cpsolver.cp_solver(cp_model, 1, det_time=time_limit) if deterministic
+          else cpsolver.cp_solver(cp_model, 2, time_limit=time_limit))
     st = sv.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or sv.objective_value >= lpt.max():
         return lpt, st == cp_model.OPTIMAL

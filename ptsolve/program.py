@@ -21,7 +21,7 @@ from .cost import Timing, timings
 from .errors import SchemaError
 from .hw import Hardware
 from .ir import SCHEMA_VERSION, STaskGraph, check_schema, loads
-from .ops.base import REGISTRY, slots_of
+from .opspec import REGISTRY
 from .protocol import copy_buffers, precedences, releases, ring_depths, ring_users
 
 __all__ = ["Barrier", "SProgram", "make_program", "precedences", "required_barriers", "ring_users"]
@@ -56,13 +56,13 @@ def handover(g: STaskGraph, hw: Hardware) -> int:
 
 def follow_tail(g: STaskGraph, hw: Hardware) -> int:
     """Cycles ``g``'s kernel takes after its grid's CTAs for its follow-up CTAs (OpSpec.follow): where the grid and
-    the follow-ups exceed the SM slots (hw.sms · slots_of), the follow-ups beyond them queue behind the grid, and
+    the follow-ups exceed the SM slots (hw.sms · Tiling.slots), the follow-ups beyond them queue behind the grid, and
     the tail is the operator's hw.follow_cycles times the share of the slots they fill (all of it at most: a few
     queued ones start as the first CTAs of the grid leave); 0 when they are all resident beside the grid (their
     wait overlaps it, and the graph's own tasks charge their work) or there are none."""
     spec = REGISTRY.get(g.op)
     n = spec.follow(g.params, g.tiling, hw) if spec is not None and spec.follow is not None else 0
-    slots = hw.sms * slots_of(g.tiling)
+    slots = hw.sms * g.tiling.slots
     queued = min(n, g.n_ctas + n - slots)
     if queued <= 0:
         return 0

@@ -24,7 +24,7 @@ from .errors import InfeasibleError, PtsolveError, SolverError
 from .hw import Hardware, load
 from .ir import STaskGraph
 from .kernelcheck import KernelCheck
-from .ops.base import Operator
+from .opspec import Operator
 from .policies import SOLVERS
 from .policies import greedy as greedy_mod
 from .policies.model import Problem, build, fits, tiling_tie
@@ -130,7 +130,7 @@ def check_solver(solver: str) -> None:
 
 
 # policies that can run reproducibly (search's ``deterministic``): greedy and exhaustive have no time-dependent step
-# (exhaustive's cap counts nodes), CP-SAT takes a deterministic time limit (policies.cpsat.cp_solver). HiGHS and CBC
+# (exhaustive's cap counts nodes), CP-SAT takes a deterministic time limit (ptsolve.cpsolver.cp_solver). HiGHS and CBC
 # stop on the wall clock only: HiGHS 1.16's node and iteration limits leave its root node (presolve, cuts,
 # heuristics) unbounded, and CBC has no deterministic limit either.
 DETERMINISTIC = ("greedy", "cpsat", "cpsat-orders", "exhaustive")

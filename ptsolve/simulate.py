@@ -19,7 +19,6 @@ from .cost import Timing, timings
 from .errors import InfeasibleError
 from .hw import Hardware, load
 from .ir import STaskGraph
-from .ops.base import pingpong_of, slots_of
 from .placement import sm_loads
 from .program import SProgram, cta_time, follow_tail, handover, placement_of, precedences
 from .protocol import first_reuse
@@ -155,9 +154,9 @@ def replay_us(p: SProgram, hw: Hardware | str | None = None) -> float:
 def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: str,
                   tm: dict[str, Timing] | None = None) -> tuple[int, np.ndarray]:
     """(kernel cycles, busy cycles of each SM slot) for CTAs of ``cta[trip]`` cycles: the busiest of the
-    hw.sms · slots_of(tiling) slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher, and
+    hw.sms · Tiling.slots slots, or the SMs' shared-unit floor (ptsolve.placement.shared_floor) if higher, and
     the follow-up CTAs' tail (ptsolve.program.follow_tail) after it."""
-    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement),
+    busy = sm_loads([cta[n] for n in g.row], g.rows, hw.sms * g.tiling.slots, placement_of(g, placement),
                     handover(g, hw))
     return max(int(busy.max()), unit_floor(g, hw, placement, tm)) + follow_tail(g, hw), busy
 
@@ -165,12 +164,12 @@ def kernel_cycles(g: STaskGraph, hw: Hardware, cta: dict[int, int], placement: s
 def unit_floor(g: STaskGraph, hw: Hardware, placement: str, tm: dict[str, Timing] | None = None) -> int:
     """The SMs' shared-unit floor of ``g``'s kernel, cycles (ptsolve.policies.model.floor_of; 0 with one CTA per
     SM); ``exact`` placement is approximated by longest-first's slots, as in the model."""
-    if slots_of(g.tiling) == 1:
+    if g.tiling.slots == 1:
         return 0  # one CTA per SM: the schedule already serialises the shared units (and claimed() stays cheap)
     from .policies.model import floor_of, ii_lower_bound
     tm = tm or timings(g, hw)
     phase = {t.name: t.phase for t in g.tasks}
-    ii_lb = ii_lower_bound(g, hw) if pingpong_of(g.tiling) else 0  # the ping-pong turns (policies.model.units)
+    ii_lb = ii_lower_bound(g, hw) if g.tiling.pingpong else 0  # the ping-pong turns (policies.model.units)
     return floor_of(g, hw, tm, phase, ii_lb, placement)
 
 

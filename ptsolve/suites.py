@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .ops import flash_attention, gemm, mamba2_chunk_scan, mamba2_chunk_state
-from .ops.base import Operator
+from .opspec import Operator
 
 LLAMA = {"llama3-8b": (32, 8), "llama3-70b": (64, 8)}
 FA_SEQS = (512, 1024, 2048, 4096, 8192)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import InfeasibleError, PtsolveError
-from .hw import Hardware, load
+from .hw import DEFAULT_HW, Hardware, load
 from .kernelcheck import KernelCheck
 from .kernelcheck import runner as find_runner
-from .ops.base import Operator
+from .opspec import Operator
 from .policies.model import build, fits
 from .result import Result
 
@@ -53,6 +53,80 @@ def order_key(p: Any) -> tuple:
             tuple(sorted(p.rings.items())), tuple(sorted(p.copies.items())))
 
 
+@dataclass
+class _Pool:
+    """The candidates found so far, each kernel (tiling, order_key) once, with its compile check."""
+
+    found: list[Result] = field(default_factory=list)
+    checks: list[KernelCheck] = field(default_factory=list)
+    have: set[tuple] = field(default_factory=set)
+
+    def add(self, r: Result, c: KernelCheck) -> bool:
+        """Keep ``r``; False where the same kernel is already kept (another policy's, or optimize's answer)."""
+        i = (tuple(sorted(r.tiling.items())), order_key(r.program))
+        if i in self.have:
+            return False
+        self.have.add(i)
+        self.found.append(r)
+        self.checks.append(c)
+        return True
+
+
+def _check_of(r: Result) -> KernelCheck:
+    return KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
+
+
+def _policies(solver: str, deterministic: bool) -> tuple[str, ...]:
+    """The distinct comma-separated policies of ``solver``, each checked against ``deterministic`` before any solve
+    (a MILP among them refuses it)."""
+    from .search import check_deterministic
+
+    solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
+    if not all(solvers):
+        raise PtsolveError(f"tune: solver {solver!r} names an empty policy; give e.g. cpsat or cpsat,greedy")
+    for pol in solvers:
+        check_deterministic(pol, "even", deterministic)
+    return solvers
+
+
+def _bounded(op: Operator, hw: Hardware, fix: dict[str, int] | None) -> list[tuple[int, tuple, Any]]:
+    """(lower bound, tie key, graph) of every tiling of ``op`` that fits ``hw``, best bound first."""
+    from .search import _fixed, lower_bound
+
+    bounded = []
+    for t in _fixed(op, fix):
+        g = op.graph(t, hw)
+        if fits(g, hw) is None:
+            P = build(g, hw)
+            bounded.append((lower_bound(P), P.tie, g))
+    if not bounded:
+        raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}")
+    return sorted(bounded, key=lambda x: (x[0], x[1]))
+
+
+def _per_structure(op: Operator, hw: str | Hardware, k: int, per: Sequence[str], fix: dict[str, int] | None,
+                   **kw: Any) -> tuple[list[Candidate], list[tuple[dict, str]]]:
+    """``candidates`` for every combination of the ``per`` keys' values, ranked together by prediction."""
+    from .search import _fixed, answer_key
+
+    opt = op.spec.optional
+    combos = sorted({tuple(t.get(x, opt.get(x)) for x in per) for t in _fixed(op, fix, per)},
+                    key=lambda v: tuple(-1 if x is None else x for x in v))
+    got: list[Candidate] = []
+    rej: list[tuple[dict, str]] = []
+    for v in combos:
+        try:
+            cs, rs = candidates(op, hw, k, fix=(fix or {}) | dict(zip(per, v)), **kw)
+        except InfeasibleError:
+            continue  # no tiling of this structure fits
+        got += cs
+        rej += rs
+    if not got:
+        raise InfeasibleError(f"no tiling of {op.describe()} fits {load(hw).name}")
+    got.sort(key=lambda c: answer_key(c.result.program, load(hw)))
+    return [replace(c, rank=n) for n, c in enumerate(got)], rej
+
+
 def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsat", time_limit: float = 30.0,
                check: bool = True, progress: Callable[[str], None] | None = None,
                fix: dict[str, int] | None = None, per: Sequence[str] = (),
@@ -67,67 +141,26 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     ``deterministic``: reproducible solves (ptsolve.optimize's), ``time_limit`` CP-SAT deterministic time per tiling.
     ``deadline`` (``time.time()`` seconds, wall-clock runs only): no search runs past it, and the walk stops there
     with the candidates it has."""
-    from .search import _fixed, answer_key, check_deterministic, lower_bound
+    from .optimize import optimize
+    from .search import answer_key
 
     if per:
-        opt = op.spec.optional
-        combos = sorted({tuple(t.get(x, opt.get(x)) for x in per) for t in _fixed(op, fix, per)},
-                        key=lambda v: tuple(-1 if x is None else x for x in v))
-        got: list[Candidate] = []
-        rej: list[tuple[dict, str]] = []
-        for v in combos:
-            try:
-                cs, rs = candidates(op, hw, k, solver, time_limit, check, progress, (fix or {}) | dict(zip(per, v)),
-                                    deterministic=deterministic, deadline=deadline)
-            except InfeasibleError:
-                continue  # no tiling of this structure fits
-            got += cs
-            rej += rs
-        if not got:
-            raise InfeasibleError(f"no tiling of {op.describe()} fits {load(hw).name}")
-        got.sort(key=lambda c: answer_key(c.result.program, load(hw)))
-        return [replace(c, rank=n) for n, c in enumerate(got)], rej
-
-    solvers = tuple(dict.fromkeys(x.strip() for x in solver.split(",")))
-    if not all(solvers):
-        raise PtsolveError(f"tune: solver {solver!r} names an empty policy; give e.g. cpsat or cpsat,greedy")
-    for pol in solvers:  # before any solve: a MILP among the policies refuses deterministic
-        check_deterministic(pol, "even", deterministic)
-
+        return _per_structure(op, hw, k, per, fix, solver=solver, time_limit=time_limit, check=check,
+                              progress=progress, deterministic=deterministic, deadline=deadline)
+    solvers = _policies(solver, deterministic)
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise PtsolveError(f"top_k must be a positive integer, got {k!r}")
     hw = load(hw)
     say = progress or (lambda s: None)
-    bounded = []
-    for t in _fixed(op, fix):
-        g = op.graph(t, hw)
-        if fits(g, hw) is None:
-            P = build(g, hw)
-            bounded.append((lower_bound(P), P.tie, g))
-    if not bounded:
-        raise InfeasibleError(f"no tiling of {op.describe()} fits {hw.name}")
-    bounded.sort(key=lambda x: (x[0], x[1]))
-    from .optimize import optimize
+    bounded = _bounded(op, hw, fix)
 
     def limit() -> float:  # each search within what the deadline leaves
         if deadline is None or deterministic:
             return time_limit
         return min(time_limit, max(0.5, deadline - time.time()))
 
-    def late() -> bool:
-        return deadline is not None and not deterministic and time.time() > deadline
-    found: list[Result] = []
-    checks: list[KernelCheck] = []
-    rejected: list[tuple[dict, str]] = []
+    pool, rejected = _Pool(), []
     deepened: dict[tuple, dict[str, int]] = {}  # deepened tiling -> the searched tiling it came from
-    have: set[tuple] = set()  # (tiling, order_key) of every candidate: the same kernel is timed once
-
-    def ident(r: Result) -> tuple:
-        return tuple(sorted(r.tiling.items())), order_key(r.program)
-
-    def check_of(r: Result) -> KernelCheck:
-        return KernelCheck(**r.kernel_check) if r.kernel_check else KernelCheck("not compile-checked", "check=False")
-
     # optimize's own answer is a candidate: its compiler in the loop may keep a tiling the walk below drops (the
     # first rejected tiling with the operator's declared issue order, optimize._compiler_in_the_loop), and the first
     # choice must be among what is timed
@@ -136,16 +169,14 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
                          deterministic=deterministic)
     except InfeasibleError:
         first = None
-    if first is not None and (c := check_of(first)).status not in ("rejected", "unsupported"):
-        have.add(ident(first))
-        found.append(first)
-        checks.append(c)
+    if first is not None and (c := _check_of(first)).status not in ("rejected", "unsupported"):
+        pool.add(first, c)
         say(f"optimize's answer {first.tiling} {first.program.policy}: {first.predicted_us:.1f} µs predicted")
     for lb, _, g in bounded:
-        if len(found) >= k and lb >= sorted(r.objective for r in found)[k - 1]:
+        if len(pool.found) >= k and lb >= sorted(r.objective for r in pool.found)[k - 1]:
             break
-        if found and late():
-            say(f"the time limit ran out with {len(found)} candidate(s)")
+        if pool.found and deadline is not None and not deterministic and time.time() > deadline:
+            say(f"the time limit ran out with {len(pool.found)} candidate(s)")
             break
         for pol in solvers:
             r = optimize(g, hw, solver=pol, time_limit=limit(), compile_check=check, deterministic=deterministic)
@@ -153,21 +184,18 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
                 r = _deepened(r, hw, check)
                 if deepened.setdefault(tuple(sorted(r.tiling.items())), g.tiling) != g.tiling:
                     continue  # a shallower twin's ring deepened to one a better-ranked candidate has already
-            c = check_of(r)
+            c = _check_of(r)
             if c.status in ("rejected", "unsupported"):
                 rejected.append((dict(g.tiling), f"{c.status}: {c.reason}"))
                 say(f"tiling {g.tiling}: {c.status} ({c.reason})")
                 break  # the compiler judges the tiling's kernel, whichever policy ordered it
-            if (i := ident(r)) in have:
-                continue  # another policy's same kernel, or optimize's answer
-            have.add(i)
-            found.append(r)
-            checks.append(c)
-            say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
+            if pool.add(r, c):
+                say(f"tiling {g.tiling} {pol}: {r.predicted_us:.1f} µs predicted, {c.status}")
+    found = pool.found
     order = sorted(range(len(found)), key=lambda i: (answer_key(found[i].program, hw),
                                                      solvers.index(found[i].program.policy)
                                                      if found[i].program.policy in solvers else 0))[:k]
-    return [Candidate(n, found[i], checks[i]) for n, i in enumerate(order)], rejected
+    return [Candidate(n, found[i], pool.checks[i]) for n, i in enumerate(order)], rejected
 
 
 def _deepened(r: Result, hw: Hardware, check: bool) -> Result:
@@ -211,7 +239,7 @@ def choose(cands: Sequence[Result], us: Sequence[float], checks: Sequence[str],
                    rejected=tuple((t, why) for t, why in rejected))
 
 
-def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runner | None = None,
+def tune(op: Operator, hw: str | Hardware = DEFAULT_HW, top_k: int = 5, runner: Runner | None = None,
          solver: str = "cpsat", time_limit: float = 30.0, progress: Callable[[str], None] | None = None,
          cache: bool = True, per: Sequence[str] = (), deterministic: bool = False,
          deadline: float | None = None) -> Result:
@@ -220,7 +248,8 @@ def tune(op: Operator, hw: str | Hardware = "h200", top_k: int = 5, runner: Runn
     is the chosen schedule's, with ``measured_us`` and, in ``measured``, every candidate's predicted and measured
     time; the model's own first choice is candidate 0. A measured selection of the same shape, table, K and
     policy already in the schedule cache is returned without timing anything (``cache`` False times again).
-    ``deterministic``: the candidates are solved reproducibly (``candidates``); the timing is the GPU's."""
+    ``deterministic``: the candidates are solved reproducibly (``candidates``); the timing is the GPU's. ``hw``
+    defaults to ptsolve.hw.DEFAULT_HW like every entry point; name the timing GPU's table (e.g. h200) to match it."""
     from . import cache as store
 
     hw = load(hw)

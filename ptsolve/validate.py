@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cost import Timing, timings
-from .hw import Hardware, load
+from .hw import Hardware, Target, load
 from .ir import STaskGraph
-from .ops.base import consumer_reg_budget, ctas_of, kernel_groups, smem_budget
 from .program import SProgram, precedences, required_barriers
 from .protocol import is_ring, ring_depths, ring_users, smem_layout
 
@@ -54,10 +53,10 @@ def regs_per_thread(g: STaskGraph, copies: dict[str, int], group: int, hw: Hardw
 
 def register_excess(g: STaskGraph, copies: dict[str, int], hw: Hardware) -> tuple[int, int, int, list[str]] | None:
     """The first consumer warpgroup whose estimated registers per thread (``regs_per_thread``) exceed what its
-    kernel gives it (ops.base.consumer_reg_budget), as (group, need, budget, buffers); None when all fit. An
+    kernel gives it (ptsolve.hw.Target.consumer_regs), as (group, need, budget, buffers); None when all fit. An
     estimate: ptxas often fits a kernel under the launch bound with fewer (optimize asks it: SProgram.registers)."""
-    k = ctas_of(g.tiling)
-    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
+    k = g.tiling.ctas
+    budget = Target(hw).consumer_regs(g.tiling.kernel_groups(g.groups), k)
     for grp in range(g.groups):
         need, names = regs_per_thread(g, copies, grp, hw)
         if need > budget:
@@ -121,26 +120,10 @@ def _deadlock(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
     return ["deadlock: a cycle of waits that can never be released: " + "; ".join(reversed(cyc))]
 
 
-def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
-    """Check ``p`` on ``hw`` (a table or its name; default the program's); the result is truthy iff valid
-    and lists each violation otherwise."""
-    hw = load(hw or p.hw)
+def _sync_problems(p: SProgram, tm: dict[str, Timing]) -> list[str]:
+    """Missing barriers (a cross-stream dependence or a ring slot with no mbarrier is a race), barriers naming
+    unknown tasks, and loop buffers without a ring depth or copy count."""
     g, v = p.graph, []
-    tm = timings(g, hw)
-    missing = sorted(set(g.task) - set(p.start))
-    if missing:
-        return Validity((f"tasks not scheduled: {missing}; give every task a start time",))
-    extra = sorted(set(p.start) - set(g.task))
-    if extra:
-        v.append(f"start times for unknown tasks {extra}")
-    if p.ii < 1:
-        return Validity((f"initiation interval ii={p.ii} must be >= 1 cycle",))
-    neg = sorted(t for t, s in p.start.items() if s < 0)
-    if neg:
-        v.append(f"negative start times for {neg}")
-    S = p.start
-
-    # barriers: a cross-stream dependence or a ring slot with no mbarrier is a race
     have = set(p.barriers)
     for b in required_barriers(g, tm, p.rings, p.copies):
         if b not in have:
@@ -150,16 +133,18 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
     for b in p.barriers:
         if b.src not in g.task or b.dst not in g.task:
             v.append(f"barrier {b.src}->{b.dst} names an unknown task")
-
-    # ring depths and register copies match the buffers allocated in the loop
     for n in ring_users(g):
         d = p.rings.get(n) if is_ring(g, n) else p.copies.get(n)
         if d is None or d < 1:
             what = "ring depth" if is_ring(g, n) else "copy count"
             v.append(f"buffer {n!r} is allocated every iteration but has no {what} >= 1")
+    return v
 
-    # precedence with latency, and ring / register reuse
-    for u, w, d, lat, kind in precedences(g, tm, hw, p.rings, p.copies):
+
+def _precedence_problems(p: SProgram, tm: dict[str, Timing], hw: Hardware) -> list[str]:
+    """Dependencies whose latency the start times do not cover, and ring / register slots refilled before freed."""
+    S, v = p.start, []
+    for u, w, d, lat, kind in precedences(p.graph, tm, hw, p.rings, p.copies):
         if S[w] + d * p.ii >= S[u] + lat:
             continue
         if kind == "edge":
@@ -168,10 +153,14 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
         else:
             v.append(f"over-full ring: {w} refills a slot {d} iterations later at {S[w]}+{d}*{p.ii}, but {u} "
                      f"frees it only at {S[u]}+{lat}; deepen the ring or raise ii")
+    return v
 
-    # resources: no two reservations at once (loop tasks modulo ii)
+
+def _resource_problems(p: SProgram, tm: dict[str, Timing]) -> list[str]:
+    """Two reservations of one unit at once (loop tasks modulo ii), or a loop task holding a unit longer than ii."""
+    S, v = p.start, []
     res: dict[str, list[tuple[int, int, str, str]]] = {}
-    for t in g.tasks:
+    for t in p.graph.tasks:
         for r, o, n in tm[t.name].uses:
             res.setdefault(r, []).append((S[t.name] + o, S[t.name] + o + n, t.name, t.phase))
     for r, xs in sorted(res.items()):
@@ -191,15 +180,21 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
                 if bad:
                     v.append(f"{r} holds {an} [{a0},{a1}) and {bn} [{b0},{b1}) at once"
                              + (f" (modulo ii={p.ii})" if kinds == {"loop"} else ""))
+    return v
 
-    # capacity
-    k = ctas_of(g.tiling)
+
+def _capacity_problems(p: SProgram, hw: Hardware) -> list[str]:
+    """Shared memory over the CTA's budget, and registers over the consumer warpgroups' (the compiler's count where
+    the program carries one, else the model's)."""
+    g, v = p.graph, []
+    k = g.tiling.ctas
     sm, names = smem_peak(g, p.rings | p.copies, hw)
-    if sm > smem_budget(hw, k):
-        v.append(f"shared memory {sm} B exceeds {smem_budget(hw, k)} B per block with {k} CTA(s) per SM on {hw.name} "
+    smem_cap = Target(hw).smem_budget(k)
+    if sm > smem_cap:
+        v.append(f"shared memory {sm} B exceeds {smem_cap} B per block with {k} CTA(s) per SM on {hw.name} "
                  f"({', '.join(names)}); use smaller tiles, a shallower ring or fewer CTAs per SM")
-    kg = kernel_groups(g.groups, g.tiling)
-    budget = consumer_reg_budget(kg, hw, k)
+    kg = g.tiling.kernel_groups(g.groups)
+    budget = Target(hw).consumer_regs(kg, k)
     if p.registers > budget:
         v.append(f"the compiled kernel holds {p.registers} registers per thread but {kg} consumer warpgroups get "
                  f"{budget} each on {hw.name}")
@@ -208,6 +203,28 @@ def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
         v.append(f"warpgroup {grp} needs {need} registers per thread ({', '.join(names)}, +{hw.reg_overhead}) but "
                  f"{kg} consumer warpgroups get {budget} each on {hw.name}; use fewer rows per warpgroup or "
                  "fewer live copies")
+    return v
+
+
+def check_valid(p: SProgram, hw: Hardware | str | None = None) -> Validity:
+    """Check ``p`` on ``hw`` (a table or its name; default the program's); the result is truthy iff valid
+    and lists each violation otherwise."""
+    hw = load(hw or p.hw)
+    g, v = p.graph, []
+    tm = timings(g, hw)
+    missing = sorted(set(g.task) - set(p.start))
+    if missing:
+        return Validity((f"tasks not scheduled: {missing}; give every task a start time",))
+    extra = sorted(set(p.start) - set(g.task))
+    if extra:
+        v.append(f"start times for unknown tasks {extra}")
+    if p.ii < 1:
+        return Validity((f"initiation interval ii={p.ii} must be >= 1 cycle",))
+    neg = sorted(t for t, s in p.start.items() if s < 0)
+    if neg:
+        v.append(f"negative start times for {neg}")
+    v += _sync_problems(p, tm) + _precedence_problems(p, tm, hw) + _resource_problems(p, tm)
+    v += _capacity_problems(p, hw)
     if not v:
         v += _deadlock(p, tm, hw)
     return Validity(tuple(v))

@@ -653,8 +653,8 @@ def test_pingpong_in_the_space_and_modelled_as_two_slots():
     kernel is at least the shared units' floor), with two consumer warpgroups' registers; check_valid and simulate
     agree with the objective the policy claims."""
     import ptsolve
-    from ptsolve.ops.base import kernel_groups, slots_of
     from ptsolve.simulate import claimed, simulate, unit_floor
+    from ptsolve.tiling import kernel_groups, slots_of
     from ptsolve.validate import check_valid
     op = ptsolve.ops.gemm(M=4096, N=4096, K=4096)
     pps = [t for t in op.tilings() if t.get("pingpong")]

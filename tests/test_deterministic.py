@@ -184,8 +184,8 @@ def test_exact_placement_runs_deterministically(monkeypatch: pytest.MonkeyPatch,
     placements (the suite stubbed to one causal configuration, whose CTAs are unequal)."""
     import numpy as np
 
+    import ptsolve.cpsolver as cps
     import ptsolve.placement as pl
-    import ptsolve.policies.cpsat as cps
     import ptsolve.suites as suites
     seen: list[tuple] = []
     real = cps.cp_solver

@@ -154,7 +154,7 @@ def test_cli_calibrate_fits_one_operator_and_writes_its_own_constants(tmp_path, 
     (tmp_path / "c.json").write_text(json.dumps(cands))
     (tmp_path / "s.json").write_text(json.dumps(study))
     monkeypatch.setenv("PTSOLVE_CALIBRATION_DIR", str(tmp_path))
-    args = ["calibrate", "--candidates", str(tmp_path / "c.json"), "--study", str(tmp_path / "s.json"),
+    args = ["calibrate", "--hw", "h200", "--candidates", str(tmp_path / "c.json"), "--study", str(tmp_path / "s.json"),
             "--params", "mem_latency", "--rounds", "4", "--out", str(tmp_path / "o")]
     assert main(args + ["--op", "gemm", "--relative", "1", "--write"]) == 0
     got = load("h200")

@@ -144,4 +144,4 @@ def test_profile_refuses_a_stale_schedule(tmp_path):
 
     with pytest.raises(PtsolveError, match="not valid for the current h200 table.*solve it again"):
         main(["--schedules", str(Path(__file__).parent / "data" / "schedules_h200"), "--only", "FA3_cpsat",
-              "--out", str(tmp_path)])
+              "--hw", "h200", "--out", str(tmp_path)])

@@ -136,12 +136,12 @@ def test_resident_ctas_budgets_match_the_emitters() -> None:
     from codegen.cuda import emit
     from codegen.lower import lower
     from codegen.plan import default_plan
-    from ptsolve.ops.base import consumer_reg_budget, smem_budget
+    from ptsolve.hw import Target
     hw = load("h100")
-    assert smem_budget(hw, 1) == 227 * 1024
-    assert smem_budget(hw, 2) == 114 * 1024 - 1024
-    assert consumer_reg_budget(2, hw, 2) == 80  # 65536 / (2 CTAs * 384 threads), to 8
-    assert consumer_reg_budget(2, hw, 1) == 240
+    assert Target(hw).smem_budget(1) == 227 * 1024
+    assert Target(hw).smem_budget(2) == 114 * 1024 - 1024
+    assert Target(hw).consumer_regs(2, 2) == 80  # 65536 / (2 CTAs * 384 threads), to 8
+    assert Target(hw).consumer_regs(2, 1) == 240
     p = {"batch": 2, "seq": 1000, "heads": 8, "head_dim": 64, "d_state": 128, "chunk": 256, "groups": 1}
     one = lower(default_plan("mamba2_chunk_state", p, {"BM": 128, "BK": 64, "depth": 2, "groups": 2}))
     two = lower(default_plan("mamba2_chunk_state", p, {"BM": 128, "BK": 64, "depth": 2, "groups": 2, "ctas": 2}))

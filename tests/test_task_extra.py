@@ -106,7 +106,8 @@ def test_cli_fits_the_committed_profiles(tmp_path, monkeypatch, capsys):
     (tmp_path / committed.name).write_text(committed.read_text())
     monkeypatch.setenv("PTSOLVE_CALIBRATION_DIR", str(tmp_path))
     d = ROOT / "tests/data/task_costs"
-    assert cli(["calibrate-tasks", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"), "--write"]) == 0
+    assert cli(["calibrate-tasks", "--hw", "h200", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"),
+                "--write"]) == 0
     out = capsys.readouterr().out
     assert "| flash_attention/rowmax/2 |" in out and "wrote" in out
     fitted = load("h200").task_extra
@@ -173,7 +174,7 @@ def test_cli_keeps_to_its_time_limit(monkeypatch, capsys):
     clock = iter(range(0, 10_000, 60))
     monkeypatch.setattr(c.time, "time", lambda: float(next(clock)))
     d = ROOT / "tests/data/task_costs"
-    assert cli(["calibrate-tasks", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"),
+    assert cli(["calibrate-tasks", "--hw", "h200", "--profiles", str(d / "prof"), "--schedules", str(d / "sched"),
                 "--time-limit", "90"]) == 0
     err = capsys.readouterr().err
     assert "ran out; not read:" in err and "T3_cpsat.profile.json" in err and "T4_cpsat.profile.json" in err

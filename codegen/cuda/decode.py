@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError
-from ptsolve.ops.base import cdiv
-from ptsolve.ops.decode import (
+from ptsolve.geometry.decode import (
     MERGE_PIECES,
     merge_grid,
     merge_units,
@@ -33,6 +32,7 @@ from ptsolve.ops.decode import (
     pieces,
     query_tiles,
 )
+from ptsolve.tiling import cdiv
 
 from ..kernel_ir import KernelIR
 from . import attention

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
-from ptsolve.ops.base import cluster_of
-from ptsolve.ops.gemm import STAGE_COLS, a_rows, reduce_ctas, stage_bytes
+from ptsolve.geometry.gemm import STAGE_COLS, a_rows, reduce_ctas, stage_bytes
+from ptsolve.tiling import cluster_of
 
 from ..kernel_ir import KernelIR, Role
 from .common import CTYPE, LD_ACQUIRE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_ss

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ptsolve.errors import CodegenError
-from ptsolve.ops.base import cluster_of
+from ptsolve.tiling import cluster_of
 
 from ..kernel_ir import KernelIR, Release, Ring, Role
 from ..loop import LoopOrder

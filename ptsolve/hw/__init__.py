@@ -6,6 +6,7 @@ measured values on the datasheet ones.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -15,6 +16,9 @@ from ..errors import HardwareError
 from ..fileio import read_json
 
 HERE = Path(__file__).parent
+# The table every entry point uses when the caller names none (optimize, the op builders, the lowering, the
+# ``ptsolve`` command). Entry points that measure on a GPU say in their docstrings which table they default to.
+DEFAULT_HW = "h100"
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,17 @@ class Target:
         hw = self.hw
         return hw.smem_per_block if ctas == 1 else min(hw.smem_per_block,
                                                        hw.smem_per_sm // ctas - hw.smem_reserved_per_cta)
+
+
+def sms_of(hw: Hardware | None) -> int:
+    """SMs of the hardware a graph is built for (``DEFAULT_HW``'s when none is named): how many CTAs run at once,
+    which bounds how often a tile is reread from L2 while it is resident."""
+    return hw.sms if hw is not None else _default_sms()
+
+
+@functools.cache
+def _default_sms() -> int:
+    return load(DEFAULT_HW).sms
 
 
 def target(hw: str | os.PathLike[str] | Hardware) -> Target:

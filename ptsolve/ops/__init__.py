@@ -1,7 +1,7 @@
 """Operator builders. Each returns an Operator: ``.tilings()``, ``.graph(tiling)``, ``.propagate(out_tile)``."""
 from __future__ import annotations
 
-from . import attention, decode, mamba2  # noqa: F401  (registration)
+from . import attention, chunk_scan, chunk_state, decode  # noqa: F401  (registration)
 from . import gemm as _gemm  # noqa: F401  (registration)
 from .base import REGISTRY, Operator, make
 

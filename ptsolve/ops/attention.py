@@ -14,7 +14,7 @@ from .. import arguments
 from ..errors import ShapeError
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STask, STaskGraph
-from .base import REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
+from .base import WG_ROWS, OpSpec, TextbookPlan, cdiv, check_keys, dtype_ok, positive, reg, register, smem, sms_of, task
 
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")
 
@@ -183,9 +183,28 @@ def orders(groups: int) -> dict[str, dict[str, list[tuple[str, int]]]]:
     return {"fa3": out | {"tc": [(f"{t}@{g}", 0) for g in range(groups) for t in ("mma_qk", "mma_pv")]}}
 
 
-REGISTRY["flash_attention"] = OpSpec(
+def textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool,
+             tail: tuple[str, ...] = ("store",)) -> TextbookPlan:
+    """The textbook order (codegen.plan.default_plan): QK, the softmax pieces and PV per warpgroup; ``overlap`` puts
+    the softmax and PV one stage behind QK (FA3's intra-warpgroup overlap, two score buffers) and has the warpgroups
+    take the tensor cores in turn; without it turns would serialise their softmaxes. ``tail``: the epilogue's tasks
+    after normalize."""
+    wgs = range(int(tiling["groups"]))
+    s = 1 if overlap else 0
+    pre = {"producer": [("load_q", 0)]} | {f"wg{g}": [(f"init@{g}", 0)] for g in wgs}
+    loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_k", 0), ("load_v", 0)]}
+    loop |= {f"wg{g}": [(f"mma_qk@{g}", 0), (f"rowmax@{g}", s), (f"exp2@{g}", s), (f"rowsum@{g}", s),
+                        (f"rescale@{g}", s), (f"mma_pv@{g}", s)] for g in wgs}
+    post = {f"wg{g}": [(f"normalize@{g}", 0)] + [(f"{t}@{g}", 0) for t in tail] for g in wgs}
+    tc = [f"{t}@{g}" for g in wgs for t in ("mma_qk", "mma_pv")] if overlap else []
+    return TextbookPlan({"pre": pre, "loop": loop, "post": post}, tc)
+
+
+register("flash_attention", OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
     orders=orders,
-)
+    aliases=("fa",),
+    plan=textbook,
+))

@@ -8,8 +8,8 @@ BM×BN tile of a persistent CTA (local tiles 0, 2, 4, ... and 1, 3, 5, ...); the
 in turn (``tc_order`` mma@0, mma@1 at tile granularity) and one's epilogue (convert + store) overlaps the other's
 main loop; the producer fills one ring in tile order (CUTLASS's Hopper ping-pong kernel schedule). The graph is one
 warpgroup's tile; the model runs it in two slots per SM that share the tensor cores, copy engine and MUFU
-(``ops.base.slots_of``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
-consumer warpgroups (``ops.base.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
+(``Tiling.slots``: the busiest slot or the shared units' floor, whichever is longer), with the registers of two
+consumer warpgroups (``Tiling.kernel_groups``). Its epilogue stores from registers and takes no shared memory.
 
 Clusters (tiling key ``cluster`` = 2, default 1; not with split-K): the two CTAs of a thread-block cluster compute
 M-neighbour tiles with the same B columns; each loads half of the B tile and multicasts it into both (TMA
@@ -49,9 +49,24 @@ from typing import Any
 
 from .. import arguments
 from ..errors import ShapeError
+from ..geometry.gemm import STAGE_COLS, STAGE_SLOTS, a_rows, reduce_ctas, split_trips, stage_bytes  # noqa: F401  (re-exported for its readers)
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .base import MMA_K, REGISTRY, WG_ROWS, OpSpec, cdiv, check_keys, dtype_ok, positive, reg, smem, sms_of, task
+from .base import (
+    MMA_K,
+    WG_ROWS,
+    OpSpec,
+    TextbookPlan,
+    cdiv,
+    check_keys,
+    dtype_ok,
+    positive,
+    reg,
+    register,
+    smem,
+    sms_of,
+    task,
+)
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +83,6 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 MIN_SPLIT_TRIPS = 4  # K steps per split at least: below, the pipeline fill and the partial traffic dominate
 MAX_UNITS = 320  # CTAs a split tiling may launch: past about one wave of the largest GPU table (MI300X: 304 CUs),
 # dividing K further cannot fill more SMs, it only adds partial tiles
-STAGE_COLS = 64  # columns of one staged chunk of the TMA-store epilogue: a 128-byte swizzled row of fp16/bf16
-STAGE_SLOTS = 2  # chunks a warpgroup stages at once: it fills one while the copy engine reads the other
 DEPTHS = (2, 3, 4, 5)  # ring depths searched; the winner's ring is then deepened where that pays (hw.deep_ring_max)
 SPLIT_DEPTHS = (3, 4)  # ring depths searched with split-K (short loops: 2 starves, 5 buys nothing; keeps the
 # space, and the search time, about 3x the unsplit one at most)
@@ -99,48 +112,16 @@ def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
                                     yield t | {"splits": 1, "pingpong": 1, "cluster": 2}
 
 
-def a_rows(M: int, BM: int) -> int:
-    """Rows of A's TMA box for a BM-row tile: all BM, or where M is smaller only M rounded up to 8 (one 128-byte
-    swizzle atom). A box mostly past M is filled with zeros by the copy engine, and that fill is slow: a 1-row GEMM
-    ran 18% slower than a 32-row one with the same 64-row box (results/gemm_skinny, small_m.py). The rows past the
-    box keep stale shared memory; wgmma's output row i reads A's row i only, and rows past M are never stored. The
-    one rule the model's load bytes and the code generator's tensor map use."""
-    return min(BM, -(-M // 8) * 8)
-
-
-def reduce_ctas(M: int, N: int, t: dict[str, int], threads: int, sms: int) -> int:
-    """Reduce CTAs per output tile of a split-K tiling: one float4 of the tile per thread (BM × BN / 4 / ``threads``),
-    fewer where that would make the kernel's reduce CTAs as many as ``sms`` (each waits on an SM for its tile's
-    splits; with fewer than SMs a split always finds an SM whatever order the CTAs are dispatched in), at least one.
-    The one rule the code generator's grid and reduce loop use."""
-    tiles = cdiv(M, t["BM"]) * cdiv(N, t["BN"])
-    return max(1, min(cdiv(t["BM"] * t["BN"] // 4, threads), (sms - 1) // tiles))
-
-
-def split_trips(kt: int, splits: int) -> tuple[int, ...]:
-    """K steps of each split when ``kt`` steps are divided into ``splits`` contiguous ranges: split s runs steps
-    [s·kt // splits, (s+1)·kt // splits) (the code generator's formula too), so each range has at least one step
-    when splits <= kt."""
-    return tuple((s + 1) * kt // splits - s * kt // splits for s in range(splits))
-
-
 def store_task(tiling: dict[str, int]) -> str:
     """The name (without ``@g``) of a tiling's store task: ``store_tma`` with the TMA-store epilogue, else ``store``;
     the graph's and the code generator's plans use it."""
     return "store_tma" if int(tiling.get("tma_store", 0)) else "store"
 
 
-def stage_bytes(rows: int, BN: int, dtype: str) -> int:
-    """Shared memory of one kernel warpgroup's TMA-store staging (tiling key ``tma_store``), bytes: STAGE_SLOTS
-    chunks of ``rows`` × STAGE_COLS elements, fewer where the tile has fewer chunks. The one rule the model's ``cs@g``
-    buffer and the code generator's chunk loop use."""
-    return min(STAGE_SLOTS, BN // STAGE_COLS) * rows * STAGE_COLS * DTYPE_BYTES[dtype]
-
-
-def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
-    M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
-    BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
-    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
+def _structure(p: dict[str, Any], t: dict[str, int]) -> tuple[int, int, int]:
+    """The kernel structure a tiling asks for, checked: (pingpong, cluster, tma_store). Each key stays in ``t`` only
+    when set, so the graphs of the plain cooperative kernel keep the tiling (and the names) they had before it."""
+    BN, W, S = t["BN"], t["groups"], t.get("splits", 1)
     pp = t.pop("pingpong", 0)  # kept in the graph's tiling only when set (cooperative graphs stay as they were)
     if pp not in (0, 1) or isinstance(pp, bool):
         raise ShapeError(f"gemm tiling: pingpong={pp!r} must be 0 (cooperative) or 1 (ping-pong)")
@@ -167,6 +148,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                          f"BN a multiple of {STAGE_COLS} (got {BN})")
     if ts:
         t["tma_store"] = 1
+    return pp, cl, ts
+
+
+def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> STaskGraph:
+    M, N, K, dt = p["M"], p["N"], p["K"], p["dtype"]
+    BM, BN, BK, D, W, S = t["BM"], t["BN"], t["BK"], t["depth"], t["groups"], t.get("splits", 1)
+    positive(BM=BM, BN=BN, BK=BK, depth=D, groups=W, splits=S)
+    pp, cl, ts = _structure(p, t)
     rows = BM // W
     if BM % W or rows % WG_ROWS:
         raise ShapeError(f"gemm tiling: BM={BM} over {W} warpgroups must give rows that are a multiple of {WG_ROWS}")
@@ -223,10 +212,26 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
                       rows=tm_units * tn, useful_flops=2 * M * N * K)
 
 
-REGISTRY["gemm"] = OpSpec(
+def textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool) -> TextbookPlan:
+    """The textbook order (codegen.plan.default_plan): the producer loads A and B, each warpgroup zeroes, runs its
+    mma and stores; split-K meets in the workspace before the epilogue. ``overlap`` changes nothing here."""
+    wgs = range(int(tiling["groups"]))
+    pre: dict[str, list[tuple[str, int]]] = {f"wg{g}": [(f"zero@{g}", 0)] for g in wgs}
+    loop: dict[str, list[tuple[str, int]]] = {"producer": [("load_a", 0), ("load_b", 0)]}
+    loop |= {f"wg{g}": [(f"mma@{g}", 0)] for g in wgs}
+    split = [("partial@{g}", 0)] if int(tiling.get("splits", 1)) > 1 else []  # split-K meets before the epilogue
+    post = {f"wg{g}": [(n.format(g=g), st) for n, st in split] + [(f"epilogue@{g}", 0),
+                                                                   (f"{store_task(tiling)}@{g}", 0)]
+            for g in wgs}
+    return TextbookPlan({"pre": pre, "loop": loop, "post": post}, [f"mma@{g}" for g in wgs])
+
+
+register("gemm", OpSpec(
     _validate, _tilings, _build,
     out_tile=lambda t: (t["BM"], t["BN"]),
     from_out_tile=lambda p, o: {"BM": o[0], "BN": o[1]},
     optional={"splits": 1, "pingpong": 0, "cluster": 1, "tma_store": 0},
     opt_in=("cluster",),
-)
+    persistent=1,  # persistent CTAs unless told otherwise (a split-K tiling launches a grid)
+    plan=textbook,
+))

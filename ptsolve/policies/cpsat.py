@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..cpsolver import cp_solver
 from ..errors import SolverError
 from ..program import SProgram
 from .model import Problem
@@ -42,15 +43,10 @@ class _M:
         self.__dict__.update(kw)
 
 
-def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str, int]]] | None = None,
-           cycle: list[str] | None = None, guard_cap: int = 0) -> _M:
-    """The CP-SAT model of ``P`` (module doc) with ii <= ``ii_hi``; ``guard_cap`` > 0 adds, per loop tensor-core task
-    t, the variable ``guards[t]`` (0..guard_cap grains): t's issuing stream holds no other task for that long before
-    t (``polish``)."""
-    m = cp_model.CpModel()
-    guards: dict[str, Any] = {}
+def _timing_vars(m: Any, P: Problem, ii: Any, ii_hi: int) -> tuple[dict, dict, dict, dict]:
+    """Start ``s`` of every task; for a loop task its slot ``r`` in the initiation interval, its stage ``k`` and
+    ``w`` = r - ii (the slot seen from the next interval, so a reservation wrapping past ii is two intervals)."""
     H = P.horizon
-    ii = m.new_int_var(P.ii_lb, ii_hi, "ii")
     kmax = H // max(P.ii_lb, 1) + 1
     s, r, k, w = {}, {}, {}, {}
     for t in P.tasks:
@@ -67,8 +63,14 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
             for j, z in enumerate(zs):
                 m.add(s[t] == r[t] + j * ii).only_enforce_if(z)
                 m.add(k[t] == j).only_enforce_if(z)
-    for u, v, d, lat in P.prec:
-        m.add(s[v] + d * ii >= s[u] + lat)
+    return s, r, k, w
+
+
+def _resources(m: Any, P: Problem, s: dict, r: dict, w: dict, ii_hi: int, guard_cap: int) -> dict[str, Any]:
+    """No two reservations of a unit at once: loop tasks modulo ii (each as the intervals at r and at r - ii),
+    prologue and epilogue tasks once, before and after every loop reservation. Returns the tensor-core guards
+    (``_model``'s ``guard_cap``)."""
+    guards: dict[str, Any] = {}
     for res, uses in P.res.items():
         loop = [(t, o, n) for t, o, n in uses if P.phase[t] == "loop"]
         ivs = []
@@ -103,6 +105,12 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
                         ivs.append(m.new_interval_var(g0, gt, x, f"gi{c}_{t}"))
         if ivs:
             m.add_no_overlap(ivs)
+    return guards
+
+
+def _orders(m: Any, P: Problem, s: dict, r: dict, k: dict, pin: dict[str, list[tuple[str, int]]] | None,
+            cycle: list[str] | None) -> None:
+    """The pinned issue orders and stages, the cyclic order, or (with neither) warpgroup symmetry breaking."""
     for role, seq in sorted((pin or {}).items()):
         bad = [t for t, _ in seq if t not in r]
         if bad:
@@ -126,6 +134,11 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
     if not pin and not cycle:  # with an order pinned the warpgroups are no longer interchangeable
         for a, b in _symmetry_task(P):
             m.add(s[a] <= s[b])
+
+
+def _objective(m: Any, P: Problem, s: dict, ii: Any, ii_hi: int) -> Any:
+    """The slots' latency (the variable the model minimises)."""
+    H = P.horizon
     # the CTA time of program.cta_time: x_n = max(pre, (n-1)·ii + last) per distinct trip count n (minimising
     # pushes each x_n down onto that max: it has only positive coefficients)
     pre = m.new_int_var(0, 2 * H, "pre")
@@ -143,6 +156,23 @@ def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str,
     obj = m.new_int_var(0, big, "obj")
     for h in P.slots:  # a persistent kernel's slot hides P.handover of each tile after its first (P.latency)
         m.add(obj >= sum(c * x[n] for n, c in h) - (sum(c for _, c in h) - 1) * P.handover)
+    return obj
+
+
+def _model(cp_model: Any, P: Problem, ii_hi: int, pin: dict[str, list[tuple[str, int]]] | None = None,
+           cycle: list[str] | None = None, guard_cap: int = 0) -> _M:
+    """The CP-SAT model of ``P`` (module doc) with ii <= ``ii_hi``; ``guard_cap`` > 0 adds, per loop tensor-core task
+    t, the variable ``guards[t]`` (0..guard_cap grains): t's issuing stream holds no other task for that long before
+    t (``polish``). Built in a fixed order (variables, precedences, resources, orders, objective): CP-SAT's search,
+    and so a time-limited answer, depends on it."""
+    m = cp_model.CpModel()
+    ii = m.new_int_var(P.ii_lb, ii_hi, "ii")
+    s, r, k, w = _timing_vars(m, P, ii, ii_hi)
+    for u, v, d, lat in P.prec:
+        m.add(s[v] + d * ii >= s[u] + lat)
+    guards = _resources(m, P, s, r, w, ii_hi, guard_cap)
+    _orders(m, P, s, r, k, pin, cycle)
+    obj = _objective(m, P, s, ii, ii_hi)
     return _M(m=m, ii=ii, s=s, r=r, k=k, obj=obj, guards=guards)
 
 
@@ -155,28 +185,6 @@ def _hint(M: _M, P: Problem, prog: SProgram) -> None:
         if t in M.r:
             M.m.add_hint(M.r[t], prog.start[t] // q % hii)
             M.m.add_hint(M.k[t], prog.start[t] // q // hii)
-
-
-def cp_solver(cp_model: Any, workers: int, seed: int = 0, time_limit: float | None = None,
-              det_time: float | None = None) -> Any:
-    """A CP-SAT solver with ptsolve's settings: ``workers`` threads, ``seed``, a wall-clock ``time_limit`` (s) or a
-    reproducible ``det_time`` (CP-SAT's deterministic time). With ``det_time`` alone the solve is a function of the
-    model, ``seed`` and ``det_time`` only, whatever the machine's load: one worker runs CP-SAT's sequential loop;
-    several interleave their strategies in fixed batches (``interleave_search``; without it the portfolio races its
-    threads and the answer depends on which finishes first, deterministic budget or not). It leaves SIGINT to
-    Python: OR-Tools' own handler otherwise stays behind as SIG_DFL after the solve, and a later Ctrl-C kills the
-    process without its cleanup."""
-    sv = cp_model.CpSolver()
-    sv.parameters.catch_sigint_signal = False
-    sv.parameters.num_workers = int(workers)
-    sv.parameters.random_seed = int(seed)
-    if time_limit is not None:
-        sv.parameters.max_time_in_seconds = float(time_limit)
-    if det_time is not None:
-        sv.parameters.max_deterministic_time = float(det_time)
-        if time_limit is None and workers > 1:
-            sv.parameters.interleave_search = True
-    return sv
 
 
 def solve(P: Problem, time_limit: float = 10.0, num_workers: int = 2, seed: int = 0,

@@ -82,18 +82,35 @@ class _Model:
     def __init__(self, P: Problem, ii_hi: int) -> None:
         pulp = _require_pulp()
         self.P, self.ii_hi = P, ii_hi
-        H = P.horizon
         m = pulp.LpProblem("ptsolve_modulo", pulp.LpMinimize)
         self.m = m
         # variables are created in a fixed order with deterministic names, so the solve is reproducible
         self.ii = _var(m, "ii", P.ii_lb, ii_hi, "Integer")
-        self.kmax = H // max(P.ii_lb, 1)  # s_t = r_t + k_t·ii <= H bounds the stage
+        self.kmax = P.horizon // max(P.ii_lb, 1)  # s_t = r_t + k_t·ii <= H bounds the stage
+        self._timing_vars(pulp)
+        s, ii = self.s, self.ii
+        for e, (u, v, d, lat) in enumerate(P.prec):
+            m += s[v] + d * ii >= s[u] + lat, f"prec_{e}"
+        self.order: dict[tuple[str, int, int], Any] = {}  # (resource, i, j) -> order binary
+        longest = max((n for us in P.res.values() for _, _, n in us), default=0)
+        for ri, (res, uses) in enumerate(P.res.items()):
+            loop = [(t, o, n) for t, o, n in uses if P.phase[t] == "loop"]
+            self._loop_order(ri, res, loop, longest)
+            self._once_order(ri, res, uses, loop, longest)
+        for c, (a, b) in enumerate(_symmetry_task(P)):
+            m += s[a] <= s[b], f"sym_{c}"
+        self._objective(pulp)
+
+    def _timing_vars(self, pulp: Any) -> None:
+        """Start ``s`` of every task; a loop task's slot ``r`` and its stage as one-hot ``z`` with ``y_j`` = z_j·ii
+        (McCormick), so s = r + sum j·y_j stays linear in the variable ii."""
+        P, m, ii_hi = self.P, self.m, self.ii_hi
         self.s: dict[str, Any] = {}
         self.r: dict[str, Any] = {}
         self.z: dict[str, list[Any]] = {}
         self.y: dict[str, list[Any]] = {}
         for i, t in enumerate(P.tasks):
-            self.s[t] = _var(m, f"s_{i}", 0, H, "Integer")
+            self.s[t] = _var(m, f"s_{i}", 0, P.horizon, "Integer")
             if P.phase[t] != "loop":
                 continue
             self.r[t] = _var(m, f"r_{i}", 0, ii_hi - 1, "Integer")
@@ -108,52 +125,57 @@ class _Model:
                 m += y[j] >= self.ii - ii_hi * (1 - z[j]), f"mc4_{i}_{j}"
             m += self.s[t] == self.r[t] + pulp.lpSum(j * y[j] for j in range(1, self.kmax + 1)), f"start_{i}"
             self.z[t], self.y[t] = z, y
-        s, ii = self.s, self.ii
-        for e, (u, v, d, lat) in enumerate(P.prec):
-            m += s[v] + d * ii >= s[u] + lat, f"prec_{e}"
-        self.order: dict[tuple[str, int, int], Any] = {}  # (resource, i, j) -> order binary
-        longest = max((n for us in P.res.values() for _, _, n in us), default=0)
-        for ri, (res, uses) in enumerate(P.res.items()):
-            loop = [(t, o, n) for t, o, n in uses if P.phase[t] == "loop"]
-            for t, o, _n in loop:
-                if o:
-                    raise SolverError(f"milp model assumes reservations start with their task ({t} on {res})")
-            M = ii_hi + longest
-            for a, (t, _, n) in enumerate(loop):
-                m += self.ii >= n, f"len_{ri}_{a}"
-                for b in range(a + 1, len(loop)):
-                    u, _, nu = loop[b]
-                    x = _var(m, f"o_{ri}_{a}_{b}", 0, 1, "Binary")
-                    self.order[(res, a, b)] = x
-                    rt, ru = self.r[t], self.r[u]
-                    # x = 1: t's slot first, and u ends before t's next iteration; x = 0: the mirror
-                    m += rt + n <= ru + M * (1 - x), f"mo1_{ri}_{a}_{b}"
-                    m += ru + nu <= rt + ii + M * (1 - x), f"mo2_{ri}_{a}_{b}"
-                    m += ru + nu <= rt + M * x, f"mo3_{ri}_{a}_{b}"
-                    m += rt + n <= ru + ii + M * x, f"mo4_{ri}_{a}_{b}"
-            M1 = H + longest
-            for ph in ("pre", "post"):
-                once = [(t, o, n) for t, o, n in uses if P.phase[t] == ph]
-                for a, (t, o, n) in enumerate(once):
-                    for b in range(a + 1, len(once)):
-                        u, ou, nu = once[b]
-                        x = _var(m, f"p_{ph}_{ri}_{a}_{b}", 0, 1, "Binary")
-                        self.order[(f"{ph}:{res}", a, b)] = x
-                        m += s[t] + o + n <= s[u] + ou + M1 * (1 - x), f"po1_{ph}_{ri}_{a}_{b}"
-                        m += s[u] + ou + nu <= s[t] + o + M1 * x, f"po2_{ph}_{ri}_{a}_{b}"
-                for a, (t, o, n) in enumerate(once):
-                    for b, (u, ou, nu) in enumerate(loop):
-                        if ph == "pre":
-                            m += s[t] + o + n <= s[u] + ou, f"pl_{ri}_{a}_{b}"
-                        else:
-                            m += s[t] + o >= s[u] + ou + nu, f"lp_{ri}_{a}_{b}"
-            pre = [(u, ou, nu) for u, ou, nu in uses if P.phase[u] == "pre"]
-            post = [(t, o, n) for t, o, n in uses if P.phase[t] == "post"]
-            for a, (t, o, _n) in enumerate(post):
-                for b, (u, ou, nu) in enumerate(pre):
-                    m += s[t] + o >= s[u] + ou + nu, f"pp_{ri}_{a}_{b}"
-        for c, (a, b) in enumerate(_symmetry_task(P)):
-            m += s[a] <= s[b], f"sym_{c}"
+
+    def _loop_order(self, ri: int, res: str, loop: list[tuple[str, int, int]], longest: int) -> None:
+        """Loop reservations of unit ``res`` never overlap modulo ii: an order binary per pair (big-M)."""
+        m, ii = self.m, self.ii
+        for t, o, _n in loop:
+            if o:
+                raise SolverError(f"milp model assumes reservations start with their task ({t} on {res})")
+        M = self.ii_hi + longest
+        for a, (t, _, n) in enumerate(loop):
+            m += ii >= n, f"len_{ri}_{a}"
+            for b in range(a + 1, len(loop)):
+                u, _, nu = loop[b]
+                x = _var(m, f"o_{ri}_{a}_{b}", 0, 1, "Binary")
+                self.order[(res, a, b)] = x
+                rt, ru = self.r[t], self.r[u]
+                # x = 1: t's slot first, and u ends before t's next iteration; x = 0: the mirror
+                m += rt + n <= ru + M * (1 - x), f"mo1_{ri}_{a}_{b}"
+                m += ru + nu <= rt + ii + M * (1 - x), f"mo2_{ri}_{a}_{b}"
+                m += ru + nu <= rt + M * x, f"mo3_{ri}_{a}_{b}"
+                m += rt + n <= ru + ii + M * x, f"mo4_{ri}_{a}_{b}"
+
+    def _once_order(self, ri: int, res: str, uses: list[tuple[str, int, int]], loop: list[tuple[str, int, int]],
+                    longest: int) -> None:
+        """Prologue and epilogue reservations of ``res``: ordered among themselves (order binaries), the prologue's
+        before every loop reservation, the epilogue's after every loop and prologue one."""
+        P, m, s = self.P, self.m, self.s
+        M1 = P.horizon + longest
+        for ph in ("pre", "post"):
+            once = [(t, o, n) for t, o, n in uses if P.phase[t] == ph]
+            for a, (t, o, n) in enumerate(once):
+                for b in range(a + 1, len(once)):
+                    u, ou, nu = once[b]
+                    x = _var(m, f"p_{ph}_{ri}_{a}_{b}", 0, 1, "Binary")
+                    self.order[(f"{ph}:{res}", a, b)] = x
+                    m += s[t] + o + n <= s[u] + ou + M1 * (1 - x), f"po1_{ph}_{ri}_{a}_{b}"
+                    m += s[u] + ou + nu <= s[t] + o + M1 * x, f"po2_{ph}_{ri}_{a}_{b}"
+            for a, (t, o, n) in enumerate(once):
+                for b, (u, ou, nu) in enumerate(loop):
+                    if ph == "pre":
+                        m += s[t] + o + n <= s[u] + ou, f"pl_{ri}_{a}_{b}"
+                    else:
+                        m += s[t] + o >= s[u] + ou + nu, f"lp_{ri}_{a}_{b}"
+        pre = [(u, ou, nu) for u, ou, nu in uses if P.phase[u] == "pre"]
+        post = [(t, o, n) for t, o, n in uses if P.phase[t] == "post"]
+        for a, (t, o, _n) in enumerate(post):
+            for b, (u, ou, nu) in enumerate(pre):
+                m += s[t] + o >= s[u] + ou + nu, f"pp_{ri}_{a}_{b}"
+
+    def _objective(self, pulp: Any) -> None:
+        """The slots' latency, minimised."""
+        P, m, s, ii, H = self.P, self.m, self.s, self.ii, self.P.horizon
         # program.cta_time per distinct trip count n: x_n >= pre, x_n >= (n-1)·ii + last (only positive
         # coefficients in the objective, so each x_n settles on that max)
         self.pre = _var(m, "pre", 0, 2 * H, "Integer")
@@ -162,10 +184,10 @@ class _Model:
             m += (self.pre if P.phase[t] == "pre" else self.last) >= s[t] + P.end(t), f"end_{i}"
         self.x = {}
         for n in P.trips:
-            self.x[n] = _var(m, f"x_{n}", 0, (n - 1) * ii_hi + 2 * H, "Integer")
+            self.x[n] = _var(m, f"x_{n}", 0, (n - 1) * self.ii_hi + 2 * H, "Integer")
             m += self.x[n] >= self.pre, f"xpre_{n}"
             m += self.x[n] >= (n - 1) * ii + self.last, f"xlast_{n}"
-        big = max(sum(c * ((n - 1) * ii_hi + 2 * H) for n, c in h) for h in P.slots)
+        big = max(sum(c * ((n - 1) * self.ii_hi + 2 * H) for n, c in h) for h in P.slots)
         self.obj = _var(m, "obj", 0, big, "Integer")
         for c, h in enumerate(P.slots):
             m += self.obj >= pulp.lpSum(k * self.x[n] for n, k in h) - (sum(k for _, k in h) - 1) * P.handover, \

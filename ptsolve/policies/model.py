@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..cost import GRAIN, SHARED, Timing, check_grain, lower_bound_ii, shared_busy, timings
-from ..errors import InfeasibleError
-from ..hw import Hardware
+from ..errors import InfeasibleError, PtsolveError
+from ..hw import Hardware, Target
 from ..ir import STaskGraph
-from ..ops.base import cluster_of, consumer_reg_budget, ctas_of, kernel_groups, pingpong_of, slots_of, smem_budget
+from ..opspec import make
 from ..placement import busiest, per_sm_pairs, per_sm_trips, shared_floor
 from ..program import SProgram, cta_time, follow_tail, handover, make_program, placement_of, precedences
 from ..protocol import copy_buffers, min_slots, ring_depths
@@ -102,7 +102,7 @@ class Problem:
     def tie(self) -> tuple:
         """This tiling's place in the last tie-break between schedules of equal time (``tie_key``)."""
         deep = bool(self.hw.for_op(self.graph.op).deep_ring_ties)
-        return tie_key(self.graph.tiling, deep and streams_memory(self.tm, self.phase, ctas_of(self.graph.tiling)))
+        return tie_key(self.graph.tiling, deep and streams_memory(self.tm, self.phase, self.graph.tiling.ctas))
 
 
 def streams_memory(tm: dict[str, Timing], phase: dict[str, str], ctas: int = 1) -> bool:
@@ -138,17 +138,14 @@ def deepen(prog: SProgram, hw: Hardware, skip: Sequence[dict[str, int]] = ()) ->
     hides its loads at the space's depths. What the GPU gains is the extra bytes in flight (results/gemm_skinny).
     ``prog`` itself where nothing deeper fits, the loop does not stream memory, or the table asks for nothing.
     ``skip``: tilings not to take (the compiler rejected them): the deepening stops below the first."""
-    from .. import ops
-    from ..errors import PtsolveError
-
     g = prog.graph
     cap, d0 = hw.for_op(g.op).deep_ring_max, g.tiling.get("depth")
     if not cap or d0 is None or d0 >= cap:
         return prog
     P = build(g, hw, registers=False)
-    if not streams_memory(P.tm, P.phase, ctas_of(g.tiling)):
+    if not streams_memory(P.tm, P.phase, g.tiling.ctas):
         return prog
-    q, op = P.grain, ops.make(g.op, **g.params)
+    q, op = P.grain, make(g.op, **g.params)
     start = {t: x // q for t, x in prog.start.items()}
     obj = P.objective(prog.ii // q, *P.ends(start))
     best = prog
@@ -178,15 +175,15 @@ def max_copies(g: STaskGraph, hw: Hardware, cap: int = 2) -> dict[str, int]:
     at a time (sorted by name) while every warpgroup stays within its register budget. Two copies of
     FA's S tile is what FA3's intra-warpgroup overlap costs."""
     loop = copy_buffers(g)
-    k = ctas_of(g.tiling)
-    budget = consumer_reg_budget(kernel_groups(g.groups, g.tiling), hw, k)
+    k = g.tiling.ctas
+    budget = Target(hw).consumer_regs(g.tiling.kernel_groups(g.groups), k)
     rings = ring_depths(g)
     out = dict.fromkeys(loop, 1)
     # symmetric warpgroups raise the same buffer together (s@0 and s@1)
     for base in sorted({n.split("@")[0] for n in loop}):
         trial = out | {n: cap for n in loop if n.split("@")[0] == base}
         if all(regs_per_thread(g, trial, grp, hw)[0] <= budget for grp in range(g.groups)) and \
-                smem_peak(g, rings | trial, hw)[0] <= smem_budget(hw, k):
+                smem_peak(g, rings | trial, hw)[0] <= Target(hw).smem_budget(k):
             out = trial
     return out
 
@@ -198,23 +195,24 @@ def fits(g: STaskGraph, hw: Hardware, registers: bool = True) -> str | None:
     for b, (n, who) in sorted(min_slots(g).items()):
         if rings[b] < n:
             return f"ring {b!r} of depth {rings[b]} is released by {who} {n - 1} iteration(s) late: it needs {n} slots"
-    if pingpong_of(g.tiling) and not (hw.has_wgmma and hw.has_tma):
+    if g.tiling.pingpong and not (hw.has_wgmma and hw.has_tma):
         return (f"ping-pong consumer warpgroups take turns on asynchronous warpgroup MMAs fed by TMA, which {hw.name} "
                 "lacks (and no code generator builds them there); use pingpong=0")
-    if cluster_of(g.tiling) > 1 and not hw.has_tma:
-        return (f"a cluster of {cluster_of(g.tiling)} CTAs shares tiles by TMA multicast, which {hw.name} lacks (and "
+    if g.tiling.cluster > 1 and not hw.has_tma:
+        return (f"a cluster of {g.tiling.cluster} CTAs shares tiles by TMA multicast, which {hw.name} lacks (and "
                 "no code generator builds clusters there); use cluster=1")
     if g.tiling.get("tma_store", 0) and not hw.has_tma:
         return (f"the TMA-store epilogue hands each staged chunk to the copy engine, which {hw.name} lacks (and no "
                 "code generator builds it there); use tma_store=0")
-    k = ctas_of(g.tiling)
+    k = g.tiling.ctas
     sm, names = smem_peak(g, rings, hw)
-    if sm > smem_budget(hw, k):
-        return f"shared memory {sm} B > {smem_budget(hw, k)} B of {k} CTA(s) per SM ({', '.join(names)})"
+    smem_cap = Target(hw).smem_budget(k)
+    if sm > smem_cap:
+        return f"shared memory {sm} B > {smem_cap} B of {k} CTA(s) per SM ({', '.join(names)})"
     if registers and (x := register_excess(g, {}, hw)):
         return f"registers {x[1]}/thread > {x[2]} ({', '.join(x[3])})"
-    if kernel_groups(g.groups, g.tiling) * 128 + 128 > hw.max_threads:
-        return f"{kernel_groups(g.groups, g.tiling)} consumer warpgroups + producer exceed {hw.max_threads} threads"
+    if g.tiling.kernel_groups(g.groups) * 128 + 128 > hw.max_threads:
+        return f"{g.tiling.kernel_groups(g.groups)} consumer warpgroups + producer exceed {hw.max_threads} threads"
     return None
 
 
@@ -223,7 +221,7 @@ def objective_slots(g: STaskGraph, hw: Hardware, placement: str,
     """The SM slots that may be the busiest, each as ((trip count, CTAs), ...) (ptsolve.placement.per_sm_trips and
     busiest). The even split does not depend on the schedule, so its slots are exact. LPT's assignment does: it
     is fixed here for span ≈ ii / ``ratio`` and the final latency is re-evaluated with the true values."""
-    return busiest(per_sm_trips(g.row, g.rows, hw.sms * slots_of(g.tiling), placement_of(g, placement), ratio))
+    return busiest(per_sm_trips(g.row, g.rows, hw.sms * g.tiling.slots, placement_of(g, placement), ratio))
 
 
 def build(g: STaskGraph, hw: Hardware, placement: str = "even", copies: dict[str, int] | None = None,
@@ -265,12 +263,12 @@ def floor_of(g: STaskGraph, hw: Hardware, tm: dict[str, Timing], phase: dict[str
     are, ptsolve.cost.misaligned_share) -- one SM's share per CTA summed over an SM's CTAs priced a second resident
     CTA as no extra bandwidth (GPT-2 decode, 192 CTAs at two per SM: 118.6 us predicted, ~102 measured;
     results/torch_decode). With every SM busy, the share is one SM's either way."""
-    k = slots_of(g.tiling)
+    k = g.tiling.slots
     if k == 1:
         return 0
     busy = units(g, tm, phase, ii_lb)
     sms = -(-g.n_ctas // k)
-    if ctas_of(g.tiling) > 1 and sms < hw.sms and "tma" in busy:  # the same timings, DRAM over ``sms`` shares
+    if g.tiling.ctas > 1 and sms < hw.sms and "tma" in busy:  # the same timings, DRAM over ``sms`` shares
         wide = replace(hw, hbm_bytes_per_s=hw.hbm_bytes_per_s * hw.sms / sms)
         busy["tma"] = tuple(math.ceil(x / q) for x in shared_busy(timings(g, wide), phase)["tma"])
     return shared_floor(per_sm_pairs(g.row, g.rows, hw.sms, placement_of(g, placement)), k, busy)
@@ -283,7 +281,7 @@ def units(g: STaskGraph, tm: dict[str, Timing], phase: dict[str, str], ii_lb: in
     the turn for at least the loop's lower bound ``ii_lb`` (its busiest resource or its ring / register capacity
     recurrence); only the epilogues overlap."""
     busy = shared_busy(tm, phase)
-    return busy | {"turn": (ii_lb, 0)} if pingpong_of(g.tiling) else busy
+    return busy | {"turn": (ii_lb, 0)} if g.tiling.pingpong else busy
 
 
 def ii_lower_bound(g: STaskGraph, hw: Hardware, copies: dict[str, int] | None = None) -> int:

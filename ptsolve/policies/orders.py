@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..errors import SolverError
+from ..opspec import REGISTRY
 from ..program import SProgram
 from .model import Problem
 
@@ -27,7 +28,6 @@ def rotate(seq: list[tuple[str, int]], m: int) -> list[tuple[str, int]]:
 def pins(P: Problem) -> list[tuple[dict[str, list[tuple[str, int]]], list[str]]]:
     """Every (order, rotation) of ``P``'s operator: (pinned warpgroup orders, cyclic tensor-core turn order);
     SolverError if it declares none."""
-    from ..ops import REGISTRY
     spec = REGISTRY.get(P.graph.op)
     if spec is None or spec.orders is None:
         raise SolverError(f"solver 'cpsat-orders': operator {P.graph.op!r} declares no issue orders; use cpsat")
