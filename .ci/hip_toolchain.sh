@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HIP backend's compile checks (tests/test_hip.py) need Debian's clang-19 (HIP front end for gfx942 and the
+# The HIP backend's compile checks (tests/codegen/test_hip.py) need Debian's clang-19 (HIP front end for gfx942 and the
 # host compiler of the CPU emulation), lld-19 (links the gfx942 code object) and llvm-19 (llvm-objdump-19 for the
 # ISA). Installs them when one is missing; quiet and idempotent. No ROCm is needed.
 set -euo pipefail

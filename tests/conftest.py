@@ -10,6 +10,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the test folders mirror the packages; a test reuses another's fixtures by module name (names are unique)
+for _d in sorted(p for p in Path(__file__).resolve().parent.rglob("*") if p.is_dir() and p.name != "data"
+                 and "data" not in p.parts and not p.name.startswith((".", "__"))):
+    sys.path.insert(1, str(_d))
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +36,6 @@ def torch():
 
 @pytest.fixture(scope="module")
 def pt(torch):
-    """``ptsolve.torch`` on an H100/H200 (tests/test_torch_cpu.py has its own, without a GPU)."""
+    """``ptsolve.torch`` on an H100/H200 (tests/serve/test_torch_cpu.py has its own, without a GPU)."""
     import ptsolve.torch as pt
     return pt

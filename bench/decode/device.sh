@@ -6,7 +6,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=${PTSOLVE_CACHE_DIR:-$PWD/.cache}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/gpu.txt"
-timeout "${TESTS_S:-60}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py -k "not fa19" \
+timeout "${TESTS_S:-60}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_gpu.py -k "not fa19" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/gpu.txt"
 timeout "${BENCH_S:-150}" python3 -m bench decode run --plans results/decode_h200/plans.json \

@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=$PWD/.cubin_dc
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 date -u +"%Y-%m-%d %H:%M UTC" >> "$OUT/gpu.txt"
 echo "commit ${COMMIT:-unknown}" >> "$OUT/gpu.txt"  # the device copy's own git HEAD is not this tree's
-timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py -k "not fa19" \
+timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_gpu.py -k "not fa19" \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/gpu.txt"
 for tool in memcheck racecheck synccheck; do  # the merge CTAs' protocol under the sanitizer (small shapes)

@@ -12,7 +12,7 @@ echo "commit ${COMMIT:-unknown}" >> "$OUT/device.txt"
 timeout ${RUN_S:-300} python3 -m bench gemm_space run results/gemm_space_h200/cands_pp2.json \
     results/gemm_model/cands_fit.json --out "$OUT" > "$OUT/run.log" 2>&1
 echo "gemm_space run: exit $?" >> "$OUT/device.txt"
-timeout ${TESTS_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codegen_gpu.py \
+timeout ${TESTS_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
     -k "gemm or chunk or mamba" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/device.txt"
 cat "$OUT/device.txt"; tail -50 "$OUT/run.log"

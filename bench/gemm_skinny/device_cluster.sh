@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1 PTSOLVE_CACHE_DIR=$PWD/.cubin_cl
 O=$OUT/cluster; mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$O/gpu.txt"
 date -u +"%Y-%m-%d %H:%M UTC" >> "$O/gpu.txt"; echo "commit ${COMMIT:-?}" >> "$O/gpu.txt"
-timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codegen_gpu.py -k cluster \
+timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k cluster \
   > "$O/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$O/gpu_tests.log")" >> "$O/gpu.txt"
 for tool in memcheck racecheck synccheck; do

@@ -10,6 +10,6 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,
 date -u '+%Y-%m-%d %H:%M:%SZ' >> "$OUT/device.txt"
 timeout ${RUN_S:-240} python3 -m bench gemm_space run results/gemm_space_h200/cands_pp*.json --out "$OUT" > "$OUT/run.log" 2>&1
 echo "gemm_space run: exit $?" >> "$OUT/device.txt"
-timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codegen_gpu.py -k "gemm" > "$OUT/gpu_tests.log" 2>&1
+timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "gemm" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/device.txt"
 cat "$OUT/device.txt"; tail -50 "$OUT/run.log"

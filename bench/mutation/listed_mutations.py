@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ["tests/test_greedy.py", "tests/test_pins.py", "tests/test_plan_order.py", "tests/test_trust.py",
-         "tests/test_search.py", "tests/test_schedule.py", "tests/test_cli.py"]
+TESTS = ["tests/ptsolve/policies/test_greedy.py", "tests/ptsolve/test_constants.py", "tests/codegen/test_plan_order.py",
+         "tests/ptsolve/test_regressions.py", "tests/ptsolve/test_search.py", "tests/ptsolve/test_schedule_checks.py",
+         "tests/ptsolve/test_cli.py"]
 MUTATIONS = [  # (name, file, text, replacement)
     ("greedy priority key inverted", "ptsolve/policies/greedy.py",
      "ready.sort(key=lambda t: priority(t, asyn, ins, dep, S))",

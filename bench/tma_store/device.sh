@@ -33,8 +33,8 @@ PTSOLVE_CACHE_DIR=$PWD/.cubin_gen timeout 150 python3 -m bench tma_store torch_g
   > "$OUT/torch_gemm_ab.log" 2>&1
 echo "torch gemm A/B: exit $? ($(( $(date +%s) - t3 )) s)" | tee -a "$OUT/summary.txt"
 t2=$(date +%s)
-PTSOLVE_CACHE_DIR=$PWD/.cubin_gen timeout 200 python3 -m pytest -q -m gpu tests/test_codegen_gpu.py \
-  tests/test_torch_gpu.py tests/test_generic.py -k "gemm" -n 8 -p no:cacheprovider -rs > "$OUT/gpu_tests.log" 2>&1
+PTSOLVE_CACHE_DIR=$PWD/.cubin_gen timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py \
+  tests/gpu/test_torch_gpu.py tests/serve/test_shape_classes.py -k "gemm" -n 8 -p no:cacheprovider -rs > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log") ($(( $(date +%s) - t2 )) s)" | tee -a "$OUT/summary.txt"
 grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -20 >> "$OUT/summary.txt"
 grep -i "failed" "$OUT/run.log" | head >> "$OUT/summary.txt"

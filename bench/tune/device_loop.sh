@@ -10,7 +10,7 @@ for t in .cubin*.tgz; do [ -f "$t" ] && tar xzf "$t" -C $PTSOLVE_CACHE_DIR; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/summary.txt"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
 echo "install: exit $? ($(command -v ptsolve))" >> "$OUT/summary.txt"
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_codegen_gpu.py \
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_kernels_gpu.py \
   -k "profile_measures or tune_runner" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: $(tail -1 "$OUT/gpu_tests.log")" >> "$OUT/summary.txt"
 timeout 150 python3 -m codegen.tune_runner "${TUNE:-results/tune_h200/cands.json}" --out "$OUT/timed.json" > "$OUT/tune.log" 2>&1

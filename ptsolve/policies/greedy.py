@@ -3,8 +3,8 @@
 The paper's policy, in the words of DESIGN.md §4 (the project's record of Fig. 9): "even inter-EU split;
 intra-EU time-stepped list scheduling that picks, among ready sTasks, asynchronous ones with high priority
 (few unscheduled predecessors, many dependants), appends them if check_valid holds, otherwise waits for
-memory to free." Made precise here, rule by rule (tests/test_greedy.py checks each on a schedule worked out
-by hand):
+memory to free." Made precise here, rule by rule (tests/ptsolve/policies/test_greedy.py checks each on a schedule
+worked out by hand):
 
 1. Inter-EU: the even split (the program's placement is ``even``).
 2. Ready: a task is ready when all its zero-distance predecessors are placed; the phases are placed in

@@ -18,7 +18,7 @@ from .kernels import kernel
 from .table import class_program
 
 # iterations of a piece replayed when a decode shape is re-timed, each further one adds the loop's period (a 128k
-# cache re-timed in ~10 ms instead of ~0.5 s; the same prediction, tests/test_generic.py)
+# cache re-timed in ~10 ms instead of ~0.5 s; the same prediction, tests/serve/test_shape_classes.py)
 DECODE_REPLAY_TRIPS = 16
 DECODE_REP_SPLITS = 16  # pieces of the decode classes' representative (1 batch x 8 kv heads: 128 piece CTAs)
 

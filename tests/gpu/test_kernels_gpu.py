@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from hopper import require_hopper
-from test_codegen import CPSAT, FA3_ORDER, GREEDY, SKEWED, cs_tiling, solver_plan, with_loop
+from test_cuda import CPSAT, FA3_ORDER, GREEDY, SKEWED, cs_tiling, solver_plan, with_loop
 
 from codegen.plan import default_plan, fa3_order_plan, plan_from_program
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-SCHEDULES = Path(__file__).parent / "data" / "schedules_h200"  # committed schedules (results/schedules_h200)
+SCHEDULES = Path(__file__).parents[1] / "data" / "schedules_h200"  # committed schedules (results/schedules_h200)
 
 
 @pytest.fixture(scope="module", autouse=True)

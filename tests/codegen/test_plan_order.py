@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from strategies import tiny_hw
-from test_schedule import fa_program
+from test_schedule_checks import fa_program
 
 from codegen.plan import plan_from_program
 from ptsolve.ir import Edge, STask, STaskGraph

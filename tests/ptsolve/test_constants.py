@@ -115,7 +115,7 @@ def test_validity_lists_each_violation_on_its_own_line() -> None:
 def test_search_hands_each_solver_greedys_hint(solver: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """search runs the named back-end and gives it greedy's program as the hint (what makes a time-limited run
     never worse than greedy)."""
-    from test_trust import TINY1, lone_prologue
+    from test_regressions import TINY1, lone_prologue
 
     import ptsolve.policies.cpsat as C
     import ptsolve.policies.exhaustive as E

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 # baselines/ is not part of the installed package: import it from the checkout.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from baselines import configs  # noqa: E402
 from baselines.timing import _quantile, tflops  # noqa: E402

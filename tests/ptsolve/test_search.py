@@ -228,7 +228,7 @@ def test_polish_keeps_the_optimum_and_idles_the_streams_before_their_wgmma() -> 
     """CP-SAT's optimum for FlashAttention leaves a warpgroup no idle time before its QK wgmma (its rescale waits for
     the previous PV right up to it); polish finds the optimum of the same ii and latency with the most idle time
     before every tensor-core issue, and the search returns that one (optimize then weighs it against the declared
-    order by their replay: tests/test_orders.py)."""
+    order by their replay: tests/ptsolve/policies/test_orders.py)."""
     from ptsolve.policies import cpsat
     from ptsolve.policies.model import build
 

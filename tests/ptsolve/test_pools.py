@@ -40,7 +40,7 @@ def test_ctrl_c_ends_the_workers(tmp_path: Path) -> None:
             "    time.sleep(600)\n"
             f"for _ in unordered(busy, [({str(tmp_path)!r},)] * 2, 2):\n"
             "    pass\n")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(root)},
                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
                                                                                              signal.SIG_DFL))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from test_layering import _files, _imports, _module
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 # the IR, the cost model, the checks, simulate, the solvers, the vocabulary itself, the lowering and the back-ends;
 # the face (ptsolve/__init__, optimize, cli, suites, tune, torch) and the serving layer may import the builders
 NO_BUILDERS = ("ptsolve.ir", "ptsolve.program", "ptsolve.protocol", "ptsolve.cost", "ptsolve.validate",

@@ -21,7 +21,7 @@ from ptsolve.policies import greedy
 from ptsolve.policies.model import build
 from ptsolve.program import SProgram
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TILING = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 from strategies import tiny_hw
-from test_schedule import two_stage_gemm
+from test_schedule_checks import two_stage_gemm
 
 from ptsolve import check_valid, simulate
 from ptsolve.ir import Buffer, Edge, STask, STaskGraph

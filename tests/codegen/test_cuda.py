@@ -415,7 +415,7 @@ BAD = {
                                             ("rescale@0", 0), ("mma_pv@0", 0)]),
     "three_score_buffers": _loop(BASE_FA, "wg0", [("mma_qk@0", 0), ("rowmax@0", 2), ("exp2@0", 2), ("rowsum@0", 2),
                                                   ("rescale@0", 2), ("mma_pv@0", 2)]),
-    # FA19's 2^32-element q / o emit now (64-bit offsets, tests/test_decode.py); 2^31 rows of batch·seq do not
+    # FA19's 2^32-element q / o emit now (64-bit offsets, tests/codegen/test_decode.py); 2^31 rows of batch·seq do not
     "too_large": _with(BASE_FA, params=fa(batch=1 << 16, heads=1, kv_heads=1, seq_q=1 << 15, seq_kv=1 << 15)),
     "cs_head_dim": _with(BASE_CS, params=CS | {"head_dim": 128}),
     "cs_mma_first": with_loop(BASE_CS, [("mma", 0), ("decay", 0)]),
@@ -472,7 +472,7 @@ ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions
 def test_import_without_gpu_stack():
     code = ("import sys; import codegen, codegen.cuda, codegen.runtime, codegen.harness, codegen.lower; "
             "assert 'cuda.bindings' not in sys.modules and 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parents[2]))
 
 
 def test_tune_split_round_robin():
@@ -496,7 +496,7 @@ def test_tune_compile_only_fills_the_cache(tmp_path, monkeypatch):
     from codegen.runtime import _key
     from ptsolve.program import SProgram
 
-    d = json.loads((Path(__file__).parent / "data" / "tune_h200_cands.json").read_text())
+    d = json.loads((Path(__file__).parents[1] / "data" / "tune_h200_cands.json").read_text())
     d["candidates"] = d["candidates"][:1]
     (tmp_path / "c.json").write_text(json.dumps(d))
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
@@ -779,7 +779,7 @@ def test_round_compile_covers_what_run_launches(tmp_path, monkeypatch):
 
     from bench.round import round as rnd
     from codegen import harness
-    src = Path(__file__).parent / "data" / "sched_new"
+    src = Path(__file__).parents[1] / "data" / "sched_new"
     for f in ("GEMM1_cpsat.json", "GEMM1_greedy.json", "FA3_cpsat.json", "FA3_greedy.json"):
         shutil.copy(src / f, tmp_path / f)
     got: list = []

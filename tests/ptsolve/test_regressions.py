@@ -7,7 +7,7 @@ import sqlite3
 import warnings
 
 import pytest
-from test_policies_equal import TINY, Q
+from test_policies_agree import TINY, Q
 
 import ptsolve
 from ptsolve import cache, ops, optimize, simulate

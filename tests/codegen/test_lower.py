@@ -94,7 +94,7 @@ def _committed(name):
     from pathlib import Path
 
     from ptsolve.result import Result
-    p = Result.from_json((Path(__file__).parent / "data/schedules_h200" / f"{name}.json").read_text()).program
+    p = Result.from_json((Path(__file__).parents[1] / "data/schedules_h200" / f"{name}.json").read_text()).program
     g = p.graph
     return dataclasses.replace(p, graph=ptsolve.ops.make(g.op, **g.params).graph(dict(g.tiling)))
 
@@ -233,7 +233,7 @@ def test_old_result_files_still_load():
     from pathlib import Path
 
     from ptsolve.result import Result
-    f = Path(__file__).parent / "data" / "schedules_h200" / "FA3_cpsat.json"
+    f = Path(__file__).parents[1] / "data" / "schedules_h200" / "FA3_cpsat.json"
     r = Result.from_json(f.read_text())
     assert r.kernel_check is None and r.rejected == () and r.measured_us is None
 

@@ -20,7 +20,7 @@ from ptsolve.errors import CodegenError
 FA = {"batch": 1, "heads": 4, "kv_heads": 2, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": False,
       "dtype": "fp16"}
 T = {"BM": 128, "BN": 64, "depth": 2, "groups": 2}
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _ir(**kw):
@@ -143,5 +143,5 @@ def test_profile_refuses_a_stale_schedule(tmp_path):
     from ptsolve.errors import PtsolveError
 
     with pytest.raises(PtsolveError, match="not valid for the current h200 table.*solve it again"):
-        main(["--schedules", str(Path(__file__).parent / "data" / "schedules_h200"), "--only", "FA3_cpsat",
+        main(["--schedules", str(Path(__file__).parents[1] / "data" / "schedules_h200"), "--only", "FA3_cpsat",
               "--hw", "h200", "--out", str(tmp_path)])

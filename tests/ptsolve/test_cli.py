@@ -14,7 +14,7 @@ import pytest
 import ptsolve
 from ptsolve.cli import main, parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_optimize_writes_json_and_svg(tmp_path, capsys) -> None:

@@ -22,7 +22,7 @@ from codegen.plan import default_plan, fa3_order_plan
 from ptsolve import serve
 from ptsolve.errors import PtsolveError, ShapeError
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 FA = {"BM": 128, "BN": 128, "depth": 2, "groups": 2}
 GEMM = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
 

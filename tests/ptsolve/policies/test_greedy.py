@@ -8,8 +8,8 @@ and holds the tensor cores F/Q grains, crossing streams costs a 1-grain barrier.
 from __future__ import annotations
 
 import pytest
-from test_policies_equal import TINY, Q
-from test_schedule import two_stage_gemm
+from test_policies_agree import TINY, Q
+from test_schedule_checks import two_stage_gemm
 
 from ptsolve import optimize
 from ptsolve.ir import Edge, STask, STaskGraph

@@ -15,7 +15,7 @@ from ptsolve import ops, optimize
 from ptsolve.errors import ConfigError, GraphError, HardwareError, PtsolveError, SchemaError, ShapeError, SolverError
 from ptsolve.ir import STaskGraph
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GEMM_T = {"BM": 128, "BN": 128, "BK": 64, "depth": 2, "groups": 1}
 
 

@@ -1,4 +1,4 @@
-"""Split-KV attention on an H100/H200 (``pytest -m gpu tests/test_decode_gpu.py``): FlashAttention's rule against a
+"""Split-KV attention on an H100/H200 (``pytest -m gpu tests/gpu/test_decode_gpu.py``): FlashAttention's rule against a
 float32 reference, max|out - ref| <= 2 max|out_lowprec - ref| + 1e-3, on NaN-poisoned outputs; repeated launches
 agree bit for bit (the combine counters are back at zero); the 2^32-element attention (FA19's q) runs."""
 from __future__ import annotations

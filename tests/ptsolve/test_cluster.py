@@ -1,12 +1,12 @@
 """GEMM's 2-CTA clusters with B multicast (tiling key ``cluster``): the graph, the model's price, the opt-in search, the
-emitted protocol and its compile, on the CPU. The kernels' results on the GPU: tests/test_codegen_gpu.py
+emitted protocol and its compile, on the CPU. The kernels' results on the GPU: tests/gpu/test_kernels_gpu.py
 (``test_gemm_cluster``); measured against the unclustered kernels: results/gemm_skinny."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from test_codegen import _have_nvcc
+from test_cuda import _have_nvcc
 
 import ptsolve
 from codegen.cuda import emit
