@@ -183,8 +183,9 @@ def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return out
     if max_seqlen_k == 0 or k.shape[0] == 0:
         return out.zero_()
-    _gen().attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), softmax_scale,
-                     cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max(1, max_seqlen_q), max_seqlen_k)
+    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
+                               softmax_scale, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                               max(1, max_seqlen_q), max_seqlen_k)
     return out
 
 
