@@ -213,7 +213,7 @@ def _task_id(ir: KernelIR, name: str) -> int:
 
 
 
-def _back_edge_wait(loop: LoopOrder, steady: dict[str, dict[str, int]]) -> str:
+def _back_edge_wait(loop: LoopOrder, steady: dict[str, dict[str, int]], commits: set[str]) -> str:
     """The wait of a loop whose first task begins with a wgmma wait, again at the end of every steady iteration.
 
     Nothing runs between the two (the back edge, and the first task's turn and ring waits, which do not depend on this
@@ -223,7 +223,7 @@ def _back_edge_wait(loop: LoopOrder, steady: dict[str, dict[str, int]]) -> str:
     the next iteration's first task reads (results/compile_verdicts)."""
     first = loop.ops[0][0] if loop.ops else None
     depth = steady.get(first, {}).get("depth") if first is not None else None
-    if depth is None:
+    if depth is None or first in commits:  # a committing task waits after its own issue (walk.task_instance)
         return ""
     return f"wg_wait<{depth}>();  // {first}'s wait before the back edge: each wgmma stage ends in its iteration"
 
@@ -271,7 +271,7 @@ class _Cuda:
         needs, steady, early = early_writes(w.opk, role, loop, commits, needs, steady)
         return dataclasses.replace(base, commits=commits, needs=needs, steady=steady, early=early,
                                    nbuf=register_copies(w.ir, role, "the skeleton double-buffers at most"),
-                                   tail=_back_edge_wait(loop, steady))
+                                   tail=_back_edge_wait(loop, steady, commits))
 
     def full_wait(self, w: Walk, r: Ring) -> str:
         return (f"  mbar_wait(&{r.name}_full[q_ % {r.depth}], (q_ / {r.depth}) & 1);  "
