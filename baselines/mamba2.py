@@ -212,7 +212,8 @@ def last_batch_consistency(k: types.SimpleNamespace, kind: str, inp: Inputs, ful
 
 
 # mamba_ssm 2.3.2's Triton kernels index in int32: at batch 64, seq 16k (x of 2^32 elements) ChunkScan faults and
-# ChunkState returns wrong states (results/baselines_h200.md), so compare() does not run them past this size
+# ChunkState returns wrong states (the baselines' GPU run, baselines/run_gpu.py), so compare() does not run them past
+# this size
 TRITON_MAX_ELEMENTS = 1 << 31
 
 

@@ -85,7 +85,7 @@ def min_copies(p: Any, hw: Any) -> dict[str, int]:
     most the program's, for which the program's capacity precedences still hold: more would only cost registers.
     A shared-memory buffer keeps the program's copies: their bytes were budgeted with the tiling, so fewer buy
     nothing and turn the model's slack into a wait on the tensor core's completion (ChunkState's xs with one
-    copy: 2.7% slower on the H200, results/ab). A program that names no count for a copy buffer (saved before
+    copy: 2.7% slower on the H200, bench study ab). A program that names no count for a copy buffer (saved before
     that buffer was one) gets what the model builds by default (``max_copies``)."""
     from ptsolve import protocol
     from ptsolve.cost import timings
@@ -119,7 +119,7 @@ def same_rotation(loop: dict[str, list[tuple[str, int]]], tc: list[str],
     epilogue peel change. ptxas serialises the wgmma pipeline of FlashAttention's second warpgroup in the rotated
     form of FA3's order (QK(j+1) and PV(j) at the end of the loop body) and not in wg0's, and the GPU ran the
     solver's FA3-order schedules up to 24% slower when their warpgroups entered the loop elsewhere
-    (results/first_choice).
+    (bench study first_choice).
     Only where the tensor cores' turn order ``tc`` still serves every warpgroup's mma tasks in its new issue order."""
     from ptsolve.policies.orders import rotate
     out = dict(loop)

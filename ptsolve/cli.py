@@ -421,7 +421,7 @@ def compare_row(c: dict[str, Any], hw: Any, opts: dict[str, Any], jobs: int = 1)
     def common() -> dict[str, Any]:
         left = _left(opts)
         # replay=False: every policy's answer under the one objective the study compares (optimize's declared-order
-        # replay would swap in a schedule the formula ranks lower, results/replay_orders)
+        # replay would swap in a schedule the formula ranks lower, bench study replay_orders)
         return dict(hw=hw, time_limit=opts["time_limit"] if left is None else min(opts["time_limit"], max(0.5, left)),
                     cache=opts["cache"], jobs=jobs, compile_check=opts["compile_check"],
                     deterministic=opts["deterministic"], replay=False)
@@ -731,7 +731,7 @@ def _search_commands(sub: Any, fmt: type) -> None:
     o.add_argument("--solver", default="cpsat", choices=SOLVER_NAMES, help="policy")
     o.add_argument("--placement", default="even", choices=PLACEMENTS,
                    help="CTAs over SMs: the paper's even split, the GPU's block scheduler (dynamic: launch order, "
-                        "first free SM; closer to the GPU for unequal CTAs, results/placement_h200.md), longest "
+                        "first free SM; closer to the GPU for unequal CTAs, bench study placement), longest "
                         "first, or exact")
     o.add_argument("--executor", default="process", choices=("process", "serial", "ray"),
                    help="where tilings are solved")
@@ -761,7 +761,7 @@ def _calibrate_commands(sub: Any, fmt: type) -> None:
                      "entries as its own (hw op_constants: they price its graphs, the shared ones the rest)")
     cal.add_argument("--relative", type=_weight, default=0.0, metavar="W",
                      help="weight of the spread of log ratios within each configuration in the loss (what choosing "
-                          "among its candidates depends on; results/gemm_model used 4)")
+                          "among its candidates depends on; bench study gemm_model used 4)")
     cal.add_argument("--write", action="store_true", help="write <hw>.calibrated.json beside the built-in table")
     cal.add_argument("--time-limit", type=_seconds, default=600.0,
                      help="wall-clock seconds for the fit: it stops there with the best constants so far")

@@ -68,7 +68,7 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = Fa
     ``reuse - 1`` readers of the tile hit in L2), DRAM share = hbm_bytes_per_s / clock / SMs [B/clk/SM]
     and L2 share = hw.l2_bytes_per_clk [B/clk/SM]: all SMs stream at once, each gets its share. A TMA multicast
     (``STask.multicast``) is charged the same: each SM still receives the whole tile, and its share of L2 -> SM
-    bandwidth is what bounds it (clusters sharing B by multicast measured no faster, results/gemm_skinny).
+    bandwidth is what bounds it (clusters sharing B by multicast measured no faster, bench study gemm_skinny).
     ``misaligned`` rows (STask.misaligned) get misaligned_share(hw, busy_sms) of it.
     """
     dram = nbytes / max(reuse, 1.0)
@@ -79,7 +79,7 @@ def load_cycles(nbytes: float, reuse: float, hw: Hardware, misaligned: bool = Fa
 def misaligned_share(hw: Hardware, busy_sms: int = 0) -> float:
     """Fraction of an SM's L2 share that loads of misaligned rows get when ``busy_sms`` SMs run the launch (0: all).
     The L2 serves misaligned rows at hw.misaligned_l2_factor of its rate over the whole chip (3000³, every SM
-    loading: 0.45; results/gemm_heldout), so a launch that keeps fewer SMs busy splits that among fewer (1000³ at
+    loading: 0.45; bench study gemm_heldout), so a launch that keeps fewer SMs busy splits that among fewer (1000³ at
     64×128 ping-pong, 64 CTAs: 33% slower than at K = 1008; at 128×192 ping-pong, 24 CTAs: 4%), up to the aligned
     share."""
     busy = hw.sms if busy_sms <= 0 else min(busy_sms, hw.sms)

@@ -47,7 +47,7 @@ class OpSpec:
     orders: Callable[[int], dict[str, dict[str, list[tuple[str, int]]]]] | None = None
     # optional keys whose other values the search offers only when ``fix`` or tune's ``per`` names the key: structures
     # the code generator builds and the model describes, but measured not to pay where the model ranks them level
-    # (GEMM's ``cluster``, results/gemm_skinny), so they are opt-in rather than picked on ties
+    # (GEMM's ``cluster``, bench study gemm_skinny), so they are opt-in rather than picked on ties
     opt_in: tuple[str, ...] = ()
     # CTAs the kernel launches after the grid's CTAs that wait for them (split-KV's merge CTAs): (params, tiling, hw)
     # -> how many (ptsolve.program.follow_tail prices them)

@@ -123,7 +123,7 @@ def _replayed_order(op: Operator | STaskGraph, hw: Hardware, res: Result, chk: A
     ``asap`` replay (ptsolve.simulate.replay_us: the orders run as the hardware runs them) finds that one faster.
     Both reach the steady state the formula sees; the formula also charges one iteration laid out at its
     steady-state slots for the pipeline's fill and drain, which ranked CP-SAT's free orders ahead of FlashAttention-3's
-    where the GPU ran FA3's up to 6.8% faster (results/replay_orders). The declared order's answer is FEASIBLE (its
+    where the GPU ran FA3's up to 6.8% faster (bench study replay_orders). The declared order's answer is FEASIBLE (its
     formula objective is above the proven optimum: ``bound`` keeps the search's) and says why in ``features``.
     Unchanged for a graph, another solver, an operator that declares no orders, or an answer already of them."""
     if isinstance(op, STaskGraph) or res.program is None or res.program.policy.startswith("cpsat-orders"):

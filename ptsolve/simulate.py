@@ -147,7 +147,7 @@ def replay_us(p: SProgram, hw: Hardware | str | None = None) -> float:
     (predicted_us, what the solvers minimise) lays one iteration out at its steady-state slots, so it charges the
     pipeline's fill and drain waits that only the steady state has; this replay does not. It ranked FlashAttention's
     declared FA3 order ahead of CP-SAT's free order of the same tiling on the eight H200 shapes where the formula
-    ranked it 0.3-3.9% behind, and the GPU agreed on all eight (0.2-6.8% faster; results/replay_orders)."""
+    ranked it 0.3-3.9% behind, and the GPU agreed on all eight (0.2-6.8% faster; bench study replay_orders)."""
     return simulate(p, hw, mode="asap", max_trips=REPLAY_TRIPS).kernel_us
 
 

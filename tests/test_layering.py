@@ -6,6 +6,7 @@ library (``ptsolve``, ``codegen``, ``baselines``) has no import cycle, counting 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,6 +204,29 @@ def test_the_config_check_bites():
     assert config_problems(bad) == ["ptsolve -> nowhere: no such part", "codegen: a library package without a part",
                                     "ptsolve -> bench: the library may import only the library",
                                     "ptsolve -> codegen: a lazy arrow that is no arrow"]
+
+
+def results_citations(root: Path, *pkgs: str) -> list[tuple[str, str]]:
+    """(file, path) where a library or test file names a path under ``results/`` that exists: the evidence is
+    cited by its bench study's name, so moving a result never breaks the code that cites it."""
+    res = root / "results"
+    out = []
+    for f in _files(root, *(p for p in pkgs if (root / p).is_dir())):
+        for m in re.finditer(r"results/([\w.\-]+)", f.read_text()):
+            if (res / m.group(1)).exists():
+                out.append((str(f.relative_to(root)), m.group(0)))
+    return out
+
+
+def test_the_library_and_tests_cite_studies_not_results_paths():
+    assert not results_citations(ROOT, *rules()["library"], "tests")
+
+
+def test_the_citation_check_bites(tmp_path):
+    (tmp_path / "results" / "gemm_x").mkdir(parents=True)
+    (tmp_path / "codegen").mkdir()
+    (tmp_path / "codegen" / "a.py").write_text('"""measured: results/gemm_x/README.md; 2 results/clk"""\n')
+    assert results_citations(tmp_path, "codegen") == [("codegen/a.py", "results/gemm_x")]
 
 
 def test_results_is_evidence_not_code():

@@ -225,7 +225,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // Arrive on the mbarrier at `bar`'s offset in each of the `n` CTAs of the cluster (this one included). The arrive
 // keeps the default .release.cta semantics: .release.cluster made every arrival a cluster-wide fence, and the GEMM
-// loops that release a slot per K step ran 2-3x slower (results/gemm_skinny); the slot's readers are wgmmas already
+// loops that release a slot per K step ran 2-3x slower (bench study gemm_skinny); the slot's readers are wgmmas already
 // waited for, and the refill is the async proxy's, as in a single CTA.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, int n) {
   for (int r = 0; r < n; ++r)

@@ -75,7 +75,7 @@ def early_writes(opk: Any, role: Role, loop: LoopOrder, commits: set[str], needs
     later task it lands between that task's tensor-core turn (``bar.sync``) and its wgmma issue, since ptxas moves
     register work across ``bar.sync`` towards its use (FlashAttention's second warpgroup: 32 F2FP there). Within
     one stage it moves too: one warpgroup packing early and the other late measured 1% slower on the H200 than
-    both early (causal FA3c / FA13c, results/ab/regress_ab_h200.log). Returns (needs, steady wait depths, tasks
+    both early (causal FA3c / FA13c, bench study ab). Returns (needs, steady wait depths, tasks
     whose bodies take the early form)."""
     stage = dict(loop.ops)
     tag = f"@{role.group}"

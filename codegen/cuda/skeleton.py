@@ -76,7 +76,7 @@ class OpKernel:
     # allocates (FlashAttention: exp2 packs the P fragments rowsum allocates), see early_writes
     early: Mapping[str, str] = field(default_factory=dict)
     # the aligned shared-memory base kept in the shared window (see _smem_base): measured per operator on an H200
-    # (results/ab/regress_ab_h200.log, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
+    # (bench study ab, same schedules): ChunkScan 20% faster with it, ChunkState 9% slower
     shared_base: bool = False
     sizes: Callable[[Mapping[str, Any], Mapping[str, int]], dict[str, int]] | None = None
     size_params: tuple[str, ...] = ()
@@ -220,7 +220,7 @@ def _back_edge_wait(loop: LoopOrder, steady: dict[str, dict[str, int]], commits:
     warpgroup's wgmma), so the kernel waits for the same groups at the same moment; but ptxas then sees every
     in-flight group's pipeline stage end inside the iteration that issued it. Left open across the back edge, ptxas
     serialised the whole wgmma pipeline (C7515) on attention orders whose last tasks issue the tensor-core work that
-    the next iteration's first task reads (results/compile_verdicts)."""
+    the next iteration's first task reads (bench study compile_verdicts)."""
     first = loop.ops[0][0] if loop.ops else None
     depth = steady.get(first, {}).get("depth") if first is not None else None
     if depth is None or first in commits:  # a committing task waits after its own issue (walk.task_instance)

@@ -10,7 +10,7 @@ from ..plan import KernelPlan, default_plan
 from ..runtime import emit_cached, load
 from .common import TOL, OpHarness, need, register, rel_err, stream, torch_dtype
 
-# the 4-stage 128x256 tiling (0.96-1.01x cuBLAS, results/codegen_h200.md): the hand plan and the benchmark's
+# the 4-stage 128x256 tiling (0.96-1.01x cuBLAS, bench study codegen_bench): the hand plan and the benchmark's
 GEMM_TILING = {"BM": 128, "BN": 256, "BK": 64, "depth": 4, "groups": 2}
 REDUCED = {"M": 1000, "N": 768, "K": 1000}  # the shape a candidate is checked at
 

@@ -13,7 +13,7 @@ STAGE_SLOTS = 2  # chunks a warpgroup stages at once: it fills one while the cop
 def a_rows(M: int, BM: int) -> int:
     """Rows of A's TMA box for a BM-row tile: all BM, or where M is smaller only M rounded up to 8 (one 128-byte
     swizzle atom). A box mostly past M is filled with zeros by the copy engine, and that fill is slow: a 1-row GEMM
-    ran 18% slower than a 32-row one with the same 64-row box (results/gemm_skinny, small_m.py). The rows past the
+    ran 18% slower than a 32-row one with the same 64-row box (bench study gemm_skinny, small_m.py). The rows past the
     box keep stale shared memory; wgmma's output row i reads A's row i only, and rows past M are never stored. The
     one rule the model's load bytes and the code generator's tensor map use."""
     return min(BM, -(-M // 8) * 8)

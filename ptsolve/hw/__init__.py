@@ -66,17 +66,17 @@ class Hardware:
     # SFU's contention), keyed "op/task/groups" (the task's name without its @warpgroup, the graph's consumer
     # warpgroups); ptsolve.calibrate.task_extra fits them from the profiler's timelines
     task_extra: dict[str, int] = field(default_factory=dict)
-    # entries of this table fitted on one operator's kernels, op -> {entry: value} (results/gemm_model/fit.py): they
+    # entries of this table fitted on one operator's kernels, op -> {entry: value} (bench study gemm_model): they
     # replace the table's entries for that operator's graphs (for_op); one set of constants did not describe both
     # GEMM's main loops and attention's
     op_constants: dict[str, dict[str, float]] = field(default_factory=dict)
     # 1: where the model ties ring depths, a loop that streams memory takes the deeper ring (policies.model.tie_key);
-    # an operator's measured preference (results/depth_tie), set in op_constants: deeper rings measured faster for
+    # an operator's measured preference (bench study depth_tie), set in op_constants: deeper rings measured faster for
     # GEMM and ChunkState on the H200 and slower for split-KV decode at large batch, which the model does not separate
     deep_ring_ties: int = 0
     # > 0: a search's winner whose loop streams memory gets the deepest ring up to this that fits, with its schedule
     # unchanged (policies.model.deepen): the model's deterministic latency is hidden by the space's depths, but more
-    # bytes in flight measured faster past them (GEMM on the H200: results/gemm_skinny); set in op_constants
+    # bytes in flight measured faster past them (GEMM on the H200: bench study gemm_skinny); set in op_constants
     deep_ring_max: int = 0
     # the L2 -> SM rate of loads whose global rows start off the L2's 32-byte sectors (STask.misaligned), as a
     # fraction of l2_bytes_per_clk (1: no difference); a property of the memory system, measured per table

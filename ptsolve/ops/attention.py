@@ -108,7 +108,7 @@ def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool) -> list
     """Consumer warpgroup ``g``'s online-softmax tasks over ``r`` query rows (FlashAttention's and flash_decode's):
     init, S = QKᵀ, rowmax, exp2, rowsum (packs P), rescale, O += PV, normalize; ``out``: normalize writes O to a
     shared-memory buffer for a TMA store. The softmax needs no working set beyond O, S, P and the table's
-    reg_overhead: ptxas's demand is that sum (codegen.regfit, results/regfit_h100.md)."""
+    reg_overhead: ptxas's demand is that sum (codegen.regfit, bench study regfit)."""
     s, e = f"@{g}", DTYPE_BYTES[dt]
     return [
         task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,

@@ -58,7 +58,7 @@ def _scan_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None
         s = f"@{g}"
         tasks += [
             # decay's float32 working set (the W values before packing): BK/4 + 8 registers a thread beyond the
-            # buffers and the table's reg_overhead, as ptxas's demand shows (codegen.regfit, results/regfit_h100.md)
+            # buffers and the table's reg_overhead, as ptxas's demand shows (codegen.regfit, bench study regfit)
             task("mma_state" + s, "mma", phase="pre", tile=(rows, P, N), flops=2 * rows * N * P, is_async=True,
                  group=g, reads=("c", "states"),
                  allocs=(reg("acc" + s, rows * P * 4), reg("tmp" + s, (BK // 4 + 8) * 4 * 128))),

@@ -21,7 +21,7 @@ The model charges the wait, one merge CTA's read of its rows of every piece and 
 CTA starts when the last piece of its tile is done; in a single wave, the low-occupancy shapes split-KV is for, the
 kernel ends with it; with several waves that over-charges the pieces that are not last). Where the pieces and the merge
 CTAs (``follow``) exceed the SM slots, the merge CTAs queue behind the pieces and the launch pays a tail after them
-(ptsolve.program.follow_tail, fitted on measured launches: results/torch_decode/follow_fit.py).
+(ptsolve.program.follow_tail, fitted on measured launches: bench study torch_decode).
 Where every tile is one piece (no merge CTAs) the CTAs may be persistent (tiling ``persistent``): one per SM deals
 itself the tiles, its producer loading the next tile's K/V while the consumers finish the last (program.handover).
 A merge CTA spins on its tile's counter, so it must not keep the tile's own pieces from running: there are fewer
@@ -204,7 +204,7 @@ register("flash_decode", OpSpec(
     out_tile=lambda t: (t["BM"], 0),
     from_out_tile=lambda p, o: {"BM": o[0]},
     # two CTAs per SM: the model prices it (DRAM shared by the busy SMs, policies.model.floor_of; the merge CTAs'
-    # tail, follow) and the generic classes' choice of it measured faster (results/torch_decode/pick_ab.py), but only
+    # tail, follow) and the generic classes' choice of it measured faster (bench study torch_decode), but only
     # the generic binaries were measured, so the exact-shape search offers it only when asked (the generic classes ask)
     optional={"ctas": 1}, opt_in=("ctas",), follow=follow,
     aliases=("decode",), plan=textbook,

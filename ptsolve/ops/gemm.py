@@ -17,7 +17,7 @@ multicast), so B is read from L2 once per pair. The M tiles are rounded up to pa
 past M that loads zeros and stores nothing). ``STask.multicast`` marks load_b; the model charges it as before (each
 SM still receives the whole tile through its L2 share, which is what bounds these loops), and on an H200 clusters
 measured 3% slower than the same tilings without (15% faster only where K's rows are misaligned,
-results/gemm_skinny): an opt-in structure (OpSpec.opt_in), searched only when ``fix`` or tune's ``per`` names it.
+bench study gemm_skinny): an opt-in structure (OpSpec.opt_in), searched only when ``fix`` or tune's ``per`` names it.
 
 Split-K (tiling key ``splits`` = S, default 1): the K steps of a tile are divided into S contiguous ranges, one
 CTA each (S times the CTAs, each with ~1/S of the trips), for shapes with too few output tiles to fill the SMs
@@ -39,7 +39,7 @@ copy engine still reads it while the warpgroup runs the next tile's main loop, s
 an epilogue-only buffer does; ``zero@g`` (pre) allocates it with the accumulators. The model prices the two stores
 by the rates the profiler measured (``Hardware.reg_store_bytes_per_clk`` / ``staged_store_bytes_per_clk``,
 ``STask.staged``) against the shared memory the staging takes from the ring; on the H200 the TMA store measured
-1.067x (cooperative) and 1.026x (ping-pong) the register store's speed, same tilings (results/tma_store).
+1.067x (cooperative) and 1.026x (ping-pong) the register store's speed, same tilings (bench study tma_store).
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     tm_units = cdiv(tm, cl) * cl  # a cluster's CTAs come in M-pairs: an odd last M tile gets an empty partner
     # the SMs' concurrent CTAs form about a square of the grid: each A/B tile is reread that often from L2
     side = math.isqrt(sms_of(hw) * (2 if pp else 1))
-    off = K * e % 32 != 0  # A's and B's rows (K-major) start off the L2's 32-byte sectors: results/gemm_heldout
+    off = K * e % 32 != 0  # A's and B's rows (K-major) start off the L2's 32-byte sectors: bench study gemm_heldout
     tasks = [
         task("load_a", "load", tile=(BM, BK), dtype=dt, bytes=a_rows(M, BM) * BK * e, reuse=min(tn, side),
              is_async=True, misaligned=off,

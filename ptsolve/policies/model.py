@@ -122,11 +122,11 @@ def tie_key(tiling: dict[str, int], deep: bool) -> tuple:
     but with ``deep`` (an operator whose loop streams memory, ``streams_memory``, and whose table says
     ``deep_ring_ties``) the deeper of two rings the model cannot tell apart. The deterministic model hides a load
     once the ring covers its mean latency; whether more bytes in flight pay beyond that is measured per operator
-    (results/depth_tie: GEMM and ChunkState yes, compute-bound loops and split-KV decode at large batch no).
+    (bench study depth_tie: GEMM and ChunkState yes, compute-bound loops and split-KV decode at large batch no).
     Between a GEMM tiling and its TMA-store twin (``tma_store``) the model cannot tell apart, the TMA store: where a
     ping-pong warpgroup's epilogue hides under the other's main loop the model charges neither store, but the
     register store measured slower on 41 of 44 shapes (geomean 2.6%, up to 10.6%; never more than 0.8% faster,
-    results/tma_store): its stores contend with the other warpgroup's loop in ways the model does not see."""
+    bench study tma_store): its stores contend with the other warpgroup's loop in ways the model does not see."""
     keyed = {**tiling, "tma_store": -int(tiling.get("tma_store", 0))} if "BM" in tiling else tiling
     return tuple(sorted((k, -v if k == "depth" and deep else v) for k, v in keyed.items()))
 
@@ -135,7 +135,7 @@ def deepen(prog: SProgram, hw: Hardware, skip: Sequence[dict[str, int]] = ()) ->
     """``prog`` with the deepest ring up to its operator's ``deep_ring_max`` (Hardware, 0: none) that fits, where its
     loop streams memory (``streams_memory``); the same ii and start times, so the same objective: a deeper ring only
     removes constraints (the producer may run further ahead), and the model, whose latency is deterministic, already
-    hides its loads at the space's depths. What the GPU gains is the extra bytes in flight (results/gemm_skinny).
+    hides its loads at the space's depths. What the GPU gains is the extra bytes in flight (bench study gemm_skinny).
     ``prog`` itself where nothing deeper fits, the loop does not stream memory, or the table asks for nothing.
     ``skip``: tilings not to take (the compiler rejected them): the deepening stops below the first."""
     g = prog.graph
@@ -262,7 +262,7 @@ def floor_of(g: STaskGraph, hw: Hardware, tm: dict[str, Timing], phase: dict[str
     ones take: their copy engine is charged DRAM split over the SMs the launch keeps busy (as misaligned L2 loads
     are, ptsolve.cost.misaligned_share) -- one SM's share per CTA summed over an SM's CTAs priced a second resident
     CTA as no extra bandwidth (GPT-2 decode, 192 CTAs at two per SM: 118.6 us predicted, ~102 measured;
-    results/torch_decode). With every SM busy, the share is one SM's either way."""
+    bench study torch_decode). With every SM busy, the share is one SM's either way."""
     k = g.tiling.slots
     if k == 1:
         return 0

@@ -50,7 +50,7 @@ def _classes() -> list[ShapeClass]:
 
 
 # no pinned keys: grid or persistent CTAs is the model's choice on the representative (persistent measured faster on
-# 78 of 85 prefill shapes and never more than 6% slower: results/torch_prefill)
+# 78 of 85 prefill shapes and never more than 6% slower: bench study torch_prefill)
 register("flash_attention", OpClasses(key=_key, representative=_representative, classes=_classes))
 
 

@@ -46,13 +46,13 @@ def decode_variants(c: ShapeClass) -> list[ShapeClass]:
     file reallocated to the consumers) and
     - with one consumer warpgroup and a head dim of DECODE_CTAS2_HEAD_DIMS, two resident CTAs per SM (half the
       register file each: a CTA's fill and drain overlap the other's loop, and a grid of a few hundred short pieces
-      fits one wave; results/torch_decode/mha_ctas.py);
+      fits one wave; bench study torch_decode);
     - with one consumer warpgroup, persistent CTAs (one per SM, each dealing itself (batch, kv head) tiles: the
       producer loads a tile's first K/V blocks while the consumers finish the previous one), for shapes whose tiles
-      each take one piece and outnumber the SMs (batch-64 Llama: results/torch_decode/pers_ab.py);
+      each take one piece and outnumber the SMs (batch-64 Llama: bench study torch_decode);
     - with two consumer warpgroups (more than 64 packed rows), the one-warpgroup class's own binary, the rows cut
       into 64-row query tiles (twice the CTAs, each K/V tile read by both, the second from L2): Falcon-7B's 71 heads
-      per kv head at short caches or batch 1 (results/torch_decode/pick_ab.py wg: b1 k1000 7.5 -> 6.2 us). Not its
+      per kv head at short caches or batch 1 (bench study torch_decode wg: b1 k1000 7.5 -> 6.2 us). Not its
       two-CTA binary: with two query tiles of one kv head the model's picks of it measured 11-17% slower than the
       two-warpgroup binary on 4 of 19 Falcon shapes (same run)."""
     if c.groups == 1 and c.ctas <= 1 and not c.persistent:

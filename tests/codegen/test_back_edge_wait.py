@@ -1,7 +1,7 @@
 """The wait before the back edge (codegen.cuda.skeleton._back_edge_wait): where a consumer loop's first task begins
 with a wgmma wait, the steady iteration ends with the same wait, so ptxas sees every wgmma pipeline stage close in the
 iteration that opened it. The schedule is the CP-SAT optimum of a 70B-style causal attention (batch 1, 32/8 heads,
-seq 1536, d128, BM128/BN128, h100) that ptxas serialised without it (results/compile_verdicts)."""
+seq 1536, d128, BM128/BN128, h100) that ptxas serialised without it (bench study compile_verdicts)."""
 from __future__ import annotations
 
 import re

@@ -195,7 +195,7 @@ def test_a_rejected_order_keeps_its_tiling_with_the_declared_order(monkeypatch):
 
 def test_the_compiler_decides_registers_the_estimate_refuses(monkeypatch):
     """ChunkScan on three CTAs per SM: the model's register estimate (104 per thread) exceeds the launch bound's 80,
-    ptxas builds the kernel in 80 without spilling (results/round_ab: 10% faster than the two-CTA choice). With no
+    ptxas builds the kernel in 80 without spilling (bench study ab: 10% faster than the two-CTA choice). With no
     compiler the estimate refuses the tiling; with one, ptxas decides and the program records its count, which
     check_valid takes over the estimate; a compiler that spills it refuses it again."""
     from dataclasses import replace

@@ -1,7 +1,7 @@
 """GEMM's TMA-store epilogue (tiling key ``tma_store``): the graph and its shared memory, the opt-in search, the
 emitted chunk protocol (every accumulator pair lands where C's swizzled tensor map reads it, no staging slot rewritten
 before the copy engine read it) and its compile, on the CPU. The kernels' results on the GPU:
-tests/gpu/test_kernels_gpu.py (``test_gemm_tma_store``); measured against the register store: results/tma_store."""
+tests/gpu/test_kernels_gpu.py (``test_gemm_tma_store``); measured against the register store: bench study tma_store"""
 from __future__ import annotations
 
 import re

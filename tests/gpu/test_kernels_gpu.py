@@ -1,7 +1,7 @@
 """GPU tests of the generated kernels, every operator through the one path (plan or program -> lower ->
 skeleton): relative Frobenius error against a float32 / float64 torch reference <= 1e-2 on fresh random inputs,
 outputs poisoned with NaN before every run (NaN never passes), ragged, GQA, causal and grouped shapes, hand
-orders, the schedules ptsolve's policies found (results/schedules_h200, solved on the CPU: the GPU machine has
+orders, the schedules ptsolve's policies found (bench study round, solved on the CPU: the GPU machine has
 no solver), 1-3 CTAs per SM, persistent CTAs. Run on an H100/H200 with ``pytest -m gpu``."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from codegen.plan import default_plan, fa3_order_plan, plan_from_program
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
-SCHEDULES = Path(__file__).parents[1] / "data" / "schedules_h200"  # committed schedules (results/schedules_h200)
+SCHEDULES = Path(__file__).parents[1] / "data" / "schedules_h200"  # committed schedules (bench study round)
 
 
 @pytest.fixture(scope="module", autouse=True)

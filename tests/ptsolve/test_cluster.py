@@ -1,6 +1,6 @@
 """GEMM's 2-CTA clusters with B multicast (tiling key ``cluster``): the graph, the model's price, the opt-in search, the
 emitted protocol and its compile, on the CPU. The kernels' results on the GPU: tests/gpu/test_kernels_gpu.py
-(``test_gemm_cluster``); measured against the unclustered kernels: results/gemm_skinny."""
+(``test_gemm_cluster``); measured against the unclustered kernels: bench study gemm_skinny"""
 from __future__ import annotations
 
 import json
@@ -39,7 +39,8 @@ def test_graph_pairs_m_tiles_and_multicasts_b():
 
 def test_multicast_costs_each_sm_the_whole_tile():
     """Each SM still receives the whole B tile, and its L2 -> SM share bounds the load: the model prices a multicast
-    load as the unshared one (clusters measured no faster on loops the model calls L2-bound, results/gemm_skinny)."""
+    load as the unshared one (clusters measured no faster on loops the model calls L2-bound: bench study
+    gemm_skinny)."""
     tb, tb2 = timings(ptsolve.ops.gemm(**P).graph(T, H200), H200), \
         timings(ptsolve.ops.gemm(**P).graph(T | {"cluster": 2}, H200), H200)
     assert tb2["load_b"] == tb["load_b"] and tb2["load_a"] == tb["load_a"]

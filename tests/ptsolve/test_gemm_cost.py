@@ -1,4 +1,4 @@
-"""The cost model's view of a GEMM main loop: what the GPU measured (results/gemm_model) and the model must see."""
+"""The cost model's view of a GEMM main loop: what the GPU measured (bench study gemm_model) and the model must see."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """Loads whose global rows start off the L2's 32-byte sectors (GEMM with K = 8 mod 16: rows 16 mod 32 bytes):
 marked on the graph, priced at Hardware.misaligned_l2_factor of the L2 share spread over the SMs a launch keeps
-busy (results/gemm_heldout: 3000³ ran 1.6x slower than 3000x3000x3008 at every tiling, 1000³'s 64 busy SMs lost
+busy (bench study gemm_heldout: 3000³ ran 1.6x slower than 3000x3000x3008 at every tiling, 1000³'s 64 busy SMs lost
 less), and the choices that follow."""
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ def test_model_prices_the_misaligned_rows_where_every_sm_loads():
 
 def test_the_search_takes_the_tile_that_loads_least_per_flop():
     """With the misaligned rows priced, 3000³'s first choice among register-store kernels is a 256-row tile (fewer
-    bytes per flop: measured 128.1 against 138.6 µs for the 128x192 choice of the aligned model, results/gemm_heldout);
+    bytes per flop: measured 128.1 against 138.6 µs for the 128x192 choice of the aligned model, bench study
+    gemm_heldout);
     3008³ keeps 128x192. (With the TMA store in the space the staging leaves a 256-row tile too shallow a ring and
-    both take 128x192 ping-pong with it: results/tma_store.)"""
+    both take 128x192 ping-pong with it: bench study tma_store)"""
     ch = ptsolve.optimize(ptsolve.ops.gemm(M=3000, N=3000, K=3000), hw="h200", time_limit=10, cache=False,
                           compile_check=False, fix={"tma_store": 0}, deterministic=True)
     assert ch.tiling["BM"] * ch.tiling["BN"] >= 256 * 192

@@ -2,7 +2,7 @@
 cost model charges exactly the keyed tasks, the fit recovers what a timeline measured, the table loader refuses bad
 entries, the overlay keeps other fits' entries, and with the committed H200 fit the exact solver issues FlashAttention's
 QK of one iteration and PV of the previous one back to back in one tensor-core turn (the order the GPU runs fastest,
-results/first_choice)."""
+bench study first_choice)."""
 from __future__ import annotations
 
 import json

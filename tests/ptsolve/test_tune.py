@@ -80,7 +80,7 @@ def test_candidates_hold_other_orders_of_a_tiling():
 def test_candidates_per_structure():
     """``per``: the K best of each structure (GEMM cooperative and ping-pong), ranked together by prediction, so the
     measured selection times both structures whichever the model ranks first (at 8192³ its own top 2 were
-    cooperative before results/gemm_model, ping-pong after)."""
+    cooperative before bench study gemm_model, ping-pong after)."""
     op = ptsolve.ops.gemm(M=8192, N=8192, K=8192)
     plain, _ = candidates(op, "h200", 2, solver="greedy", check=False)
     cands, _ = candidates(op, "h200", 2, solver="greedy", check=False, per=("pingpong",))

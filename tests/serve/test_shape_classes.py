@@ -245,7 +245,7 @@ def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
     blocks, no spills in half the register file); d128 classes and two-warpgroup ones do not. ``decode_pick`` takes
     the binary and pieces whose re-timed program predicts the shortest kernel: for GPT-2's MHA batch 16, 1k cache
     (192 short rows: one wave of 2 x 132 resident CTAs instead of 1.5 of 132) the two-CTA binary, as measured
-    (results/torch_decode/mha_ctas.py)."""
+    (bench study torch_decode)."""
     mha = serve.decode_class("fp16", 64, False, 12, 12, 1)
     two = serve.decode_variants(mha)
     assert [(v.ctas, v.persistent) for v in two] == [(0, 0), (2, 0), (0, 1)]
@@ -263,7 +263,7 @@ def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
 
 
 def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
-    """Two choices the cost model got wrong before it priced them (measured on an H200, results/torch_decode/
+    """Two choices the cost model got wrong before it priced them (measured on an H200, bench study torch_decode/
     pick_ab.py): GPT-2 b16 at 8192 keys runs the two-CTA binary in one piece (100 us; two pieces 121, the one-CTA
     binary's best 108): 192 CTAs at two per SM keep 96 SMs busy, which split DRAM between them
     (policies.model.floor_of); Qwen2.5-0.5B b64 at 1000 keys stays on the one-CTA binary in one piece (11.9 us; the
@@ -276,7 +276,7 @@ def test_decode_pick_prices_shared_dram_and_the_merge_ctas_tail():
     c = serve.decode_class("fp16", 64, False, 14, 2, 1)
     assert serve.decode_pick(c, qwen) == (c, 1)
     # Falcon-7B (71 heads per kv head) at batch 1, 1000 keys: the one-warpgroup binary, its rows in two query tiles
-    # (6.2 us; the two-warpgroup binary 7.5: results/torch_decode/pick_ab.py wg)
+    # (6.2 us; the two-warpgroup binary 7.5: bench study torch_decode wg)
     falcon = serve.decode_class("fp16", 64, False, 71, 1, 1)
     assert serve.decode_pick(falcon, _dp(1, 71, 1, 1, 1000, 64))[0] == serve.decode_class("fp16", 64, False,
                                                                                                32, 8, 1)
@@ -286,7 +286,7 @@ def test_decode_persistent_binary_is_one_piece_and_picked_where_its_handover_pay
     """Persistent CTAs are a decode tiling only where every query tile is one piece and there is more than one tile
     (merge CTAs would wait for pieces a persistent CTA has not reached); the persistent generic binary has no merge
     CTAs. The model picks it for Llama-3-70B b64 at 511 keys (512 one-piece tiles: the producer loads a tile's
-    first K/V blocks while the consumers finish the last; measured 43.6 -> 40.9 us, results/torch_decode/pers_ab.py
+    first K/V blocks while the consumers finish the last; measured 43.6 -> 40.9 us, bench study torch_decode
     and pick_ab.py) and not where the keys are split (batch 1, 32k keys)."""
     from ptsolve.ops import make
     ts = make("flash_decode", **_dp(4, 32, 8, 1, 4096)).tilings()

@@ -94,7 +94,7 @@ def test_priority_key_is_rule_3() -> None:
     assert greedy.priority("x", {"x": False}, {"x": 0}, {"x": 0}) < greedy.priority("y", {"y": False}, left, {"y": 0})
 
 
-# The greedy baseline every speedup in results/compare_h100.md is measured against (kernel cycles on h100,
+# The greedy baseline every speedup of `ptsolve compare` (the main job) is measured against (kernel cycles on h100,
 # PTSOLVE_GRAIN=8): a change to the policy, the cost model or the tilings moves these, and must be deliberate.
 # 2026-12-01: attention's space gained persistent CTAs (FA5c 942000 -> 752128, FA19 428976000 -> 423005120).
 # 2026-12-02: co-resident CTAs' copy-engine floor splits DRAM over the SMs a launch keeps busy (floor_of):
