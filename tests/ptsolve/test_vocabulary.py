@@ -139,3 +139,23 @@ def test_operators_register_by_discovery():
     assert set(REGISTRY) <= set(importlib.import_module("codegen.cuda").REGISTRY)
     homes = [REGISTRY[n].build.__module__ for n in REGISTRY]
     assert homes == sorted(homes)
+
+
+def test_an_operator_without_a_builder_in_ptsolve_ops_lists_its_own(monkeypatch) -> None:
+    """``ptsolve ops`` reads an operator's parameters from its spec's builder when ptsolve.ops has no function of its
+    name (an operator file that needs no line elsewhere)."""
+    import dataclasses
+
+    from ptsolve import cli
+    from ptsolve.opspec import REGISTRY, Operator, make
+
+    def toy(n: int, dtype: str = "fp16") -> Operator:
+        """A toy: the gemm spec under another name."""
+        return make("toy_op", n=n, dtype=dtype)
+
+    monkeypatch.setitem(REGISTRY, "toy_op", dataclasses.replace(REGISTRY["gemm"], builder=toy, aliases=("toy",)))
+    monkeypatch.setitem(cli.OPS, "toy", "toy_op")
+    monkeypatch.setitem(cli.OPS, "toy_op", "toy_op")
+    assert cli.op_help("toy") == ("toy_op (also: toy): n dtype=fp16\n  A toy: the gemm spec under another name.\n"
+                                  "Parameters without a default are required; write them as key=value.")
+    assert cli.op_help("gemm").startswith("gemm: M N K dtype=fp16")
