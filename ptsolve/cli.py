@@ -27,7 +27,7 @@ from .calibrate import FIT as CAL_FIT
 from .errors import ConfigError, PtsolveError, SchemaError
 from .fileio import read_json, write_text
 from .hw import DEFAULT_HW
-from .opspec import aliases
+from .opspec import aliases, spec_of
 from .provenance import stamp
 
 OPS = aliases()  # every name the command takes for an operator -> its registered name (each spec's aliases)
@@ -105,7 +105,8 @@ def _hw(a: argparse.Namespace) -> Any:
 
 
 def op_help(name: str | None = None) -> str:
-    """Each operator's parameters (from the signatures of ptsolve.ops' builders), with defaults and aliases."""
+    """Each operator's parameters (from the signatures of its builder: its spec's, else ptsolve.ops' function of its
+    name), with defaults and aliases."""
 
     if name is not None and name not in OPS:
         raise PtsolveError(f"unknown operator {name!r}; use one of {sorted(OPS)}")
@@ -113,7 +114,7 @@ def op_help(name: str | None = None) -> str:
     for full in sorted(set(OPS.values())):
         if name is not None and OPS[name] != full:
             continue
-        fn = getattr(ops, full)
+        fn = spec_of(full).builder or getattr(ops, full)
         ps = [k + ("" if v.default is inspect.Parameter.empty else f"={v.default}")
               for k, v in inspect.signature(fn).parameters.items()]
         alias = sorted(k for k, v in OPS.items() if v == full and k != full)

@@ -59,6 +59,10 @@ class OpSpec:
     persistent: int = 0
     # (params, tiling, overlap) -> the textbook issue order (codegen.plan.default_plan); None: no hand plan
     plan: Callable[[dict[str, Any], dict[str, int], bool], TextbookPlan] | None = None
+    # a function whose signature and docstring state the operator's parameters (what ``ptsolve ops`` lists) and which
+    # returns its Operator; None: the function of the operator's name in ``ptsolve.ops``. An operator file that
+    # carries its own needs no line in ``ptsolve/ops/__init__.py``
+    builder: Callable[..., Operator] | None = None
 
 
 REGISTRY: dict[str, OpSpec] = {}

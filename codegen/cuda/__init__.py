@@ -2,20 +2,26 @@
 
 A schedule (an SProgram, a KernelPlan, or an already lowered KernelIR) goes through ``codegen.lower`` to a
 KernelIR, which the one skeleton (``codegen.cuda.skeleton``) emits with the operator's task bodies
-(``gemm``, ``attention``, ``decode``, ``chunk_scan``, ``chunk_state``): warpgroup 0 is the TMA producer, warpgroups
+(every module of this package, found by ``pkgutil``): warpgroup 0 is the TMA producer, warpgroups
 1..W the wgmma consumers, every role's loop following its (task, stage) order.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
+import pkgutil
 from typing import Any
 
 from codegen.kernel_ir import KernelIR
 from codegen.plan import KernelPlan
 
-from . import attention, chunk_scan, chunk_state, decode, gemm  # noqa: F401  (task bodies register themselves)
 from .common import KernelSource, TensorMapSpec
 from .skeleton import REGISTRY, emit_ir
+
+# An operator's task-body module registers itself when imported: found, not listed, so a new operator's bodies are
+# its file alone (the skeleton's helper modules import harmlessly). Sorted: the same registry order everywhere.
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")
 
 __all__ = ["REGISTRY", "KernelSource", "TensorMapSpec", "emit", "emit_ir", "plan_id"]
 

@@ -1,9 +1,15 @@
 """Operator builders. Each returns an Operator: ``.tilings()``, ``.graph(tiling)``, ``.propagate(out_tile)``."""
 from __future__ import annotations
 
-from . import attention, chunk_scan, chunk_state, decode  # noqa: F401  (registration)
-from . import gemm as _gemm  # noqa: F401  (registration)
+import importlib
+import pkgutil
+
 from .base import REGISTRY, Operator, make
+
+# Every module here registers its operator when imported (its last line): found, not listed, so a new operator is its
+# file alone. Sorted, so the registry's order (and everything derived from it) is the same on every machine.
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")
 
 
 def gemm(M: int, N: int, K: int, dtype: str = "fp16") -> Operator:
