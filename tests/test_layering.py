@@ -229,6 +229,57 @@ def test_the_citation_check_bites(tmp_path):
     assert results_citations(tmp_path, "codegen") == [("codegen/a.py", "results/gemm_x")]
 
 
+MAX_FUNCTION_LINES = 80
+# an operator family's shared file (Mamba2's parameters, ptsolve/ops/mamba2.py) is one of its operators' own files
+FAMILY = {"chunk_scan": "mamba2", "chunk_state": "mamba2"}
+
+
+def long_functions(root: Path, *pkgs: str) -> list[tuple[str, str, int]]:
+    """(file, function, lines) of every function longer than MAX_FUNCTION_LINES in ``pkgs``."""
+    return [(str(f.relative_to(root)), n.name, n.end_lineno - n.lineno + 1)
+            for f in _files(root, *(p for p in pkgs if (root / p).is_dir()))
+            for n in ast.walk(ast.parse(f.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def op_branches(root: Path, *pkgs: str) -> list[tuple[str, str]]:
+    """(file, operator) where a library file compares against an operator's name (``== "gemm"``, ``in ("gemm", ...``)
+    outside that operator's own files: the files named after its file in ``ptsolve/ops`` (``gemm.py`` in every
+    layer; ``mamba2.py`` for the Mamba2 kernels)."""
+    own = {}
+    for f in sorted((root / "ptsolve" / "ops").glob("*.py")):
+        for name in re.findall(r'^register\("(\w+)"', f.read_text(), re.M):
+            own[name] = {f.stem, FAMILY.get(f.stem, f.stem)}
+    out = []
+    for f in _files(root, *(p for p in pkgs if (root / p).is_dir())):
+        text = f.read_text()
+        for name, stems in sorted(own.items()):
+            if f.stem not in stems and re.search(rf'(?:[!=]=\s*|\bin\s*\((?:"\w+",\s*)*)"{name}"', text):
+                out.append((str(f.relative_to(root)), name))
+    return out
+
+
+def test_no_function_is_longer_than_the_cap():
+    assert not long_functions(ROOT, *rules()["library"])
+
+
+def test_no_operator_branches_outside_the_operators_files():
+    # baselines/ times the peers (cuBLAS, SDPA, mamba_ssm) per peer family, not ptsolve's operators
+    assert not op_branches(ROOT, "ptsolve", "codegen")
+
+
+def test_the_function_and_branch_checks_bite(tmp_path):
+    (tmp_path / "ptsolve" / "ops").mkdir(parents=True)
+    (tmp_path / "ptsolve" / "ops" / "gemm.py").write_text('register("gemm", OpSpec())\nif op == "gemm": pass\n')
+    (tmp_path / "codegen").mkdir()
+    (tmp_path / "codegen" / "lower.py").write_text('def f(op):\n    return op in ("flash", "gemm")\n')
+    (tmp_path / "codegen" / "gemm.py").write_text('x = op == "gemm"\n')  # the operator's own file in a layer
+    assert op_branches(tmp_path, "ptsolve", "codegen") == [("codegen/lower.py", "gemm")]
+    (tmp_path / "codegen" / "long.py").write_text("def g():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert long_functions(tmp_path, "codegen") == [("codegen/long.py", "g", MAX_FUNCTION_LINES + 1)]
+
+
 def test_results_is_evidence_not_code():
     assert not results_problems(ROOT)
 
