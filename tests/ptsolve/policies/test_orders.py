@@ -10,6 +10,7 @@ import ptsolve  # noqa: E402
 from codegen.plan import fa3_order_plan, plan_from_program, same_rotation  # noqa: E402
 from ptsolve.errors import SolverError  # noqa: E402
 from ptsolve.hw import load  # noqa: E402
+from ptsolve.kernelcheck import KernelCheck  # noqa: E402
 from ptsolve.ops.attention import orders  # noqa: E402
 from ptsolve.policies import cpsat  # noqa: E402
 from ptsolve.policies import orders as orders_policy  # noqa: E402
@@ -141,6 +142,16 @@ def test_the_replay_picks_the_declared_order_the_formula_ranks_second(monkeypatc
     r2 = opt.optimize(FA, hw="h200", solver="cpsat", time_limit=60, cache=False, fix=fix, compile_check=False,
                       executor="serial")
     assert r2.status == "OPTIMAL" and r2.objective == formula.objective and r2.program == formula.program
+    # with a compiler: the slower-replaying declared order is never compiled (the replay decides first)
+    asked = []
+
+    def counting(program, hw):
+        asked.append(program.start)
+        return KernelCheck("ok", kernel="k")
+    monkeypatch.setattr(opt, "checker", lambda hw: counting)
+    r3 = opt.optimize(FA, hw="h200", solver="cpsat", time_limit=60, cache=False, fix=fix, compile_check=True,
+                      executor="serial")
+    assert r3.program == formula.program and asked and r.program.start not in asked
 
 
 def test_the_asap_replay_is_never_later_than_the_plan():
