@@ -1,5 +1,5 @@
-"""The house's arrows, as ``layering.toml`` allows them (ARCHITECTURE.md draws them): every import from one part of
-the house (``ptsolve``'s core, ``ptsolve.serve``, ``ptsolve.torch``, ``codegen``, ``baselines``, ``bench``) into
+"""The house's arrows, as ``tests/layering.toml`` allows them (ARCHITECTURE.md draws them): every import from one
+part of the house (``ptsolve``'s core, ``ptsolve.serve``, ``ptsolve.torch``, ``codegen``, ``baselines``, ``bench``) into
 another is an allowed arrow, at module level and inside functions alike (``lazy`` arrows only inside functions); the
 library (``ptsolve``, ``codegen``, ``baselines``) has no import cycle, counting imports inside functions; and
 ``results/`` holds evidence, not code. Each check is shown to fail on a synthetic package."""
@@ -26,7 +26,7 @@ RESULTS_MAX_BYTES = 5 * 1024 * 1024
 def rules(root: Path = ROOT) -> dict[str, Any]:
     """``layering.toml``: ``library`` (the packages the cycle check covers), ``arrows`` (part -> the parts it may
     import) and ``lazy`` (part -> the parts it may import only inside functions)."""
-    return tomllib.loads((root / "layering.toml").read_text())
+    return tomllib.loads((root / "tests" / "layering.toml").read_text())
 
 
 def _module(root: Path, p: Path) -> str:
@@ -178,7 +178,8 @@ def test_the_checks_bite(tmp_path):
     """A synthetic house with a wrong arrow at each kind (the core into the compiler inside a function, the front door
     into the serving layer at module level where only a lazy arrow is allowed, the compiler into the serving layer,
     the library into the studies) and a cycle closed inside a function: every one is caught."""
-    (tmp_path / "layering.toml").write_text((ROOT / "layering.toml").read_text())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "layering.toml").write_text((ROOT / "tests" / "layering.toml").read_text())
     pkg = tmp_path / "ptsolve"
     (pkg / "serve").mkdir(parents=True)
     (pkg / "__init__.py").write_text("from . import a\n")

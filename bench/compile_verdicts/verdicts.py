@@ -68,10 +68,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def schedules(rows: list[dict]) -> str:
-    """Every schedule on one line: configuration, tiling, policy, each consumer stream's loop order with stages,
-    registers and ptxas's verdict."""
-    out = ["| configuration | tiling | policy | loop orders (task:stage) | registers | verdict |",
+def schedules(rows: list[dict], head: str) -> str:
+    """Every schedule on one line after ``head`` (what made them): configuration, tiling, policy, each consumer
+    stream's loop order with stages, registers and ptxas's verdict."""
+    out = [head, "", "| configuration | tiling | policy | loop orders (task:stage) | registers | verdict |",
            "|---|---|---|---|---|---|"]
     for r in rows:
         orders = "; ".join(f"{k}: " + " ".join(f"{t}:{s}" for t, s in v) for k, v in r["stages"].items())
@@ -105,7 +105,9 @@ def main() -> None:
                 print(row["op"], row["tiling"], row["solver"], row["registers"], row["serialized"], row["why"],
                       flush=True)
     (a.out / "verdicts.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))  # raw
-    (a.out / "schedules.md").write_text(schedules(rows))
+    (a.out / "schedules.md").write_text(schedules(rows, f"# Every schedule of `python -m bench compile_verdicts --hw "
+                                                        f"{a.hw}` (CPU, nvcc; {time.strftime('%Y-%m-%d')}, commit "
+                                                        f"{commit})"))
     print(f"\n{len(rows)} schedules, {time.time() - t0:.0f} s, hw {a.hw}, commit {commit}\n")
     print(table(rows))
 

@@ -2,7 +2,8 @@
 
 This package is the one place where the core's face (``ptsolve.optimize``, the operators, the simulator) meets the
 code generator (``codegen``: lowering, emitters, nvcc, the launch primitive). The rest of ``ptsolve`` never imports
-``codegen``, and ``codegen`` never imports this package; ``layering.toml`` and ``tests/test_layering.py`` hold that.
+``codegen``, and ``codegen`` never imports this package; ``tests/layering.toml`` and ``tests/test_layering.py``
+hold that.
 
 A *shape class* (``classes.ShapeClass``) is what changes the schedule or the binary: the operator, the dtype and,
 for attention, head_dim, causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``)
