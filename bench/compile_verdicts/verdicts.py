@@ -20,6 +20,7 @@ from pathlib import Path
 
 import ptsolve
 from codegen.cuda import emit
+from codegen.cuda.wgmma_check import hazards
 from codegen.runtime import compile_kernel
 from ptsolve.errors import PtsolveError
 from ptsolve.hw import load
@@ -41,13 +42,15 @@ def verdict(op: object, tiling: dict, solver: str, hw: str) -> dict | None:
     try:
         r = ptsolve.optimize(op, hw=hw, solver=solver, fix=tiling, compile_check=False, cache=False, time_limit=3,
                              executor="serial", deterministic=solver != "greedy")
-        rep = compile_kernel(emit(r.program, load(hw))).report
+        ks = emit(r.program, load(hw))
+        rep = compile_kernel(ks).report
     except PtsolveError:
         return None
     why = [m.group(1) for w in rep["warnings"] if "serialized" in w for m in [REASON.search(w)] if m]
     return {"op": op.op, "desc": op.describe(), "tiling": r.tiling, "solver": solver, "objective": r.objective,
             "registers": rep["registers"], "spill": rep["spill_stores"] + rep["spill_loads"],
             "serialized": rep["wgmma_serialized"], "why": why[0] if why else "",
+            "predicted": [f"{h.array}: {h.why}" for h in hazards(ks.source)],
             "stages": {str(ro): [[t.split("@")[0], s] for t, s in order] for ro, order in
                        sorted(r.program.streams(load(hw)).get("loop", {}).items())},
             "program": r.program.to_json()}
@@ -65,6 +68,19 @@ def table(rows: list[dict]) -> str:
             out.append(f"| {op} | {pol} | {len(rs)} | {sum(not r['serialized'] and not r['spill'] for r in rs)} | "
                        + (", ".join(f"{n} ({w})" for w, n in sorted(ser.items())) or "0")
                        + f" | {sum(1 for r in rs if r['spill'])} |")
+    return "\n".join(out)
+
+
+def agreement(rows: list[dict]) -> str:
+    """The source check (codegen.cuda.wgmma_check) against ptxas's verdict, per operator and policy."""
+    out = ["| operator | policy | schedules | agree | serialised, predicted | serialised, missed | clean, flagged |",
+           "|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["op"], r["solver"]) for r in rows})
+    for op, pol in [*keys, ("all", "all")]:
+        rs = [r for r in rows if op == "all" or (r["op"], r["solver"]) == (op, pol)]
+        hit = [(r["serialized"], bool(r["predicted"])) for r in rs]
+        out.append(f"| {op} | {pol} | {len(rs)} | {sum(a == b for a, b in hit)} | {hit.count((True, True))} | "
+                   f"{hit.count((True, False))} | {hit.count((False, True))} |")
     return "\n".join(out)
 
 
@@ -110,6 +126,8 @@ def main() -> None:
                                                         f"{commit})"))
     print(f"\n{len(rows)} schedules, {time.time() - t0:.0f} s, hw {a.hw}, commit {commit}\n")
     print(table(rows))
+    print("\nThe source check before ptxas (codegen.cuda.wgmma_check):\n")
+    print(agreement(rows))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,384 @@
+"""ptxas's wgmma pipeline check, before ptxas: does a kernel's source let a non-wgmma instruction touch a register
+of an in-flight wgmma on some path?
+
+ptxas serialises a kernel's whole wgmma pipeline (warnings C7514/C7515, "non wgmma instructions defining/reading
+accumulator registers", "... defining input registers") when, on any path through the code it sees, an
+instruction other than a wgmma reads or writes an accumulator of a wgmma that a ``wgmma.wait_group`` has not yet
+retired, or writes one of its A-operand registers. Serialisation is silent but slow (a wait after every wgmma), so
+the search refuses such schedules; asking nvcc costs seconds per candidate, asking this module a few milliseconds.
+
+The check reads the emitted CUDA (``codegen.cuda.skeleton``'s structure: task blocks, ``wgmma_*(acc, ...)`` device
+calls, ``wg_commit()``, ``wg_wait<N>()``, ``for``/``if`` control flow) and interprets it abstractly: a state is the
+tuple of committed, unretired groups (each the register arrays its wgmmas accumulate into or read A from) plus the
+open, uncommitted group; ``for`` and ``if`` headers whose bodies hold wgmma events branch on what constant folding
+cannot decide (``constexpr`` / ``const`` integers are folded as nvcc's front end would), and loops run to a
+fixpoint of the states reaching their head. Register arrays are tracked whole (ptxas sees their elements after full
+unrolling; an access to any element is an access to the array). ``fence_regs`` emits no instruction and is no
+access. Agreement with ptxas is measured by the bench study compile_verdicts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DEPTH = 8  # ptxas's wait_group takes 0-7: deeper histories are merged at the oldest end
+
+# ---- parsing: the kernel body into a tree of statements ---------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    kind: str  # "stmt" | "block" | "for" | "if"
+    text: str = ""  # a statement, or a for/if header's parenthesised part
+    body: list[_Node] | None = None  # block: statements; for: [body]; if: [then] or [then, else]
+
+
+def _clean(src: str) -> str:
+    """The source with comments, preprocessor lines and string literals removed (a literal keeps its quotes)."""
+    src = re.sub(r'"(?:\\.|[^"\\])*"', '""', src)
+    src = re.sub(r"//[^\n]*", "", src)
+    return "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith("#"))
+
+
+def _paren(s: str, i: int) -> int:
+    """Index after the parenthesis that closes the one at ``s[i]``."""
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {"(": 1, ")": -1}.get(s[j], 0)
+        if depth == 0:
+            return j + 1
+    raise ValueError("unbalanced parentheses")
+
+
+class _Parser:
+    def __init__(self, s: str):
+        self.s, self.i = s, 0
+
+    def ws(self) -> None:
+        while self.i < len(self.s) and self.s[self.i].isspace():
+            self.i += 1
+
+    def word(self, w: str) -> bool:
+        self.ws()
+        if self.s.startswith(w, self.i) and not (self.s[self.i + len(w):self.i + len(w) + 1].isalnum()
+                                                 or self.s[self.i + len(w):self.i + len(w) + 1] == "_"):
+            self.i += len(w)
+            return True
+        return False
+
+    def block(self) -> list[_Node]:
+        out = []
+        while True:
+            self.ws()
+            if self.i >= len(self.s) or self.s[self.i] == "}":
+                self.i += 1
+                return out
+            out.append(self.stmt())
+
+    def header(self) -> str:
+        self.ws()
+        j = _paren(self.s, self.i)
+        h, self.i = self.s[self.i + 1:j - 1], j
+        return h
+
+    def stmt(self) -> _Node:
+        self.ws()
+        if self.s[self.i] == "{":
+            self.i += 1
+            return _Node("block", body=self.block())
+        if self.word("for"):
+            h = self.header()
+            return _Node("for", h, [self.stmt()])
+        if self.word("if"):
+            h = self.header()
+            then = self.stmt()
+            if self.word("else"):
+                return _Node("if", h, [then, self.stmt()])
+            return _Node("if", h, [then])
+        depth, j = 0, self.i  # a simple statement: up to the ';' outside parentheses and braces
+        while True:
+            c = self.s[j]
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(c, 0)
+            if c == ";" and depth == 0:
+                break
+            j += 1
+        text, self.i = self.s[self.i:j].strip(), j + 1
+        return _Node("stmt", text)
+
+
+def _kernel_body(src: str) -> list[_Node]:
+    """The statements of the source's ``__global__`` function."""
+    s = _clean(src)
+    i, depth = s.index("__global__"), 0
+    while s[i] != "{" or depth:  # the body's brace: the first one outside the signature's parentheses
+        depth += {"(": 1, ")": -1}.get(s[i], 0)
+        i += 1
+    p = _Parser(s)
+    p.i = i + 1
+    return p.block()
+
+# ---- constants: what nvcc's front end folds -------------------------------------------------------------------
+
+
+_DECL = re.compile(r"^(?:constexpr\s+|const\s+)*(?:int|bool|unsigned|uint32_t|size_t)\s+(\w+)\s*=\s*(.+)$")
+_ASSIGN = re.compile(r"^(\w+)\s*(?:[-+*/|&]?=(?!=)|\+\+|--)")
+
+
+def _eval(expr: str, env: dict[str, int]) -> int | None:
+    """An integer C expression over ``env``'s names, or None where it names anything else."""
+    e = expr.strip()
+    depth, q = 0, -1
+    for j, c in enumerate(e):  # the ternary at top level, rightmost-associative
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "?" and depth == 0:
+            q = j
+            break
+    if q >= 0:
+        depth = 0
+        for j in range(q + 1, len(e)):
+            c = e[j]
+            depth += {"(": 1, ")": -1, "?": 1}.get(c, 0)
+            if c == ":" and depth == 0:
+                cond = _eval(e[:q], env)
+                if cond is None:
+                    return None
+                return _eval(e[q + 1:j] if cond else e[j + 1:], env)
+            if c == ":":
+                depth -= 1
+        return None
+    py = e.replace("&&", " and ").replace("||", " or ").replace("true", "1").replace("false", "0")
+    py = re.sub(r"!(?!=)", " not ", py).replace("/", "//")
+    names = set(re.findall(r"[A-Za-z_]\w*", py)) - {"and", "or", "not"}
+    if any(n not in env for n in names) or re.search(r"[^\w\s+\-*/%<>=!()&|^~]", py):
+        return None
+    try:
+        return int(eval(py, {"__builtins__": {}}, dict(env)))  # noqa: S307 - digits, operators and env's ints
+    except Exception:  # noqa: BLE001 - anything nvcc would not fold either
+        return None
+
+# ---- events --------------------------------------------------------------------------------------------------
+
+_WGMMA = re.compile(r"\bwgmma_(\w+)\s*\(")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def _arg_names(text: str, start: int) -> list[str]:
+    """The leading identifier of each top-level argument of the call whose '(' is at ``start``."""
+    end = _paren(text, start)
+    args, depth, cur = [], 0, ""
+    for c in text[start + 1:end - 1]:
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            args.append(cur)
+            cur = ""
+        else:
+            cur += c
+    args.append(cur)
+    return [(_IDENT.match(a.strip()) or re.match("", "")).group(0) for a in args]
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """Where ptxas would serialise: the statement, the register array and how it is touched."""
+
+    stmt: str
+    array: str
+    why: str  # "defining accumulator registers" | "reading accumulator registers" | "defining input registers"
+
+
+# committed groups (oldest first), the open group, and the branch conditions the path took (condition text, taken):
+# nvcc's front end threads a path through consecutive ``if``s on the same condition (the epilogue's guards), so a
+# path that skipped one skips them all
+State = tuple[tuple[frozenset, ...], frozenset, frozenset]
+
+
+class _Interp:
+    def __init__(self, body: list[_Node]):
+        self.alias: dict[str, str] = {}
+        self.arrays: set[str] = set()
+        self.hazards: list[Hazard] = []
+        self._scan(body)
+
+    def _scan(self, nodes: list[_Node]) -> None:
+        """Register arrays (a wgmma's accumulator or A operand) and reference aliases of them."""
+        for n in nodes:
+            if n.kind == "stmt":
+                m = re.search(r"\(&(\w+)\)\s*\[[^=]*=\s*\*reinterpret_cast<[^>]*>\((\w+)\)", n.text)
+                if m:
+                    self.alias[m.group(1)] = m.group(2)
+                for w in _WGMMA.finditer(n.text):
+                    names = _arg_names(n.text, w.end() - 1)
+                    self.arrays.add(names[0])
+                    if w.group(1).startswith("rs"):
+                        self.arrays.add(names[1])
+            for b in n.body or ():
+                self._scan([b])
+        self.arrays = {self.alias.get(a, a) for a in self.arrays}
+
+    def name(self, ident: str) -> str:
+        return self.alias.get(ident, ident)
+
+    def touches(self, text: str) -> list[tuple[str, str]]:
+        """(array, "def"|"use") accesses of the register arrays by a non-wgmma statement."""
+        if text.startswith("fence_regs") or re.match(r"^(?:const\s+)?(?:float|uint32_t|int)\b[^=]*$", text):
+            return []  # no instruction: a register fence or a declaration
+        lhs, rhs = "", text
+        m = re.match(r"^([^=<>!]*?)(\+=|-=|\*=|/=|\|=|&=|=)(?!=)(.*)$", text)
+        if m:
+            lhs, rhs = m.group(1), m.group(3) + (m.group(1) if m.group(2) != "=" else "")
+        out = []
+        for ident in _IDENT.findall(lhs):
+            if self.name(ident) in self.arrays:
+                out.append((self.name(ident), "def"))
+        for mm in _IDENT.finditer(rhs):
+            a = self.name(mm.group(0))
+            if a in self.arrays:
+                nxt = rhs[mm.end():].lstrip()[:1]
+                out.append((a, "use" if nxt == "[" else "def"))  # a whole array passed on may be written
+        return out
+
+    # -- the abstract interpretation ---------------------------------------------------------------------------
+
+    def step(self, st: State, n: _Node, env: dict[str, int]) -> State:
+        groups, open_, took = st
+        t = n.text
+        if t.startswith("wg_commit"):
+            groups = (*groups, open_)
+            if len(groups) > _DEPTH:
+                groups = (groups[0] | groups[1], *groups[2:])
+            return groups, frozenset(), took
+        m = re.match(r"wg_wait<(\d+)>", t)
+        if m:
+            k = int(m.group(1))
+            return (groups[len(groups) - k:] if k else ()), open_, took
+        w = _WGMMA.search(t)
+        if w and not t.startswith("wg_"):
+            names = _arg_names(t, w.end() - 1)
+            regs = {(self.name(names[0]), "acc")}
+            if w.group(1).startswith("rs"):
+                regs.add((self.name(names[1]), "in"))
+            return groups, open_ | frozenset(regs), took
+        live = frozenset().union(open_, *groups)
+        for arr, how in self.touches(t):
+            if (arr, "acc") in live:
+                why = "defining accumulator registers" if how == "def" else "reading accumulator registers"
+                self.hazards.append(Hazard(t[:120], arr, why))
+            elif how == "def" and (arr, "in") in live:
+                self.hazards.append(Hazard(t[:120], arr, "defining input registers"))
+        return st
+
+    def has_events(self, n: _Node) -> bool:
+        if n.kind == "stmt":
+            return bool(re.match(r"wg_commit|wg_wait<", n.text) or _WGMMA.search(n.text)
+                        or n.text == "continue")
+        return any(self.has_events(b) for b in n.body or ())
+
+    def run(self, nodes: list[_Node], states: set[State], env: dict[str, int],
+            conts: list[set[State]]) -> set[State]:
+        """The states after ``nodes`` from ``states``; a ``continue`` adds its states to ``conts[-1]``."""
+        env = dict(env)
+        for n in nodes:
+            if not states:
+                return states
+            if n.kind != "stmt":
+                for name in self.assigned(n):  # a variable a nested block writes holds the run's value after it
+                    env.pop(name, None)
+            if n.kind == "stmt":
+                self.fold(n.text, env)
+                if n.text == "continue":
+                    conts[-1] |= states
+                    return set()
+                states = {self.step(s, n, env) for s in states}
+            elif not self.has_events(n):
+                self.touch_only(n, states, env)
+            elif n.kind == "block":
+                states = self.forget(self.run(n.body, states, env, conts), n.body)
+            elif n.kind == "if":
+                states = self.branch(n, states, env, conts)
+            else:
+                states = self.loop(n, states, env, conts)
+        return states
+
+    def branch(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        c = _eval(n.text, env)
+        out: set[State] = set()
+        for way, body in ((True, n.body[:1]), (False, n.body[1:])):
+            if c is not None and bool(c) != way:
+                continue
+            took = {s for s in states if (n.text, not way) not in s[2]}
+            took = {(g, o, a | {(n.text, way)}) if c is None else (g, o, a) for g, o, a in took}
+            out |= self.run(body, took, env, conts) if body else took
+        return out
+
+    def forget(self, states: set[State], block: list[_Node]) -> set[State]:
+        """Leaving a block: the conditions on the names it declared mean nothing past it."""
+        names = {m.group(1) for b in block if b.kind == "stmt" for m in [_DECL.match(b.text)] if m}
+        if not names:
+            return states
+        return {(g, o, frozenset(x for x in a if not names & set(_IDENT.findall(x[0])))) for g, o, a in states}
+
+    def touch_only(self, n: _Node, states: set[State], env: dict[str, int]) -> None:
+        """A statement tree with no wgmma event: its accesses, checked against every state reaching it."""
+        for b in (n.body or ()) if n.kind != "stmt" else (n,):
+            if b.kind == "stmt":
+                for s in states:
+                    self.step(s, b, env)
+            else:
+                self.touch_only(b, states, env)
+
+    def loop(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        init, cond = (n.text.split(";") + ["", ""])[:2]
+        m = re.match(r"\s*int\s+(\w+)\s*=\s*([^,]+)", init)
+        trips = None
+        if m:
+            lo = _eval(m.group(2), env)
+            mc = re.match(rf"\s*{m.group(1)}\s*<\s*(.+)$", cond)
+            hi = _eval(mc.group(1), env) if mc else None
+            trips = None if lo is None or hi is None else max(hi - lo, 0)
+        if trips is not None and trips <= 16:  # a known count: every iteration, as ptxas sees it unrolled
+            for _ in range(trips):
+                conts.append(set())
+                states = self.run(n.body, states, env, conts) | conts.pop()
+            return states
+        states = {(g, o, frozenset()) for g, o, _ in states}  # each iteration decides its branches anew
+        head, out = set(states), set() if trips else set(states)
+        while True:
+            conts.append(set())
+            after = self.run(n.body, head, env, conts) | conts.pop()
+            out |= after
+            if after <= head:
+                return out
+            head |= after
+
+    def assigned(self, n: _Node) -> set[str]:
+        if n.kind == "stmt":
+            m = _ASSIGN.match(n.text)
+            return {m.group(1)} if m else set()
+        return set().union(*(self.assigned(b) for b in n.body or ()))
+
+    def fold(self, text: str, env: dict[str, int]) -> None:
+        m = _DECL.match(text)
+        if m:
+            v = _eval(m.group(2), env)
+            if v is not None:
+                env[m.group(1)] = v
+            else:
+                env.pop(m.group(1), None)
+            return
+        m = _ASSIGN.match(text)
+        if m:
+            env.pop(m.group(1), None)
+
+
+def hazards(source: str) -> list[Hazard]:
+    """Every access, on some path, of a register of an in-flight wgmma by another instruction (empty: ptxas keeps
+    the wgmma pipeline)."""
+    body = _kernel_body(source)
+    it = _Interp(body)
+    it.run(body, {((), frozenset(), frozenset())}, {}, [set()])
+    seen, out = set(), []
+    for h in it.hazards:
+        if h not in seen:
+            seen.add(h)
+            out.append(h)
+    return out
