@@ -412,6 +412,8 @@ _FAST: dict[tuple[Any, ...], Any] = {}
 
 
 def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
+    if isinstance(ln[0] if isinstance(ln, tuple) else ln, _gen().prepared.Provisional):
+        return  # the shape's exact-shape schedule is on its way (ptsolve.serve.exact): the next call looks again
     if len(_FAST) >= 4096:
         _FAST.clear()
     _FAST[key] = ln

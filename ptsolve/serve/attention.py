@@ -7,7 +7,7 @@ from typing import Any
 
 from ptsolve.errors import ShapeError
 
-from . import prepared
+from . import exact, prepared
 from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
 from .kernels import kernel
 
@@ -71,14 +71,21 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
     ln = prepared.LAUNCHES.get(key)
-    return ln if ln is not None else prepared.keep(key, _attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k))
+    if ln is not None:
+        return ln
+    ck, final = None, True
+    if not varlen:  # a dense shape runs the schedule solved for it once there is one (``exact``)
+        ck, final = exact.exact_kernel(c, {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2],
+                                           "seq_q": q.shape[1], "seq_kv": k.shape[1], "head_dim": c.head_dim,
+                                           "causal": c.causal, "dtype": c.dtype})
+    ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k)
+    return prepared.keep(key, ln, final)
 
 
-def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any,
+def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: float, cu_q: Any, cu_k: Any,
                       max_q: int, max_k: int) -> Any:
     from codegen.cuda.attention import sizes, tensor_map
 
-    ck = kernel(c)
     t = ck.ir.tiling
     D = c.head_dim
     if cu_q is not None:

@@ -1,5 +1,5 @@
 """``python3 -m ptsolve.serve table``: solve every shape class and write the schedule table; ``precompile``: fill
-the cubin cache with every class's generic kernel."""
+the cubin cache with every class's generic kernel; ``exact``: the worker that solves one shape (``exact``)."""
 from __future__ import annotations
 
 import argparse
@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                    "comma-separated)")
     p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
     p.add_argument("--only", default="")
+    x = sub.add_parser("exact", help="solve one shape exactly and keep the answer (the serving layer's worker)")
+    x.add_argument("job", help='JSON: {"class": ShapeClass fields, "params": the shape, "out": the entry\'s path}')
     a = ap.parse_args(argv)
+    if a.cmd == "exact":
+        from .exact import worker
+        return worker(a.job)
     if a.cmd == "table":
         build_table(a.out, a.time_limit, a.only)
     else:

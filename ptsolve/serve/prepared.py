@@ -14,9 +14,24 @@ LAUNCHES: dict[tuple[Any, ...], Any] = {}
 _MAX_LAUNCHES = 1024
 
 
-def keep(key: tuple[Any, ...], ln: Any) -> Any:
+class Provisional:
+    """A launch of a shape whose exact-shape schedule is still being solved (``exact``): it runs the class's kernel
+    and is kept by nobody, so the call after the answer lands prepares the exact one."""
+
+    __slots__ = ("ln",)
+
+    def __init__(self, ln: Any):
+        self.ln = ln
+
+    def __call__(self, stream: int, out: int | None = None) -> None:
+        self.ln(stream, out)
+
+
+def keep(key: tuple[Any, ...], ln: Any, final: bool = True) -> Any:
     """Keep launch ``ln`` under ``key`` and return it (the cache is emptied when full: a model's layers re-prepare
-    theirs once)."""
+    theirs once); a launch that is not ``final`` is returned as a ``Provisional`` and not kept."""
+    if not final:
+        return Provisional(ln)
     if len(LAUNCHES) >= _MAX_LAUNCHES:
         LAUNCHES.clear()
     LAUNCHES[key] = ln

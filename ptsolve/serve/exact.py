@@ -1,0 +1,178 @@
+"""The schedule solved for the exact shape a user calls, behind the shape classes.
+
+A shape class serves every shape with one schedule, solved on its representative; the solver's answer for the shape
+itself can be much faster (a skinny GEMM's tile, a short sequence's query block). On a shape's first call the class's
+kernel serves it while a worker process solves that shape (``python3 -m ptsolve.serve exact``: CP-SAT with the
+compiler in the loop, the class's fixed keys kept) and compiles its kernel, lowered shape-generic like the class's;
+the answer is kept on disk (``$PTSOLVE_CACHE_DIR/exact``), so a later process and every later call of the shape run
+it without solving or compiling anything. Calls on a shape whose answer is pending are served by the class's kernel
+and their launches are not kept (``prepared.Provisional``): the first call after the answer lands switches over.
+
+``$PTSOLVE_EXACT`` chooses: ``background`` (the default; needs OR-Tools, else only answers already on disk are used),
+``sync`` (solve on the first call and wait: benchmarks, tests), ``off`` (classes only). Decode, varlen and Mamba2
+stay on their classes: their lengths change every step, and a step never waits for, or starts, a compile.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ptsolve.errors import PtsolveError
+
+from .classes import HW, ShapeClass, class_fix
+from .kernels import ClassKernel, build, kernel
+from .table import solvers_installed
+
+MODES = ("background", "sync", "off")
+MAX_WORKERS = 1  # solves run one at a time: a worker takes a CPU core and its nvcc another
+MAX_PENDING = 256  # shapes queued beyond this are served by their class (and asked for again on a later call)
+SOLVE_TIME_LIMIT = 10.0  # seconds of CP-SAT per shape
+_VERSION = 1  # bump when an entry's meaning changes: older entries are then solved again
+
+
+def mode() -> str:
+    """``$PTSOLVE_EXACT`` (``background`` when unset); PtsolveError for anything else."""
+    m = os.environ.get("PTSOLVE_EXACT", "background").strip().lower()
+    if m not in MODES:
+        raise PtsolveError(f"PTSOLVE_EXACT={m!r}: choose one of {', '.join(MODES)}")
+    return m
+
+
+def store() -> Path:
+    """Where answers are kept: ``$PTSOLVE_CACHE_DIR/exact`` or ``~/.cache/ptsolve/exact``."""
+    return Path(os.environ.get("PTSOLVE_CACHE_DIR", Path.home() / ".cache" / "ptsolve")) / "exact"
+
+
+def shape_key(c: ShapeClass, params: dict[str, Any]) -> str:
+    """The file name of a shape's answer: its class, parameters, the hardware table and the entry version."""
+    blob = json.dumps({"class": c.key, "params": params, "hw": HW, "v": _VERSION}, sort_keys=True)
+    return f"{c.op}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
+
+
+def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE_TIME_LIMIT) -> dict[str, Any]:
+    """Solve ``params`` exactly (CP-SAT, compiler in the loop, the class's fixed keys) and compile its shape-generic
+    kernel; the entry kept on disk: the plan, or the reason there is none."""
+    import ptsolve
+    from codegen.plan import plan_from_program
+    from codegen.runtime import compile_kernel
+
+    t0 = time.perf_counter()
+    try:
+        res = ptsolve.optimize(ptsolve.ops.make(c.op, **params), hw=HW, solver="cpsat", time_limit=time_limit,
+                               compile_check=True, fix=class_fix(c))
+        plan = plan_from_program(res.program)
+        rep = compile_kernel(build(c, plan).ks).report
+        if rep["spill_stores"] or rep["wgmma_serialized"]:
+            return {"params": params, "error": f"its shape-generic kernel spills or serialises ({rep['registers']} "
+                    "registers)", "seconds": round(time.perf_counter() - t0, 2)}
+        return {"params": params, "plan": json.loads(plan.to_json()), "status": res.status,
+                "predicted_us": round(res.predicted_us, 3), "seconds": round(time.perf_counter() - t0, 2)}
+    except PtsolveError as e:
+        return {"params": params, "error": str(e).splitlines()[0][:300], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def write_entry(path: Path, entry: dict[str, Any]) -> None:
+    """Write an entry atomically (a reader never sees half a file; two writers of one shape agree)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# shape key -> the kernel of its answer, or None where the class's kernel is final for it (no better answer)
+_READY: dict[str, ClassKernel | None] = {}
+_RUNNING: dict[str, subprocess.Popen] = {}
+_QUEUE: dict[str, tuple[ShapeClass, dict[str, Any]]] = {}
+_WARNED: list[str] = []
+
+
+def _settle(key: str, c: ShapeClass, entry: dict[str, Any]) -> ClassKernel | None:
+    from codegen.plan import KernelPlan
+
+    ck = None
+    if "plan" in entry:
+        ck = build(c, KernelPlan.from_json(json.dumps(entry["plan"])))
+        if ck.ks.source == kernel(c).ks.source:  # the class's own schedule: the same binary
+            ck = None
+    _READY[key] = ck
+    return ck
+
+
+def _read(key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((store() / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _start(key: str, c: ShapeClass, params: dict[str, Any]) -> None:
+    arg = json.dumps({"op": c.op, "class": c.__getstate__(), "params": params, "out": str(store() / f"{key}.json")})
+    _RUNNING[key] = subprocess.Popen([sys.executable, "-m", "ptsolve.serve", "exact", arg],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def poll() -> None:
+    """Reap finished workers and start queued ones (each call on a pending shape does this)."""
+    for key, p in list(_RUNNING.items()):
+        if p.poll() is not None:
+            del _RUNNING[key]
+            if _read(key) is None:  # the worker died without an answer: the class's kernel is final for it
+                _READY[key] = None
+    while _QUEUE and len(_RUNNING) < MAX_WORKERS:
+        key = next(iter(_QUEUE))
+        _start(key, *_QUEUE.pop(key))
+
+
+def wait(timeout: float = 600.0) -> None:
+    """Block until every queued and running solve has finished (benchmarks and tests; a server never needs it)."""
+    t0 = time.monotonic()
+    while _RUNNING or _QUEUE:
+        poll()
+        if time.monotonic() - t0 > timeout:
+            raise PtsolveError(f"exact-shape solves still running after {timeout:.0f} s: {sorted(_RUNNING)}")
+        time.sleep(0.05)
+
+
+def exact_kernel(c: ShapeClass, params: dict[str, Any]) -> tuple[ClassKernel | None, bool]:
+    """The kernel of the schedule solved for this exact shape, or None where the class's kernel serves it; and
+    whether that is final (False while a solve is pending: the caller must not keep the launch)."""
+    key = shape_key(c, params)
+    if key in _READY:
+        return _READY[key], True
+    entry = _read(key)
+    if entry is not None:
+        return _settle(key, c, entry), True
+    m = mode()
+    if m == "off":
+        _READY[key] = None
+        return None, True
+    if m == "sync":
+        entry = solve_exact(c, params)
+        write_entry(store() / f"{key}.json", entry)
+        return _settle(key, c, entry), True
+    if not solvers_installed():
+        if not _WARNED:
+            _WARNED.append(key)
+            print("ptsolve: exact-shape schedules are not solved here (OR-Tools is not installed); shapes without a "
+                  f"kept answer in {store()} run their class's kernel. Set PTSOLVE_EXACT=off to silence this.",
+                  file=sys.stderr)
+        _READY[key] = None
+        return None, True
+    if key not in _RUNNING and key not in _QUEUE and len(_QUEUE) < MAX_PENDING:
+        _QUEUE[key] = (c, params)
+    poll()
+    return None, False
+
+
+def worker(arg: str) -> int:
+    """``python3 -m ptsolve.serve exact JSON``: one shape's solve, its entry written where JSON's ``out`` says."""
+    d = json.loads(arg)
+    c = ShapeClass(**d["class"])
+    write_entry(Path(d["out"]), solve_exact(c, d["params"]))
+    return 0

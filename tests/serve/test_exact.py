@@ -1,0 +1,94 @@
+"""Exact-shape schedules behind the shape classes (ptsolve.serve.exact): the modes, the answer kept on disk and read by
+a later process without solving, the background worker, and launches of a pending shape that nobody keeps."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cuda import _have_nvcc
+
+from ptsolve import serve
+from ptsolve.errors import PtsolveError
+from ptsolve.serve import exact, prepared
+
+SKINNY = {"M": 16, "N": 4096, "K": 4096, "dtype": "fp16"}  # a shape the gemm class's 128x128 tile serves poorly
+needs_tools = pytest.mark.skipif(not (_have_nvcc() and serve.solvers_installed()), reason="nvcc and OR-Tools needed")
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty answer store and cubin cache, and a process that has seen no shape yet."""
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    for name in ("_READY", "_QUEUE", "_RUNNING"):
+        monkeypatch.setattr(exact, name, {})
+    return tmp_path
+
+
+def test_the_mode_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv("PTSOLVE_EXACT", "sometimes")
+    with pytest.raises(PtsolveError, match="PTSOLVE_EXACT='sometimes'.*background, sync, off"):
+        exact.mode()
+    monkeypatch.delenv("PTSOLVE_EXACT")
+    assert exact.mode() == "background"
+
+
+def test_off_serves_the_class_and_solves_nothing(fresh, monkeypatch):
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")
+    monkeypatch.setattr(exact, "solve_exact", lambda *a: pytest.fail("solved with PTSOLVE_EXACT=off"))
+    assert exact.exact_kernel(serve.gemm_class("fp16"), SKINNY) == (None, True)
+    assert not (fresh / "exact").exists()
+
+
+def test_keys_tell_shapes_and_classes_apart():
+    c16, cbf = serve.gemm_class("fp16"), serve.gemm_class("bf16")
+    k = exact.shape_key(c16, SKINNY)
+    assert k == exact.shape_key(c16, dict(reversed(list(SKINNY.items()))))  # the order of the keys is no shape
+    assert k != exact.shape_key(c16, {**SKINNY, "M": 17})
+    assert k != exact.shape_key(cbf, {**SKINNY, "dtype": "bf16"})
+
+
+def test_a_provisional_launch_is_kept_by_nobody():
+    calls = []
+    key = ("test", object())
+    ln = prepared.keep(key, lambda s, o=None: calls.append((s, o)), final=False)
+    assert isinstance(ln, prepared.Provisional) and key not in prepared.LAUNCHES
+    ln(7, 9)
+    assert calls == [(7, 9)]
+    assert prepared.keep(key, ln.ln) is ln.ln and prepared.LAUNCHES.pop(key) is ln.ln
+
+
+def test_a_failed_solve_leaves_the_class_final(fresh, monkeypatch):
+    monkeypatch.setenv("PTSOLVE_EXACT", "sync")
+    monkeypatch.setattr(exact, "solve_exact", lambda c, p: {"params": p, "error": "no tiling builds"})
+    assert exact.exact_kernel(serve.gemm_class("fp16"), SKINNY) == (None, True)
+    (entry,) = (fresh / "exact").glob("*.json")
+    assert json.loads(entry.read_text())["error"] == "no tiling builds"
+
+
+@needs_tools
+def test_sync_solves_once_and_a_later_process_reads_the_answer(fresh, monkeypatch):
+    monkeypatch.setenv("PTSOLVE_EXACT", "sync")
+    c = serve.gemm_class("fp16")
+    ck, final = exact.exact_kernel(c, SKINNY)
+    assert final and ck is not None
+    assert ck.ir.tiling["BM"] < serve.kernel(c).ir.tiling["BM"]  # a 16-row product: a smaller tile than the class's
+    assert ck.ir.generic  # shape-generic, like the class's kernel: the class's launcher runs it
+    # a later process: nothing in memory, the answer on disk, no solve
+    monkeypatch.setattr(exact, "_READY", {})
+    monkeypatch.setattr(exact, "solve_exact", lambda *a: pytest.fail("solved again"))
+    again, final = exact.exact_kernel(c, SKINNY)
+    assert final and again.ks.source == ck.ks.source
+
+
+@needs_tools
+def test_background_serves_the_class_until_the_worker_answers(fresh, monkeypatch):
+    monkeypatch.setenv("PTSOLVE_EXACT", "background")
+    c = serve.gemm_class("fp16")
+    assert exact.exact_kernel(c, SKINNY) == (None, False)  # pending: the class serves, the launch is not kept
+    assert len(exact._RUNNING) == 1
+    assert exact.exact_kernel(c, SKINNY) == (None, False)  # asked again: no second worker
+    assert len(exact._RUNNING) + len(exact._QUEUE) == 1
+    exact.wait(timeout=300)
+    ck, final = exact.exact_kernel(c, SKINNY)
+    assert final and ck is not None and Path(fresh / "exact").is_dir()
