@@ -15,6 +15,7 @@ STUDIES: dict[str, str] = {
     "choices": "Which structures the solver chooses, predicted against measured gain (no solver runs)",
     "codegen_bench": "The generated GEMM and FlashAttention kernels checked and timed next to cuBLAS and SDPA",
     "compile_verdicts": "What ptxas says about greedy's, CP-SAT's and the declared order's schedules (CPU, nvcc)",
+    "exact_ab": "Exact-shape kernels of the serving layer against its classes' and cuBLAS / SDPA (CPU, then GPU)",
     "compile_check": "How often the compiler in the loop moves on from the model's first tiling",
     "decode": "Split-KV decode attention next to SDPA: prepare (CPU), run (GPU), report",
     "decode_combine": "Split-KV decode's merge CTAs against the last piece merging alone",

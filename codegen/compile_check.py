@@ -31,14 +31,18 @@ def _serialised(source: str) -> str:
     return "ptxas serialises the wgmma pipeline (C751x)" + where
 
 
-def check_cuda(program: Any, hw: Hardware) -> KernelCheck:
-    """nvcc sm_90a: ok when ptxas reports no spill, no serialised wgmma and setmaxnreg honoured (C7507)."""
-    from .cuda import emit
+def check_cuda(program: Any, hw: Hardware, generic: bool = False) -> KernelCheck:
+    """nvcc sm_90a: ok when ptxas reports no spill, no serialised wgmma and setmaxnreg honoured (C7507).
+    ``generic``: the shape-generic build of the schedule (sizes as kernel arguments: the serving layer's), whose
+    trip counts are unknown to ptxas and may meet its limits where the exact-shape build does not."""
+    from .cuda import emit, emit_ir
+    from .lower import lower
+    from .plan import plan_from_program
     from .runtime import compile_kernel, nvcc_path
 
     t0 = time.perf_counter()
     try:
-        ks = emit(program, hw)
+        ks = emit_ir(lower(plan_from_program(program), hw, generic=True)) if generic else emit(program, hw)
     except CodegenError as e:
         return _unsupported(e, "sm_90a", t0)
     try:
@@ -58,6 +62,12 @@ def check_cuda(program: Any, hw: Hardware) -> KernelCheck:
                                 "setmaxnreg ignored (C7507)" if ignored else "") if x)
     return KernelCheck("rejected" if why else "ok", why, ks.name, rep["registers"], spill, rep["wgmma_serialized"],
                        time.perf_counter() - t0, target="sm_90a")
+
+
+def check_cuda_generic(program: Any, hw: Hardware) -> KernelCheck:
+    """``check_cuda`` of the schedule's shape-generic build (``ptsolve.optimize(kernel_check=...)``: the serving
+    layer's exact-shape solves)."""
+    return check_cuda(program, hw, generic=True)
 
 
 def check_hip(program: Any, hw: Hardware) -> KernelCheck:

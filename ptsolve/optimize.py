@@ -13,7 +13,7 @@ from .cost import check_grain
 from .errors import PtsolveError
 from .hw import DEFAULT_HW, Hardware, load
 from .ir import STaskGraph
-from .kernelcheck import KernelCheck, checker
+from .kernelcheck import Checker, KernelCheck, checker
 from .opspec import Operator
 from .result import Result
 from .search import check_args, search
@@ -23,7 +23,7 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
              time_limit: float = 30.0, cache: bool = True, placement: str = "even", executor: str = "process",
              jobs: int | None = None, decoupled: bool = False, fix: dict[str, int] | None = None,
              progress: Callable[[str], None] | None = None, compile_check: bool | None = None,
-             deterministic: bool = False, replay: bool = True) -> Result:
+             deterministic: bool = False, replay: bool = True, kernel_check: Checker | None = None) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
     "exhaustive"). ``time_limit``: wall-clock seconds for the whole call, compile checks included; a time-limited
@@ -40,8 +40,9 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     An operator with declared issue orders (FlashAttention's FA3 order) gets the best schedule of those orders on the
     answer's tiling instead of CP-SAT's where the orders' ``asap`` replay is faster (_replayed_order: FEASIBLE, the
     reason in ``features``); ``replay=False`` keeps the search's own answer, the formula's optimum (what ``compare``
-    studies: greedy and the exact solvers under one objective). Every argument is checked (ptsolve.arguments) before the
-    cache is looked at."""
+    studies: greedy and the exact solvers under one objective). ``kernel_check``: the compiler check to run instead of
+    the one registered for the hardware's architecture (e.g. ``codegen.compile_check.check_cuda_generic``, the build
+    the serving layer runs). Every argument is checked (ptsolve.arguments) before the cache is looked at."""
     if not isinstance(op, (Operator, STaskGraph)):
         raise PtsolveError(f"optimize takes an operator from ptsolve.ops or an STaskGraph, not {type(op).__name__}")
     check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
@@ -50,8 +51,10 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     if not all(isinstance(x, bool) for x in (cache, decoupled, compile_check, replay)):
         raise PtsolveError(f"cache, decoupled, compile_check and replay must be True or False, got cache={cache!r}, "
                            f"decoupled={decoupled!r}, compile_check={compile_check!r}, replay={replay!r}")
+    if kernel_check is not None and not callable(kernel_check):
+        raise PtsolveError(f"kernel_check must be a function (program, hardware) -> KernelCheck, got {kernel_check!r}")
     hwt = load(hw)
-    chk = checker(hwt) if compile_check else None
+    chk = (kernel_check or checker(hwt)) if compile_check else None
     from . import __version__
     # the executor and job count are not in the key: ties are broken the same way by all of them (search.answer_key).
     # A deterministic result is keyed apart, with its budget: served for a smaller or larger time_limit (as a
@@ -59,7 +62,9 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     k = cache_mod.key(op.to_json(), hwt.to_dict(), solver, placement, decoupled, check_grain(), __version__,
                       f"compile_check={chk is not None}", ORDER_CHOICE if replay else "orders=formula",
                       *(sorted(fix.items()) if fix else ()),
-                      *((f"deterministic={float(time_limit)!r}",) if deterministic else ()))
+                      *((f"deterministic={float(time_limit)!r}",) if deterministic else ()),
+                      *((f"kernel_check={getattr(kernel_check, '__qualname__', repr(kernel_check))}",)
+                        if kernel_check and compile_check else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
         if hit is not None:

@@ -33,7 +33,7 @@ MODES = ("background", "sync", "off")
 MAX_WORKERS = 1  # solves run one at a time: a worker takes a CPU core and its nvcc another
 MAX_PENDING = 256  # shapes queued beyond this are served by their class (and asked for again on a later call)
 SOLVE_TIME_LIMIT = 10.0  # seconds of CP-SAT per shape
-_VERSION = 1  # bump when an entry's meaning changes: older entries are then solved again
+_VERSION = 2  # bump when an entry's meaning changes: older entries are then solved again
 
 
 def mode() -> str:
@@ -56,16 +56,18 @@ def shape_key(c: ShapeClass, params: dict[str, Any]) -> str:
 
 
 def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE_TIME_LIMIT) -> dict[str, Any]:
-    """Solve ``params`` exactly (CP-SAT, compiler in the loop, the class's fixed keys) and compile its shape-generic
-    kernel; the entry kept on disk: the plan, or the reason there is none."""
+    """Solve ``params`` exactly (CP-SAT, the class's fixed keys, the compiler in the loop on the shape-generic build
+    the launcher runs: it can serialise where the exact-shape build does not) and compile that kernel; the entry kept
+    on disk: the plan, or the reason there is none."""
     import ptsolve
+    from codegen.compile_check import check_cuda_generic
     from codegen.plan import plan_from_program
     from codegen.runtime import compile_kernel
 
     t0 = time.perf_counter()
     try:
         res = ptsolve.optimize(ptsolve.ops.make(c.op, **params), hw=HW, solver="cpsat", time_limit=time_limit,
-                               compile_check=True, fix=class_fix(c))
+                               compile_check=True, fix=class_fix(c), kernel_check=check_cuda_generic)
         plan = plan_from_program(res.program)
         rep = compile_kernel(build(c, plan).ks).report
         if rep["spill_stores"] or rep["wgmma_serialized"]:

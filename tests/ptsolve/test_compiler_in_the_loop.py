@@ -108,3 +108,16 @@ def test_the_verdict_speaks_the_targets_words(monkeypatch):
         r = _opt(op, "h200", "greedy", lambda p, hw, t=target: KernelCheck("ok", kernel="k", registers=90, target=t),
                  monkeypatch)
         assert word in r.kernel_summary() and not_word not in r.kernel_summary()
+
+
+def test_a_given_kernel_check_replaces_the_registered_one(monkeypatch):
+    """``kernel_check``: the check the caller names (the serving layer's shape-generic build) is the one asked, and the
+    answer is what it took; a value that is not a function is refused before any work."""
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker",
+                        lambda h: lambda p, hw: pytest.fail("the registered check was asked"))
+    chk = coin("given")
+    r = ptsolve.optimize(OPS["gemm"](), hw="h200", cache=False, compile_check=True, jobs=1, deterministic=True,
+                         time_limit=3, replay=False, kernel_check=chk)
+    assert r.kernel_check["status"] == "ok" and chk(r.program, None).ok
+    with pytest.raises(ptsolve.errors.PtsolveError, match="kernel_check must be a function"):
+        ptsolve.optimize(OPS["gemm"](), hw="h200", cache=False, compile_check=True, kernel_check="nvcc")
