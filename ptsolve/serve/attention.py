@@ -74,7 +74,9 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     if ln is not None:
         return ln
     ck, final = None, True
-    if not varlen:  # a dense shape runs the schedule solved for it once there is one (``exact``)
+    # a dense shape runs the kernel solved and built for it once there is one (``exact``), whose softmax scale is
+    # the default one (a build constant)
+    if not varlen and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
         ck, final = exact.exact_kernel(c, {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2],
                                            "seq_q": q.shape[1], "seq_kv": k.shape[1], "head_dim": c.head_dim,
                                            "causal": c.causal, "dtype": c.dtype})
@@ -106,4 +108,4 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: flo
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
             "scale_log2": scale * math.log2(math.e), **sz}
-    return ck.module().prepare(vals, maps, sz["NTILES"], out="o")
+    return ck.prepare(vals, maps, sz["NTILES"], out="o")

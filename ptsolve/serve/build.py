@@ -36,8 +36,9 @@ def _picked(key: str, only: str) -> bool:
 def build_table(out: Path = TABLE, time_limit: float = SOLVE_TIME_LIMIT, only: str = "") -> dict[str, Any]:
     """Solve every class (``only``: keys containing that text, or one of several comma-separated) and write the
     table, with each generic kernel's ptxas numbers where nvcc is installed. The solves run with the compiler in the
-    loop (on the exact-shape kernel of the representative; the register model alone picks tilings that spill); the
-    class's generic kernel is compiled too, and one that still spills or serialises is an error."""
+    loop (on the class's generic kernel; the register model alone picks tilings that spill); the
+    class's generic kernel is compiled too, and one that still spills or serialises (the search's time ran out before
+    the compiler was asked) is an error."""
     table = load_table(out) if out.exists() else {"classes": {}}
     solved: dict[ShapeClass, dict[str, Any]] = {}
     for c in classes():

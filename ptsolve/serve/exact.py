@@ -1,12 +1,14 @@
 """The schedule solved for the exact shape a user calls, behind the shape classes.
 
-A shape class serves every shape with one schedule, solved on its representative; the solver's answer for the shape
-itself can be much faster (a skinny GEMM's tile, a short sequence's query block). On a shape's first call the class's
-kernel serves it while a worker process solves that shape (``python3 -m ptsolve.serve exact``: CP-SAT with the
-compiler in the loop, the class's fixed keys kept) and compiles its kernel, lowered shape-generic like the class's;
-the answer is kept on disk (``$PTSOLVE_CACHE_DIR/exact``), so a later process and every later call of the shape run
-it without solving or compiling anything. Calls on a shape whose answer is pending are served by the class's kernel
-and their launches are not kept (``prepared.Provisional``): the first call after the answer lands switches over.
+A shape class serves every shape with one schedule and one shape-generic binary, solved on its representative; the
+solver's answer for the shape itself can be much faster (a skinny GEMM's tile and split-K, a short sequence's query
+block). On a shape's first call the class's kernel serves it while a worker process solves that shape (``python3 -m
+ptsolve.serve exact``: ``ptsolve.optimize`` with the compiler in the loop, none of the class's pinned keys) and
+compiles its exact-shape kernel, the very binary the compiler check passed (sizes are build constants, as in
+``optimize``'s own kernels; the launcher's tensor maps carry the caller's strides). The answer is kept on disk
+(``$PTSOLVE_CACHE_DIR/exact``), so a later process and every later call of the shape run it without solving or
+compiling anything. Calls on a shape whose answer is pending are served by the class's kernel and their launches are
+not kept (``prepared.Provisional``): the first call after the answer lands switches over.
 
 ``$PTSOLVE_EXACT`` chooses: ``background`` (the default; needs OR-Tools, else only answers already on disk are used),
 ``sync`` (solve on the first call and wait: benchmarks, tests), ``off`` (classes only). Decode, varlen and Mamba2
@@ -25,15 +27,15 @@ from typing import Any
 
 from ptsolve.errors import PtsolveError
 
-from .classes import HW, ShapeClass, class_fix
-from .kernels import ClassKernel, build, kernel
+from .classes import HW, ShapeClass
+from .kernels import ClassKernel, build
 from .table import solvers_installed
 
 MODES = ("background", "sync", "off")
 MAX_WORKERS = 1  # solves run one at a time: a worker takes a CPU core and its nvcc another
 MAX_PENDING = 256  # shapes queued beyond this are served by their class (and asked for again on a later call)
-SOLVE_TIME_LIMIT = 10.0  # seconds of CP-SAT per shape
-_VERSION = 2  # bump when an entry's meaning changes: older entries are then solved again
+SOLVE_TIME_LIMIT = 30.0  # seconds per shape, compile checks included (a background worker: no call waits for it)
+_VERSION = 3  # bump when an entry's meaning changes: older entries are then solved again
 
 
 def mode() -> str:
@@ -56,23 +58,21 @@ def shape_key(c: ShapeClass, params: dict[str, Any]) -> str:
 
 
 def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE_TIME_LIMIT) -> dict[str, Any]:
-    """Solve ``params`` exactly (CP-SAT, the class's fixed keys, the compiler in the loop on the shape-generic build
-    the launcher runs: it can serialise where the exact-shape build does not) and compile that kernel; the entry kept
-    on disk: the plan, or the reason there is none."""
+    """Solve ``params`` exactly (CP-SAT, the compiler in the loop) and compile its exact-shape kernel; the entry
+    kept on disk: the plan, or the reason there is none."""
     import ptsolve
-    from codegen.compile_check import check_cuda_generic
     from codegen.plan import plan_from_program
     from codegen.runtime import compile_kernel
 
     t0 = time.perf_counter()
     try:
         res = ptsolve.optimize(ptsolve.ops.make(c.op, **params), hw=HW, solver="cpsat", time_limit=time_limit,
-                               compile_check=True, fix=class_fix(c), kernel_check=check_cuda_generic)
+                               compile_check=True)
         plan = plan_from_program(res.program)
-        rep = compile_kernel(build(c, plan).ks).report
-        if rep["spill_stores"] or rep["wgmma_serialized"]:
-            return {"params": params, "error": f"its shape-generic kernel spills or serialises ({rep['registers']} "
-                    "registers)", "seconds": round(time.perf_counter() - t0, 2)}
+        rep = compile_kernel(build(c, plan, generic=False).ks).report
+        if rep["spill_stores"] or rep["wgmma_serialized"]:  # the time limit ran out before the compiler was asked
+            return {"params": params, "error": f"its kernel spills or serialises ({rep['registers']} registers; "
+                    f"{res.kernel_check.get('reason', '')})", "seconds": round(time.perf_counter() - t0, 2)}
         return {"params": params, "plan": json.loads(plan.to_json()), "status": res.status,
                 "predicted_us": round(res.predicted_us, 3), "seconds": round(time.perf_counter() - t0, 2)}
     except PtsolveError as e:
@@ -99,9 +99,7 @@ def _settle(key: str, c: ShapeClass, entry: dict[str, Any]) -> ClassKernel | Non
 
     ck = None
     if "plan" in entry:
-        ck = build(c, KernelPlan.from_json(json.dumps(entry["plan"])))
-        if ck.ks.source == kernel(c).ks.source:  # the class's own schedule: the same binary
-            ck = None
+        ck = build(c, KernelPlan.from_json(json.dumps(entry["plan"])), generic=False)
     _READY[key] = ck
     return ck
 

@@ -52,4 +52,4 @@ def _gemm_launch(a: Any, b: Any, c: ShapeClass, ck: Any) -> Any:
         maps += (c_map(c.dtype, M, N, t),)
     sz = sizes({"M": M, "N": N, "K": K}, t)
     vals = {"a": a.data_ptr(), "b": b.data_ptr(), "c": 0, **sz}
-    return ck.module().prepare(vals, maps, sz["NTILES"], out="c")
+    return ck.prepare(vals, maps, sz["NTILES"], out="c")

@@ -24,6 +24,15 @@ class ClassKernel:
     ks: Any
     loaded: Any = None
 
+    def prepare(self, values: dict[str, Any], maps: tuple[Any, ...], ntiles: int, out: str) -> Any:
+        """The prepared launch (``runtime.Loaded.prepare``): a shape-generic kernel over ``ntiles`` work units; an
+        exact-shape one (``exact``) on the grid it was built for, with its scratch buffers (split-K's)."""
+        if not self.ks.generic:
+            from codegen.runtime import workspace_ptrs
+            values = {**values, **workspace_ptrs(self.ks)}
+            ntiles = self.ks.persistent_tiles or self.ks.grid[0]
+        return self.module().prepare(values, maps, ntiles, out=out)
+
     def module(self) -> Any:
         """The loaded cubin (``codegen.runtime.load``: compiled or read from the disk cache on first use)."""
         if self.loaded is None:
@@ -35,12 +44,13 @@ class ClassKernel:
 _KERNELS: dict[ShapeClass, ClassKernel] = {}
 
 
-def build(c: ShapeClass, plan: KernelPlan) -> ClassKernel:
-    """Lower and emit ``plan`` as class ``c``'s generic kernel (not kept: ``kernel`` keeps the table's)."""
+def build(c: ShapeClass, plan: KernelPlan, generic: bool = True) -> ClassKernel:
+    """Lower and emit ``plan`` as a kernel of class ``c``: its generic kernel (not kept: ``kernel`` keeps the table's),
+    or with ``generic=False`` the exact-shape kernel of the plan's own shape (``exact``)."""
     from codegen.cuda import emit_ir
     from codegen.lower import lower
 
-    ir = lower(plan, HW, generic=True)
+    ir = lower(plan, HW, generic=generic)
     return ClassKernel(c, plan, ir, emit_ir(ir))
 
 

@@ -25,13 +25,17 @@ SOLVE_TIME_LIMIT = 60.0  # seconds per class
 
 def solve(c: ShapeClass, time_limit: float = SOLVE_TIME_LIMIT, compile_check: bool | None = None
           ) -> dict[str, Any]:
-    """Solve ``c`` on its representative shape with CP-SAT (``compile_check``: the compiler in the loop, as
-    ``ptsolve.optimize``); the table entry: the KernelPlan and what the solve said."""
+    """Solve ``c`` on its representative shape with CP-SAT (``compile_check``: the compiler in the loop on the
+    class's generic build, as ``ptsolve.optimize``); the table entry: the KernelPlan and what the solve said."""
     import ptsolve
+    from codegen.compile_check import check_cuda_generic
     from codegen.plan import plan_from_program
 
+    # the compiler checks the class's shape-generic build, the binary users run: its trip counts are unknown to ptxas,
+    # which then serialises some schedules whose exact-shape kernel it keeps
     res = ptsolve.optimize(ptsolve.ops.make(c.op, **representative(c)), hw=HW, solver="cpsat",
-                           time_limit=time_limit, compile_check=compile_check, fix=class_fix(c))
+                           time_limit=time_limit, compile_check=compile_check, fix=class_fix(c),
+                           kernel_check=check_cuda_generic)
     plan = plan_from_program(res.program)
     out = {"plan": json.loads(plan.to_json()), "status": res.status, "predicted_us": round(res.predicted_us, 3),
            "solve_s": round(res.solve_s, 2), "representative": representative(c)}

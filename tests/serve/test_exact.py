@@ -73,7 +73,8 @@ def test_sync_solves_once_and_a_later_process_reads_the_answer(fresh, monkeypatc
     ck, final = exact.exact_kernel(c, SKINNY)
     assert final and ck is not None
     assert ck.ir.tiling["BM"] < serve.kernel(c).ir.tiling["BM"]  # a 16-row product: a smaller tile than the class's
-    assert ck.ir.generic  # shape-generic, like the class's kernel: the class's launcher runs it
+    # the exact-shape build the compiler check passed: the shape's sizes are constants of this binary
+    assert not ck.ks.generic and {k: ck.ks.params[k] for k in SKINNY} == SKINNY
     # a later process: nothing in memory, the answer on disk, no solve
     monkeypatch.setattr(exact, "_READY", {})
     monkeypatch.setattr(exact, "solve_exact", lambda *a: pytest.fail("solved again"))
@@ -92,3 +93,27 @@ def test_background_serves_the_class_until_the_worker_answers(fresh, monkeypatch
     exact.wait(timeout=300)
     ck, final = exact.exact_kernel(c, SKINNY)
     assert final and ck is not None and Path(fresh / "exact").is_dir()
+
+
+def test_an_exact_kernel_launches_on_its_own_grid_with_its_scratch(monkeypatch):
+    """A split-K exact-shape kernel: the launcher's tile count is the class kernel's business; this one runs the grid it
+    was built for (its reduce CTAs included) and gets its workspace and counters."""
+    import ptsolve
+    from codegen.plan import plan_from_program
+    from ptsolve.serve.kernels import build
+
+    c = serve.gemm_class("fp16")
+    r = ptsolve.optimize(ptsolve.ops.gemm(16, 4096, 4096), hw=serve.HW, compile_check=False, cache=False,
+                         fix={"splits": 4}, time_limit=5)
+    ck = build(c, plan_from_program(r.program), generic=False)
+    got = {}
+    fake = type("M", (), {"prepare": lambda self, v, m, n, out: got.update(v=v, n=n, out=out)})()
+    monkeypatch.setattr(type(ck), "module", lambda self: fake)
+    monkeypatch.setattr("codegen.runtime.workspace_ptrs", lambda ks: {"ws": 1, "cnt": 2})
+    ck.prepare({"a": 5}, (), 999, out="c")
+    assert got["n"] == ck.ks.grid[0] > 16 * 4096 // (ck.ir.tiling["BM"] * ck.ir.tiling["BN"])  # tiles x splits + reduce
+    assert got["v"] == {"a": 5, "ws": 1, "cnt": 2} and got["out"] == "c"
+    generic = serve.kernel(c)
+    monkeypatch.setattr(type(generic), "module", lambda self: fake)
+    generic.prepare({"a": 5}, (), 999, out="c")
+    assert got["n"] == 999 and got["v"] == {"a": 5}
