@@ -1,10 +1,11 @@
-"""The public suite of the peers benchmark: prefill, varlen, decode and GEMM rows drawn from ``../shared/shapes.md``.
+"""The public suite: prefill, varlen, decode and GEMM rows drawn from ``../shared/shapes.md``.
 
 Deterministic (the varlen lengths come from seeded generators and are written into the rows), fp16, and sized so
 that the whole GPU run fits in a few minutes on an H200: 16k-token prefills run at batch 1, batch x sequence stays
-at or under 32k tokens, the decode caches at or under 64k x 16 sequences of K/V, and M = 16384 GEMMs take moderate
-N x K. The model families' heads (query / kv heads, head_dim) are shapes.md's; Phi-3 (head_dim 96) and Gemma-2
-(head_dim 256) are left out: ptsolve's attention covers head_dim 64 and 128 only.
+at or under 32k tokens, a decode batch's caches hold at most 262k tokens (64 x 4097 ... 1 x 131072), and the LLM
+projections at M = 16384 take N x K up to 4096 x 14336 (the 16384^3 square aside). The model families' heads (query
+/ kv heads, head_dim) are shapes.md's; Phi-3 (head_dim 96) and Gemma-2 (head_dim 256) are left out: ptsolve's
+attention covers head_dim 64 and 128 only.
 
     python -m bench peers suite            # one line per row
     python -m bench peers suite --json     # the rows as JSON
