@@ -19,6 +19,10 @@ call at once)::
     run(carry=[".whl/b", ".cubin_peers_pack"], command="LIMIT=2 bash bench/peers/device.sh")   # smoke
     run(carry=[".cubin_peers_pack"], command="bash bench/peers/device.sh")                      # full run
 
+A run longer than one call (FA4 compiles a kernel per new configuration) goes in parts, e.g. ``ONLY=prefill/`` and
+``ONLY=varlen/,decode/,gemm/``, merged by ``python -m bench peers report p1.json p2.json --json-out
+results/peers/h200.json --out results/peers/h200.md`` (FA4's compile cache in /tmp carries over on a warm machine).
+
 ``device.sh`` joins the parts, installs them (``python3 -m pip install -q --no-index --no-deps --no-compile
 --no-cache-dir --upgrade --target /tmp/site <wheels>``) and exports ``PYTHONPATH=/tmp/site`` plus
 ``/tmp/site/nvidia_cutlass_dsl/dsl_packages`` (the DSL's ``.pth`` file, which puts ``cutlass`` on the path, is not

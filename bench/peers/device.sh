@@ -42,6 +42,8 @@ if [ -f .cubin_peers_pack/cache.tar.xz ]; then
   python3 -c "import tarfile; tarfile.open('.cubin_peers_pack/cache.tar.xz').extractall('.')"
 fi
 export PTSOLVE_CACHE_DIR="$PWD/.cubin_peers"
+# FA4's compiled kernels on disk: a second call on the same machine (a run in parts) compiles none again
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4_cache
 ls "$PTSOLVE_CACHE_DIR/cubin" 2>/dev/null | grep -c cubin | sed 's/^/cubins carried: /'
 if ! python3 -c "import flash_attn.cute as f, importlib.metadata as m; print('fa4', m.version('flash-attn-4'))" \
   >> "$OUT/install.log" 2>&1; then

@@ -5,6 +5,7 @@ The provenance, one table row per shape, per workload the geomean and minimum of
 left out of every figure, never counted as zero.
 
     python -m bench peers report results/peers/h200.json [--out results/peers/h200.md]
+    python -m bench peers report part1.json part2.json --json-out results/peers/h200.json --out results/peers/h200.md
 """
 from __future__ import annotations
 
@@ -201,13 +202,34 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of parts of the suite (e.g. two device calls, ``--only prefill`` and the rest) as one: the first run's
+    provenance, every row once (a later run's row replaces an earlier one of the same name), the wall times added,
+    ``not_run`` what no part measured."""
+    out = dict(parts[0])
+    rows: dict[str, dict[str, Any]] = {}
+    for p in parts:
+        rows.update({r["name"]: r for r in p.get("rows", [])})
+    out["rows"] = list(rows.values())
+    out["not_run"] = sorted({n for p in parts for n in p.get("not_run", [])} - set(rows))
+    out["wall_s"] = round(sum(p.get("wall_s", 0) for p in parts), 1)
+    if len(parts) > 1:
+        out["command"] = " ; ".join(dict.fromkeys(p.get("command", "?") for p in parts))
+        out["date"] = " / ".join(dict.fromkeys(p.get("date", "?") for p in parts))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import json
     ap = argparse.ArgumentParser(prog="python -m bench peers report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", type=Path)
+    ap.add_argument("json", type=Path, nargs="+", help="a run's JSON, or several runs' to merge")
     ap.add_argument("--out", type=Path, help="write the markdown here (default: print it)")
+    ap.add_argument("--json-out", type=Path, help="write the (merged) JSON here")
     a = ap.parse_args(argv)
-    md = report(json.loads(a.json.read_text()))
+    res = merge([json.loads(p.read_text()) for p in a.json])
+    if a.json_out:
+        a.json_out.write_text(json.dumps(res, indent=1, sort_keys=True))
+    md = report(res)
     if a.out:
         a.out.write_text(md)
     else:

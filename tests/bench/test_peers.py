@@ -176,3 +176,19 @@ def test_prepare_packs_only_the_cubins_the_run_launches(tmp_path):
     assert "model" not in op_params(r) and op_params(r)["seq_kv"] == 9
     assert op_params({"workload": "gemm", "shape": {"M": 1, "N": 2, "K": 3, "dtype": "fp16"}}) == {
         "M": 1, "N": 2, "K": 3, "dtype": "fp16"}
+
+
+def test_merging_two_partial_runs_keeps_every_row_once(tmp_path, capsys):
+    import json
+    a, b = synthetic(), synthetic()
+    a["rows"], a["not_run"], a["wall_s"] = a["rows"][:3], ["g1", "g2", "g3"], 100.0
+    b["rows"], b["not_run"], b["wall_s"], b["command"] = b["rows"][2:], [], 50.0, "y"
+    m = rep.merge([a, b])
+    assert [r["name"] for r in m["rows"]] == ["p1", "p2", "p3", "g1", "g2", "g3"]
+    assert m["not_run"] == [] and m["wall_s"] == 150.0 and m["command"] == "x ; y"
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    assert rep.main([str(pa), str(pb), "--json-out", str(tmp_path / "m.json"), "--out", str(tmp_path / "m.md")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["rows"] == m["rows"]
+    assert (tmp_path / "m.md").read_text() == rep.report(m)
