@@ -8,7 +8,8 @@ no exact-shape kernel (the harness runs dense shapes only): absent there.
 
 The solves run against a work cache (``--work``, schedules and every compile check's cubins); only the cubins the run
 launches are copied into ``--out`` (``<out>/cubin/``, with ``plans.json``), packed as ``--pack`` (tar.xz) for the
-device call. Rows already in ``plans.json`` are kept (``--force`` solves them again).
+device call. Rows already in ``plans.json`` are kept (``--force`` solves them again); their plans are emitted and
+compiled again by the checkout's code generator (cached), so a pack made after the code moved on is current.
 
     python -m bench peers prepare [--only TEXT] [--limit N] [--time-limit 30]
 """
@@ -78,6 +79,22 @@ def class_kernels(only: str = CLASSES) -> dict[str, str]:
     return out
 
 
+def refresh(plans: dict[str, Any]) -> int:
+    """Every kept plan emitted and compiled by this checkout's code generator (cached: instant where nothing changed),
+    its cubin key updated, so that a pack made after the code moved on still holds what the run launches; the
+    number of plans."""
+    from codegen.plan import KernelPlan
+    from codegen.runtime import _key, compile_kernel, emit_cached
+    n = 0
+    for rec in plans["rows"].values():
+        if "plan" in rec:
+            ks = emit_cached(KernelPlan.from_json(json.dumps(rec["plan"])))  # as the run loads it: from the JSON
+            compile_kernel(ks)
+            rec["cubin"] = _key(ks)
+            n += 1
+    return n
+
+
 def pack(plans: dict[str, Any], work: Path, out: Path, pack_to: Path) -> tuple[int, int]:
     """Copy the cubins the run launches (and their ptxas reports) from ``work`` into ``out/cubin``, write
     ``out/plans.json`` and tar.xz ``out`` into ``pack_to``; (cubins, packed bytes)."""
@@ -122,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         print(row["name"], rec.get("status", rec.get("error")), rec.get("tiling", ""), rec.get("predicted_us", ""),
               f"{rec['solve_s']} s", flush=True)
         saved.write_text(json.dumps(plans, indent=1, sort_keys=True))  # after every row: a stop keeps the work
+    t1 = time.time()
+    print(f"{refresh(plans)} exact-shape plans compiled for this checkout ({time.time() - t1:.0f} s)", flush=True)
     plans["provenance"] = stamp()
     plans["time_limit"] = a.time_limit
-    plans["cpu_s"] = round(time.time() - t0, 1)
+    plans["solve_s"] = round(sum(r.get("solve_s", 0) for r in plans["rows"].values()), 1)  # every run's solves
+    plans["last_run_s"] = round(time.time() - t0, 1)
     saved.write_text(json.dumps(plans, indent=1, sort_keys=True))
     n, size = pack(plans, a.work, a.out, a.pack)
     print(f"{n} cubins in {a.out} ({sum(f.stat().st_size for f in a.out.rglob('*')) / 2**20:.1f} MiB), "
