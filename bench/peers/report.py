@@ -106,9 +106,11 @@ def _line(what: str, s: dict[str, Any]) -> str:
 
 def _verdict(s: dict[str, Any], geo_min: float, floor: float | None) -> str:
     """'met' / 'NOT met' / 'not measured' for a summary against a geomean and (optionally) a per-row floor."""
+    if s["no_ptsolve"]:
+        return "NOT met"  # ptsolve refused or failed a row: nothing to compare, and the user path fails there
     if not s["measured"]:
         return "not measured"
-    ok = s["geomean"] >= geo_min and (floor is None or s["min"] >= floor) and not s["no_ptsolve"]
+    ok = s["geomean"] >= geo_min and (floor is None or s["min"] >= floor)
     if not ok:
         return "NOT met"
     return "met" if not s["no_peer"] else f"met on the {s['measured']} rows measured ({len(s['no_peer'])} without)"

@@ -192,3 +192,9 @@ def test_merging_two_partial_runs_keeps_every_row_once(tmp_path, capsys):
     assert rep.main([str(pa), str(pb), "--json-out", str(tmp_path / "m.json"), "--out", str(tmp_path / "m.md")]) == 0
     assert json.loads((tmp_path / "m.json").read_text())["rows"] == m["rows"]
     assert (tmp_path / "m.md").read_text() == rep.report(m)
+
+
+def test_a_row_that_ptsolve_refuses_fails_its_criterion_even_with_nothing_else_measured():
+    crit = "\n".join(rep.criteria([row("d", "decode", None, {"cudnn": 19.0}, absent={"ptsolve": "ShapeError"})]))
+    assert "**Decode** (geomean >= 1.0, none below 0.90): NOT met" in crit
+    assert "**GEMM** (cuBLAS / ptsolve geomean >= 1.0, none below 0.90): not measured" in crit
