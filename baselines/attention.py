@@ -100,3 +100,33 @@ def gqa_mode(backend: str, dtype: Any, tol: float = 2e-2) -> tuple[str, str]:
     if not err < tol:
         return "expand", f"enable_gqa wrong: rel_err {err:.3g}"
     return "native", ""
+
+
+def sdpa(backend: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Callable[[], Any] | None, str]:
+    """One SDPA forward forced onto ``backend`` (``flash`` or ``cudnn``) for (B, H, S, D) inputs, GQA through
+    ``enable_gqa``, causal bottom-right where seq_q != seq_kv (``causal_lower_right``: FlashAttention's rule; SDPA's
+    ``is_causal`` is top-left there), tried once: ``(fn, "")``, or ``(None, why)`` where the backend refuses the
+    shape (a peer that refuses is absent, never a zero time)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    be = _backend(backend)
+    sq, skv = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    mask = causal_lower_right(sq, skv) if causal and sq != skv else None
+
+    def fn() -> Any:
+        with sdpa_kernel([be]):
+            if mask is not None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001  (RuntimeError "No available kernel", a cuDNN refusal, ...)
+        s = str(e).strip()
+        return None, f"refused: {type(e).__name__}: {s.splitlines()[0][:200] if s else ''}"
+    if tuple(out.shape) != tuple(q.shape):
+        return None, f"returned shape {tuple(out.shape)}, expected {tuple(q.shape)}"
+    return fn, ""

@@ -34,6 +34,7 @@ STUDIES: dict[str, str] = {
     "mi300x": "Correctness and timing of the HIP kernels on an AMD MI300X (never run: no AMD GPU)",
     "mutation": "Mutation testing of ptsolve's core modules (mutmut) and issue 10's listed mutations",
     "orders_ab": "The FA3 order as a schedule the exact solver returns, next to the hand plan",
+    "peers": "ptsolve.torch next to FlashAttention-4, SDPA cuDNN / FLASH and cuBLAS (prepare, run, report)",
     "placement": "How well each placement rule predicts the GPU (CPU model against the H200 round)",
     "polish": "CP-SAT's polish A/B against the hand plan",
     "regfit": "The register model against ptxas",
