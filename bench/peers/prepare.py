@@ -95,14 +95,49 @@ def refresh(plans: dict[str, Any]) -> int:
     return n
 
 
+def exact_store(plans: dict[str, Any]) -> int:
+    """The user path's exact-shape answers (``ptsolve.serve.exact``): each dense prefill and GEMM row's plan kept where
+    ``ptsolve.torch`` looks for it, and its exact-shape kernel compiled as the serving layer builds it, so the run's
+    user path launches what the solver picked for that shape (the GPU has no OR-Tools to solve it there); the number
+    kept."""
+    from codegen.plan import KernelPlan
+    from codegen.runtime import _key, compile_kernel
+    from ptsolve import serve
+    from ptsolve.serve import exact
+    from ptsolve.serve.kernels import build
+    n, keys = 0, []
+    for rec in plans["rows"].values():
+        p = rec.get("shape", {})
+        if "plan" not in rec or rec["op"] not in ("flash_attention", "gemm") or p.get("varlen"):
+            continue
+        if rec["op"] == "gemm":
+            c, params = serve.gemm_class(p["dtype"]), {k: p[k] for k in ("M", "N", "K", "dtype")}
+        else:
+            params = {k: p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal",
+                                        "dtype")}
+            c = serve.attention_class(p["dtype"], p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
+        plan = KernelPlan.from_json(json.dumps(rec["plan"]))
+        ks = build(c, plan, generic=False).ks
+        compile_kernel(ks)
+        exact.write_entry(exact.store() / f"{exact.shape_key(c, params)}.json",
+                          {"params": params, "plan": rec["plan"], "status": rec.get("status", "")})
+        keys.append(_key(ks))
+        n += 1
+    plans["exact_cubins"] = sorted(set(keys))
+    return n
+
+
 def pack(plans: dict[str, Any], work: Path, out: Path, pack_to: Path) -> tuple[int, int]:
     """Copy the cubins the run launches (and their ptxas reports) from ``work`` into ``out/cubin``, write
     ``out/plans.json`` and tar.xz ``out`` into ``pack_to``; (cubins, packed bytes)."""
     keys = set(plans["classes"].values()) | {r["cubin"] for r in plans["rows"].values() if "cubin" in r}
+    keys |= set(plans.get("exact_cubins", ()))
     dst = out / "cubin"
     if out.exists():
         shutil.rmtree(out)
     dst.mkdir(parents=True)
+    if (work / "exact").is_dir():  # the serving layer's kept answers (exact_store)
+        shutil.copytree(work / "exact", out / "exact")
     for k in sorted(keys):
         for ext in (".cubin", ".json"):
             shutil.copy2(work / "cubin" / f"{k}{ext}", dst / f"{k}{ext}")
@@ -141,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         saved.write_text(json.dumps(plans, indent=1, sort_keys=True))  # after every row: a stop keeps the work
     t1 = time.time()
     print(f"{refresh(plans)} exact-shape plans compiled for this checkout ({time.time() - t1:.0f} s)", flush=True)
+    print(f"{exact_store(plans)} answers kept for the user path (ptsolve.serve.exact)", flush=True)
     plans["provenance"] = stamp()
     plans["time_limit"] = a.time_limit
     plans["solve_s"] = round(sum(r.get("solve_s", 0) for r in plans["rows"].values()), 1)  # every run's solves
