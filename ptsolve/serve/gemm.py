@@ -43,11 +43,16 @@ def gemm_launch(a: Any, b: Any, c: ShapeClass) -> Any:
 def _gemm_launch(a: Any, b: Any, c: ShapeClass, ck: Any) -> Any:
     from codegen.cuda.common import TensorMapSpec
     from codegen.cuda.gemm import c_map, sizes
+    from ptsolve.geometry.gemm import a_rows
+    from ptsolve.tiling import cluster_of
 
     t = ck.ir.tiling
     (M, K), N = a.shape, b.shape[0]
-    maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, t["BM"])),
-            TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"])))
+    # the boxes the kernel's loads expect: an exact-shape kernel loads only A's rows up to M (``a_rows``), a generic one
+    # the whole tile; a cluster's CTA its share of B's
+    rows = t["BM"] if ck.ks.generic else a_rows(M, t["BM"])
+    maps = (TensorMapSpec("a", c.dtype, (K, M), (a.stride(0) * 2,), (64, rows)),
+            TensorMapSpec("b", c.dtype, (K, N), (b.stride(0) * 2,), (64, t["BN"] // cluster_of(t))))
     if t.get("tma_store", 0):  # C [M, N], contiguous (the caller's new tensor), through its map: encoded per call
         maps += (c_map(c.dtype, M, N, t),)
     sz = sizes({"M": M, "N": N, "K": K}, t)

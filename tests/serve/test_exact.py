@@ -3,6 +3,7 @@ a later process without solving, the background worker, and launches of a pendin
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,48 @@ def test_an_exact_kernel_launches_on_its_own_grid_with_its_scratch(monkeypatch):
     monkeypatch.setattr(type(generic), "module", lambda self: fake)
     generic.prepare({"a": 5}, (), 999, out="c")
     assert got["n"] == 999 and got["v"] == {"a": 5}
+
+
+class _T:
+    """A contiguous tensor as a launcher sees one: shape, strides, an address."""
+
+    def __init__(self, *shape: int):
+        self.shape = shape
+        self._st = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+
+    def stride(self, i: int | None = None):
+        return self._st if i is None else self._st[i]
+
+    def data_ptr(self) -> int:
+        return 1 << 20
+
+
+@pytest.mark.parametrize("case", ["gemm16", "gemm1000", "gemm_splitk", "attn", "attn_short"])
+def test_the_launcher_gives_an_exact_kernel_its_own_tensor_maps(case, monkeypatch):
+    """An exact-shape kernel's loads expect its own boxes (a 16-row GEMM loads 16 rows of A, not the tile's 64): the
+    serving launcher's maps for contiguous inputs are the kernel's, or the copy engine's byte count never meets the
+    barrier's and the kernel hangs."""
+    import ptsolve
+    from codegen.plan import plan_from_program
+    from ptsolve.serve import attention as sa
+    from ptsolve.serve import gemm as sg
+    from ptsolve.serve.kernels import build
+
+    g = {"gemm16": (16, 4096, 4096, None), "gemm1000": (1000, 1024, 512, None), "gemm_splitk": (1, 4096, 4096, 4)}
+    if case in g:
+        M, N, K, splits = g[case]
+        c = serve.gemm_class("fp16")
+        op, launch = ptsolve.ops.gemm(M, N, K), lambda ck: sg._gemm_launch(_T(M, K), _T(N, K), c, ck)
+    else:
+        B, H, Hk, S, D = (2, 8, 2, 1000, 128) if case == "attn" else (3, 4, 4, 40, 64)
+        c, splits = serve.attention_class("fp16", D, True, H, Hk), None
+        op = ptsolve.ops.flash_attention(batch=B, heads=H, kv_heads=Hk, seq=S, head_dim=D, causal=True)
+        launch = lambda ck: sa._attention_launch(_T(B, S, H, D), _T(B, S, Hk, D), _T(B, S, Hk, D), c, ck,  # noqa: E731
+                                                 D ** -0.5, None, None, 0, 0)
+    r = ptsolve.optimize(op, hw=serve.HW, compile_check=False, cache=False, time_limit=5,
+                         fix={"splits": splits} if splits else None)
+    ck = build(c, plan_from_program(r.program), generic=False)
+    got = {}
+    monkeypatch.setattr(type(ck), "prepare", lambda self, v, maps, n, out: got.update(maps=maps))
+    launch(ck)
+    assert {m.tensor: m for m in got["maps"]} == {m.tensor: m for m in ck.ks.tensor_maps}
