@@ -8,7 +8,9 @@ compiles its exact-shape kernel, the very binary the compiler check passed (size
 ``optimize``'s own kernels; the launcher's tensor maps carry the caller's strides). The answer is kept on disk
 (``$PTSOLVE_CACHE_DIR/exact``), so a later process and every later call of the shape run it without solving or
 compiling anything. Calls on a shape whose answer is pending are served by the class's kernel and their launches are
-not kept (``prepared.Provisional``): the first call after the answer lands switches over.
+not kept (``prepared.Provisional``): the first call after the answer lands switches over. That call also races the
+two kernels once (``race``: a few launches each) and keeps the faster, per GPU model: the model that picked the exact
+schedule can be wrong, and a user is never served slower than the class.
 
 ``$PTSOLVE_EXACT`` chooses: ``background`` (the default; needs OR-Tools, else only answers already on disk are used),
 ``sync`` (solve on the first call and wait: benchmarks, tests), ``off`` (classes only). Decode, varlen and Mamba2
@@ -168,6 +170,56 @@ def exact_kernel(c: ShapeClass, params: dict[str, Any]) -> tuple[ClassKernel | N
         _QUEUE[key] = (c, params)
     poll()
     return None, False
+
+
+_RACED: dict[str, ClassKernel | None] = {}  # shape key -> the faster of its exact kernel (or None: the class's)
+RACE_LAUNCHES = 3  # timed launches of each kernel per round; two rounds, interleaved
+
+
+def _us(ln: Any, out: int, stream: int) -> float:
+    """Microseconds per launch of ``ln`` (CUDA events around RACE_LAUNCHES launches on ``stream``)."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(RACE_LAUNCHES):
+        ln(stream, out)
+    b.record()
+    b.synchronize()
+    return 1e3 * a.elapsed_time(b) / RACE_LAUNCHES
+
+
+def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, out: Any
+         ) -> tuple[ClassKernel | None, bool]:
+    """Of a shape's exact kernel ``ck`` and its class's, the one that runs faster on this GPU: the model that chose
+    the exact schedule can be wrong (an exact attention kernel measured 1.5x slower than its class's), so the first
+    call with a GPU times both (``launch(kernel)`` -> a prepared launch; two interleaved rounds of a few launches
+    into ``out``, a scratch output) and the verdict is kept in the shape's entry, per GPU model, for every later call
+    and process. While a CUDA graph is being captured nothing can be timed: the class's kernel serves, not final."""
+    import torch
+
+    key = shape_key(c, params)
+    if key in _RACED:
+        return _RACED[key], True
+    gpu = torch.cuda.get_device_name(out.device)
+    entry = _read(key) or {}
+    verdict = entry.get("measured", {}).get(gpu)
+    if verdict is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None, False
+        from .kernels import kernel
+        from .prepared import current_stream
+
+        lns = {"exact": launch(ck), "class": launch(kernel(c))}
+        stream, ptr = current_stream(out.device.index or 0), out.data_ptr()
+        for ln in lns.values():
+            ln(stream, ptr)  # loads the module, warms the caches
+        us = {n: min(_us(ln, ptr, stream) for _ in range(2)) for n, ln in lns.items()}
+        verdict = {f"{n}_us": round(u, 2) for n, u in us.items()}
+        entry.setdefault("measured", {})[gpu] = verdict
+        write_entry(store() / f"{key}.json", entry)
+    _RACED[key] = ck if verdict["exact_us"] < verdict["class_us"] else None
+    return _RACED[key], True
 
 
 def worker(arg: str) -> int:

@@ -288,3 +288,46 @@ def test_mamba_second_process_compiles_nothing(torch, pt):
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"nvcc": 0, "finite": True}
+
+
+@pytest.mark.parametrize("M,tiling,dt", [
+    (16, {"BM": 64, "BN": 128, "BK": 64, "depth": 6, "groups": 1, "splits": 4}, "fp16"),  # split-K: beats the class
+    (200, {"BM": 128, "BN": 128, "BK": 64, "depth": 4, "groups": 2}, "bf16"),
+    (4096, {"BM": 64, "BN": 64, "BK": 64, "depth": 2, "groups": 1}, "fp16")])  # a poor plan: the class must win
+def test_a_kept_exact_answer_runs_where_it_is_faster(torch, pt, M, tiling, dt, tmp_path, monkeypatch):
+    """ptsolve.serve.exact: a shape whose answer is on disk races it against the class's kernel on its first call
+    (the verdict kept in the entry, per GPU) and runs the faster through ptsolve.torch, with the right result (split-K
+    included: its own grid, boxes and scratch)."""
+    import json
+
+    from codegen.plan import default_plan
+    from ptsolve import serve
+    from ptsolve.serve import exact, prepared
+
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")  # the GPU machine solves nothing: only the kept answer
+    monkeypatch.setattr(exact, "_READY", {})
+    monkeypatch.setattr(exact, "_RACED", {})
+    N, K = 4096, 2048
+    c = serve.gemm_class(dt)
+    params = {"M": M, "N": N, "K": K, "dtype": dt}
+    key = exact.shape_key(c, params)
+    plan = default_plan("gemm", params, tiling)
+    exact.write_entry(exact.store() / f"{key}.json", {"params": params, "plan": json.loads(plan.to_json())})
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    a = torch.randn(M, K, device="cuda", dtype=tdt)
+    b = torch.randn(N, K, device="cuda", dtype=tdt) / math.sqrt(K)
+    for _ in range(2):  # the cold call and the warm one
+        out = pt.gemm(a, b)
+        torch.cuda.synchronize()
+        ref = a.float() @ b.float().T
+        assert (out.float() - ref).abs().max().item() <= 2 * (((a @ b.T).float() - ref).abs().max().item()) + 1e-3
+    (verdict,) = json.loads((exact.store() / f"{key}.json").read_text())["measured"].values()
+    launched = [ln for k, ln in prepared.LAUNCHES.items() if k[0] == "gemm" and k[2] == a.data_ptr()]
+    ck = exact._settle(key, c, json.loads((exact.store() / f"{key}.json").read_text()))
+    faster = ck.ks.name if verdict["exact_us"] < verdict["class_us"] else serve.kernel(c).ks.name
+    assert launched and launched[-1].name == faster, verdict
+    if M == 16:
+        assert faster == ck.ks.name, verdict  # 64 tiles x 4 splits against the class's 32 tiles
+    if M == 4096:
+        assert faster != ck.ks.name, verdict

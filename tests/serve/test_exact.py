@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ needs_tools = pytest.mark.skipif(not (_have_nvcc() and serve.solvers_installed()
 def fresh(tmp_path, monkeypatch):
     """An empty answer store and cubin cache, and a process that has seen no shape yet."""
     monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
-    for name in ("_READY", "_QUEUE", "_RUNNING"):
+    for name in ("_READY", "_QUEUE", "_RUNNING", "_RACED"):
         monkeypatch.setattr(exact, name, {})
     return tmp_path
 
@@ -163,3 +164,68 @@ def test_the_launcher_gives_an_exact_kernel_its_own_tensor_maps(case, monkeypatc
     monkeypatch.setattr(type(ck), "prepare", lambda self, v, maps, n, out: got.update(maps=maps))
     launch(ck)
     assert {m.tensor: m for m in got["maps"]} == {m.tensor: m for m in ck.ks.tensor_maps}
+
+
+def _torch(monkeypatch, gpu: str = "GPU-A", capturing: bool = False):
+    """The bits of torch ``race`` asks (the CPU machines that run CI have no torch): the GPU's name, whether a graph
+    is being captured."""
+    import types
+
+    cuda = types.SimpleNamespace(get_device_name=lambda d=None: gpu, is_current_stream_capturing=lambda: capturing)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+
+
+class _Out:
+    """A scratch output as ``race`` sees one."""
+
+    device = type("D", (), {"index": 0})()
+
+    def data_ptr(self) -> int:
+        return 1 << 21
+
+
+@pytest.mark.parametrize("times,wins", [({"exact": 10.0, "class": 20.0}, "exact"),
+                                        ({"exact": 30.0, "class": 20.0}, "class")])
+def test_the_faster_of_the_exact_and_the_class_kernel_is_kept_per_gpu(fresh, monkeypatch, times, wins):
+    from codegen.plan import default_plan
+    from ptsolve.serve.kernels import ClassKernel
+
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")
+    c = serve.gemm_class("fp16")
+    plan = default_plan("gemm", SKINNY, {"BM": 64, "BN": 128, "BK": 64, "depth": 6, "groups": 1, "splits": 4})
+    key = exact.shape_key(c, SKINNY)
+    exact.write_entry(exact.store() / f"{key}.json", {"params": SKINNY, "plan": json.loads(plan.to_json())})
+    ck, final = exact.exact_kernel(c, SKINNY)
+    assert final and isinstance(ck, ClassKernel)
+    _torch(monkeypatch)
+    monkeypatch.setattr("ptsolve.serve.prepared.current_stream", lambda dev: 7)
+    calls, names = [], {}
+    monkeypatch.setattr(exact, "_us", lambda ln, out, stream: calls.append(ln) or times[names[id(ln)]])
+
+    def launch(k):
+        ln = lambda s, o: None  # noqa: E731
+        names[id(ln)] = "exact" if k is ck else "class"
+        calls.append(ln)
+        return ln
+    got, final = exact.race(c, SKINNY, ck, launch, _Out())
+    assert final and (got is ck if wins == "exact" else got is None)
+    measured = json.loads((exact.store() / f"{key}.json").read_text())["measured"]
+    assert measured == {"GPU-A": {"exact_us": times["exact"], "class_us": times["class"]}}
+    # a later process reads the verdict: nothing is timed again; another GPU model times its own
+    monkeypatch.setattr(exact, "_RACED", {})
+    n = len(calls)
+    assert exact.race(c, SKINNY, ck, launch, _Out())[0] is got and len(calls) == n
+    monkeypatch.setattr(exact, "_RACED", {})
+    _torch(monkeypatch, "GPU-B")
+    exact.race(c, SKINNY, ck, launch, _Out())
+    assert len(calls) > n and set(json.loads((exact.store() / f"{key}.json").read_text())["measured"]) == {
+        "GPU-A", "GPU-B"}
+
+
+def test_nothing_is_timed_while_a_graph_is_captured(fresh, monkeypatch):
+    from ptsolve.serve.kernels import ClassKernel
+
+    _torch(monkeypatch, capturing=True)
+    monkeypatch.setattr(exact, "_us", lambda *a: pytest.fail("timed during a capture"))
+    ck = ClassKernel(serve.gemm_class("fp16"), None, None, None)
+    assert exact.race(serve.gemm_class("fp16"), SKINNY, ck, lambda k: None, _Out()) == (None, False)
