@@ -82,7 +82,7 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
         ck, final = exact.exact_kernel(c, params)
         if ck is not None:  # kept only where it measures faster than the class's kernel on this GPU
             ck, final = exact.race(c, params, ck, lambda x: _attention_launch(q, k, v, c, x, scale, None, None, 0, 0),
-                                   q.new_empty(q.shape))
+                                   lambda: q.new_empty(q.shape))
     ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k)
     return prepared.keep(key, ln, final)
 

@@ -18,6 +18,7 @@ stay on their classes: their lengths change every step, and a step never waits f
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,7 +56,13 @@ def store() -> Path:
 
 def shape_key(c: ShapeClass, params: dict[str, Any]) -> str:
     """The file name of a shape's answer: its class, parameters, the hardware table and the entry version."""
-    blob = json.dumps({"class": c.key, "params": params, "hw": HW, "v": _VERSION}, sort_keys=True)
+    return _shape_key(c, tuple(sorted(params.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_key(c: ShapeClass, items: tuple[tuple[str, Any], ...]) -> str:
+    # memoised: a model's forward makes new tensors every step, so every attention call prepares a launch and asks
+    blob = json.dumps({"class": c.key, "params": dict(items), "hw": HW, "v": _VERSION}, sort_keys=True)
     return f"{c.op}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
 
 
@@ -114,7 +121,7 @@ def _read(key: str) -> dict[str, Any] | None:
 
 
 def _start(key: str, c: ShapeClass, params: dict[str, Any]) -> None:
-    arg = json.dumps({"op": c.op, "class": c.__getstate__(), "params": params, "out": str(store() / f"{key}.json")})
+    arg = json.dumps({"class": c.__getstate__(), "params": params, "out": str(store() / f"{key}.json")})
     _RUNNING[key] = subprocess.Popen([sys.executable, "-m", "ptsolve.serve", "exact", arg],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -189,18 +196,20 @@ def _us(ln: Any, out: int, stream: int) -> float:
     return 1e3 * a.elapsed_time(b) / RACE_LAUNCHES
 
 
-def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, out: Any
+def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, scratch: Any
          ) -> tuple[ClassKernel | None, bool]:
     """Of a shape's exact kernel ``ck`` and its class's, the one that runs faster on this GPU: the model that chose
     the exact schedule can be wrong (an exact attention kernel measured 1.5x slower than its class's), so the first
-    call with a GPU times both (``launch(kernel)`` -> a prepared launch; two interleaved rounds of a few launches
-    into ``out``, a scratch output) and the verdict is kept in the shape's entry, per GPU model, for every later call
-    and process. While a CUDA graph is being captured nothing can be timed: the class's kernel serves, not final."""
+    call with a GPU times both (``launch(kernel)`` -> a prepared launch; two rounds of a few launches each into
+    ``scratch()``, a new output tensor) and the verdict is kept in the shape's entry, per GPU model, for every later
+    call and process. While a CUDA graph is being captured nothing can be timed: the class's kernel serves, not
+    final."""
     import torch
 
     key = shape_key(c, params)
     if key in _RACED:
         return _RACED[key], True
+    out = scratch()
     gpu = torch.cuda.get_device_name(out.device)
     entry = _read(key) or {}
     verdict = entry.get("measured", {}).get(gpu)

@@ -207,17 +207,17 @@ def test_the_faster_of_the_exact_and_the_class_kernel_is_kept_per_gpu(fresh, mon
         names[id(ln)] = "exact" if k is ck else "class"
         calls.append(ln)
         return ln
-    got, final = exact.race(c, SKINNY, ck, launch, _Out())
+    got, final = exact.race(c, SKINNY, ck, launch, _Out)
     assert final and (got is ck if wins == "exact" else got is None)
     measured = json.loads((exact.store() / f"{key}.json").read_text())["measured"]
     assert measured == {"GPU-A": {"exact_us": times["exact"], "class_us": times["class"]}}
     # a later process reads the verdict: nothing is timed again; another GPU model times its own
     monkeypatch.setattr(exact, "_RACED", {})
     n = len(calls)
-    assert exact.race(c, SKINNY, ck, launch, _Out())[0] is got and len(calls) == n
+    assert exact.race(c, SKINNY, ck, launch, _Out)[0] is got and len(calls) == n
     monkeypatch.setattr(exact, "_RACED", {})
     _torch(monkeypatch, "GPU-B")
-    exact.race(c, SKINNY, ck, launch, _Out())
+    exact.race(c, SKINNY, ck, launch, _Out)
     assert len(calls) > n and set(json.loads((exact.store() / f"{key}.json").read_text())["measured"]) == {
         "GPU-A", "GPU-B"}
 
@@ -228,4 +228,4 @@ def test_nothing_is_timed_while_a_graph_is_captured(fresh, monkeypatch):
     _torch(monkeypatch, capturing=True)
     monkeypatch.setattr(exact, "_us", lambda *a: pytest.fail("timed during a capture"))
     ck = ClassKernel(serve.gemm_class("fp16"), None, None, None)
-    assert exact.race(serve.gemm_class("fp16"), SKINNY, ck, lambda k: None, _Out()) == (None, False)
+    assert exact.race(serve.gemm_class("fp16"), SKINNY, ck, lambda k: None, _Out) == (None, False)
