@@ -331,3 +331,23 @@ def test_a_kept_exact_answer_runs_where_it_is_faster(torch, pt, M, tiling, dt, t
         assert faster == ck.ks.name, verdict  # 64 tiles x 4 splits against the class's 32 tiles
     if M == 4096:
         assert faster != ck.ks.name, verdict
+
+
+def test_fa3s_interface_runs_ptsolves_kernels(torch, pt):
+    """ptsolve.flash_attn_interface: FlashAttention-3's three calls give ptsolve.torch's results, bit for bit."""
+    from ptsolve import flash_attn_interface as fai
+
+    q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 700, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    assert torch.equal(fai.flash_attn_func(q, k, v, causal=True), pt.flash_attention(q, k, v, causal=True))
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+    cuk = torch.tensor([0, 700, 1400], dtype=torch.int32, device="cuda")
+    qp, kp, vp = q.reshape(600, 8, 128), k.reshape(1400, 2, 128), v.reshape(1400, 2, 128)
+    assert torch.equal(fai.flash_attn_varlen_func(qp, kp, vp, cu, cuk, 300, 700, causal=True),
+                       pt.flash_attention_varlen(qp, kp, vp, cu, cuk, 300, 700, causal=True))
+    lens = torch.tensor([650, 700], dtype=torch.int32, device="cuda")
+    qd = q[:, :4].contiguous()
+    assert torch.equal(fai.flash_attn_with_kvcache(qd, k, v, cache_seqlens=lens, causal=True),
+                       pt.flash_attention_kvcache(qd, k, v, lens, causal=True))
+    assert torch.equal(fai.flash_attn_with_kvcache(qd, k, v), pt.flash_attention_kvcache(qd, k, v, 700))

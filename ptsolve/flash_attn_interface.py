@@ -1,0 +1,107 @@
+"""FlashAttention-3's Hopper interface (``flash_attn_interface``) over ptsolve's kernels: change one import line.
+
+```python
+from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+```
+
+The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
+(``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
+``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``window_size``, ``attention_chunk``, ``softcap``, the
+softmax LSE, ``seqused_q`` / ``seqused_k``, appending ``k`` / ``v`` into the cache, rotary embedding,
+``cache_batch_idx``, ``cache_leftpad``, paged KV (``page_table``), varlen queries against a cache, a precomputed
+``scheduler_metadata``, SMs held back for communication (``sm_margin``) and the backward pass (inputs that require
+grad). ``num_splits``,
+``pack_gqa`` and ``deterministic`` are FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses
+its own splits and packing, and its forward pass is deterministic, so they are accepted and have no effect.
+What runs is ``ptsolve.torch``: head_dim 64 or 128, fp16 or bf16, causal masks bottom-right aligned, GQA / MQA.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+# the value of each refused argument that asks for nothing (the rest: None)
+_IDLE = {"window_size": (-1, -1), "attention_chunk": 0, "softcap": 0.0, "sm_margin": 0, "return_attn_probs": False,
+         "return_softmax_lse": False}
+
+
+def _refuse(fn: str, given: Mapping[str, Any]) -> None:
+    """NotImplementedError for the first argument in ``given`` that asks for what ptsolve does not do."""
+    for name, value in given.items():
+        idle = _IDLE.get(name)
+        asks = value is not None if idle is None else (tuple(value) if name == "window_size" else value) != idle
+        if asks:
+            raise NotImplementedError(f"{fn}: {name}={_show(value)} is not supported by ptsolve yet (leave it at "
+                                      f"{idle!r}; ptsolve.flash_attn_interface lists what runs)")
+
+
+def _show(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"<tensor {tuple(shape)}>" if shape is not None else repr(value)
+
+
+def _no_grad(fn: str, **tensors: Any) -> None:
+    for name, t in tensors.items():
+        if getattr(t, "requires_grad", False):
+            raise NotImplementedError(f"{fn}: {name} requires grad; ptsolve's attention is forward only (run it under "
+                                      "torch.no_grad() or detach the inputs)")
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    """softmax(q kᵀ · softmax_scale) v as FlashAttention-3's ``flash_attn_func``: q [B, Sq, H, D], k / v
+    [B, Skv, Hkv, D] → out [B, Sq, H, D] (``ptsolve.torch.flash_attention``)."""
+    _refuse("flash_attn_func", {"qv": qv, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+                                "window_size": window_size, "attention_chunk": attention_chunk, "softcap": softcap,
+                                "sm_margin": sm_margin, "return_attn_probs": return_attn_probs})
+    _no_grad("flash_attn_func", q=q, k=k, v=v)
+    from . import torch as pt
+
+    return pt.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                           v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    """Packed variable-length batches as FlashAttention-3's ``flash_attn_varlen_func``: q [total_q, H, D], k / v
+    [total_k, Hkv, D], int32 ``cu_seqlens_*`` [B + 1] (``ptsolve.torch.flash_attention_varlen``)."""
+    _refuse("flash_attn_varlen_func", {"seqused_q": seqused_q, "seqused_k": seqused_k, "qv": qv,
+                                       "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+                                       "window_size": window_size, "attention_chunk": attention_chunk,
+                                       "softcap": softcap, "sm_margin": sm_margin,
+                                       "return_attn_probs": return_attn_probs})
+    _no_grad("flash_attn_varlen_func", q=q, k=k, v=v)
+    from . import torch as pt
+
+    return pt.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                     softmax_scale=softmax_scale)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False):
+    """Decode against a preallocated cache as FlashAttention-3's ``flash_attn_with_kvcache`` without appending: q
+    [B, Sq, H, D] (Sq at most 16), k_cache / v_cache [B, S_cache, Hkv, D], ``cache_seqlens`` an int or int32 [B]
+    (None: the whole cache) (``ptsolve.torch.flash_attention_kvcache``). ``rotary_interleaved`` only says how a
+    rotary embedding would be applied, and none is."""
+    _refuse("flash_attn_with_kvcache", {
+        "k": k, "v": v, "qv": qv, "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
+        "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad, "page_table": page_table,
+        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k_new": cu_seqlens_k_new, "max_seqlen_q": max_seqlen_q,
+        "rotary_seqlens": rotary_seqlens, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+        "window_size": window_size, "attention_chunk": attention_chunk, "softcap": softcap,
+        "scheduler_metadata": scheduler_metadata, "sm_margin": sm_margin, "return_softmax_lse": return_softmax_lse})
+    _no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
+    from . import torch as pt
+
+    lens = k_cache.shape[1] if cache_seqlens is None else cache_seqlens
+    return pt.flash_attention_kvcache(q, k_cache, v_cache, lens, causal=causal, softmax_scale=softmax_scale)
