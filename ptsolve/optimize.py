@@ -34,8 +34,9 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     the compiler builds without spills or a serialised tensor-core pipeline; a refused schedule gives way to its
     tiling's next one (the declared issue order, then greedy's), never dropping a tiling unasked (ptsolve.search);
     ``kernel_check`` and ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is
-    installed, or the time limit ran out first); None: on unless ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a
-    reproducible search, ``time_limit`` then a budget of
+    installed, or the time limit ran out first: a code generator's immediate refusal is still heard up to
+    ``search.REFUSAL_GRACE_S`` past it, so a tiling it cannot build is not the answer); None: on unless
+    ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a reproducible search, ``time_limit`` then a budget of
     CP-SAT deterministic time, not seconds (ptsolve.search.search; cpsat, cpsat-orders, greedy, exhaustive only).
     An operator with declared issue orders (FlashAttention's FA3 order) gets the best schedule of those orders on the
     answer's tiling instead of CP-SAT's where the orders' ``asap`` replay is faster (_replayed_order: FEASIBLE, the

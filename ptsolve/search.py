@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -240,6 +241,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
 # with a compiler in the loop and a wall-clock limit, the share of it the solves may use: the rest is kept for the
 # compile checks of the answer (and of the schedules that replace it where the compiler refuses one)
 VERIFY_SHARE = 0.75
+# past the deadline, the seconds a compile check still has to refuse the answer: the code generator's refusal (a
+# tiling it cannot build) comes at once, where nvcc's verdict takes seconds (_Search._verdict)
+REFUSAL_GRACE_S = 0.5
 
 
 def _graphs(op: Operator | STaskGraph, hw: Hardware, fix: dict[str, int] | None,
@@ -496,11 +500,11 @@ class _Search:
             for v in variants:  # asked side by side: the second verdict is ready if the first is a refusal
                 self._ask(v)
             for v in variants:
-                if self._late():
+                kc = self._verdict(v)
+                if kc is None:
                     return v, "TIME_LIMIT", bound, KernelCheck(
                         "not compile-checked", f"the time limit ({self.time_limit:g} s) ran out before the compiler "
                         "was asked")
-                kc = self._ask(v).result()
                 if kc.refused and kc.scope == "operator":
                     self.unbuildable = kc
                 if k in self.over and not kc.ok and not (kc.refused and kc.scope == "schedule"):
@@ -556,6 +560,19 @@ class _Search:
                      "cycles, is next")
         if not self.alts[k]:
             self.out.add(k)
+
+    def _verdict(self, prog: SProgram) -> KernelCheck | None:
+        """The compiler's verdict on ``prog``; past the deadline only one that comes within REFUSAL_GRACE_S of it
+        (None otherwise): a code generator's refusal is immediate, nvcc is not, so a schedule the generator cannot
+        build is never the answer for want of time."""
+        fut = self._ask(prog)
+        if not self._late():
+            return fut.result()
+        end = self.deadline if math.isfinite(self.deadline) else time.perf_counter()
+        try:
+            return fut.result(timeout=max(0.0, end + REFUSAL_GRACE_S - time.perf_counter()))
+        except FutureTimeout:
+            return None
 
     def _ask(self, prog: SProgram) -> Any:
         """The compiler's verdict on ``prog``, as a future: asked once per schedule, on up to ``jobs`` threads (the

@@ -121,3 +121,24 @@ def test_a_given_kernel_check_replaces_the_registered_one(monkeypatch):
     assert r.kernel_check["status"] == "ok" and chk(r.program, None).ok
     with pytest.raises(ptsolve.errors.PtsolveError, match="kernel_check must be a function"):
         ptsolve.optimize(OPS["gemm"](), hw="h200", cache=False, compile_check=True, kernel_check="nvcc")
+
+
+def test_past_the_deadline_a_generator_refusal_still_counts(monkeypatch):
+    """Out of time, the answer is not compile-checked, but a schedule the code generator refuses at once (a tiling
+    it cannot build) is still not the answer: the refusal comes within the grace, nvcc's slow verdict does not."""
+    import time
+
+    from ptsolve import search
+
+    monkeypatch.setattr(search._Search, "_late", lambda self: True)
+    free = _opt(OPS["gemm"](), "h200", "greedy", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
+    first = dict(free.tiling)
+
+    def chk(p, hw):
+        if dict(p.graph.tiling) == first:
+            return KernelCheck("unsupported", "the generator cannot build it")  # at once
+        time.sleep(3 * search.REFUSAL_GRACE_S)  # nvcc: too slow for the grace
+        return KernelCheck("ok", kernel="k")
+    r = _opt(OPS["gemm"](), "h200", "greedy", chk, monkeypatch)
+    assert dict(r.tiling) != first and r.kernel_check["status"] == "not compile-checked"
+    assert r.rejected and r.rejected[0][0] == first
