@@ -24,7 +24,7 @@ from typing import Any
 from . import ops  # noqa: F401  (the face registers the operators it offers)
 from .arguments import PLACEMENTS, SOLVER_NAMES
 from .calibrate import FIT as CAL_FIT
-from .errors import ConfigError, PtsolveError, SchemaError
+from .errors import ConfigError, InfeasibleError, PtsolveError, SchemaError
 from .fileio import read_json, write_text
 from .hw import DEFAULT_HW
 from .opspec import aliases, spec_of
@@ -427,7 +427,10 @@ def compare_row(c: dict[str, Any], hw: Any, opts: dict[str, Any], jobs: int = 1)
                     cache=opts["cache"], jobs=jobs, compile_check=opts["compile_check"],
                     deterministic=opts["deterministic"], replay=False)
     for s in solvers:
-        r = optimize(op, solver=s, **common())
+        try:
+            r = optimize(op, solver=s, **common())
+        except InfeasibleError as e:  # this configuration has no answer of s's: said in the table, the rest go on
+            return row | {"reached": False, "failed": f"{s}: {str(e).splitlines()[0][:400]}"}
         tl = simulate(r.program, hw)
         if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
             raise Err(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy claims "
@@ -522,7 +525,8 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
     column per exact solver when greedy ran, then the exact schedule's tiling and features."""
     exact = [s for s in solvers if s != "greedy"]
     speed = exact if "greedy" in solvers else []
-    missed = [r["config"] for r in rows if not r.get("reached", True)]
+    missed = [r["config"] for r in rows if not r.get("reached", True) and "failed" not in r]
+    failed = [f"{r['config']} ({r['failed']})" for r in rows if "failed" in r]
     rows = [r for r in rows if r.get("reached", True)]
     det = getattr(a, "deterministic", False)
     lines = [f"# Greedy vs exact schedules, {a.suite} suite on {hw_name or a.hw} (predicted by the ptsolve cost model)",
@@ -566,6 +570,8 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
               + (f" (hatched in the chart): {', '.join(stopped)}." if stopped else ".")]
     if missed:
         lines += ["", f"**not reached** before the command's --time-limit ({a.time_limit:g} s): {', '.join(missed)}."]
+    if failed:
+        lines += ["", f"**no schedule** (left out of every figure above): {'; '.join(failed)}."]
     return "\n".join(lines) + "\n"
 
 

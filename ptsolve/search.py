@@ -331,6 +331,7 @@ class _Search:
         self.tried: set[tuple] = set()  # tilings whose declared-order schedule was solved
         self.fallback: set[tuple] = set()  # tilings one of whose schedules the compiler refused
         self.rejected: list[tuple[dict[str, int], str]] = []
+        self.late_drops: set[tuple] = set()  # tilings past the register estimate dropped unasked for want of time
         self.unbuildable: KernelCheck | None = None  # a verdict about the operator: no kernel of it builds
         self.n_solved = 0
         self.det: float | None = None
@@ -477,6 +478,12 @@ class _Search:
             self.solve_all()
             obj, _, k = self._inc()
             if obj == math.inf:
+                if self.rejected and self.late_drops:
+                    raise InfeasibleError(f"the time limit ({self.time_limit:g} s) ran out before the compiler could "
+                                          f"admit any tiling of {self.what} past the model's register estimate "
+                                          f"({len(self.late_drops)} left unasked), and it refused the others: "
+                                          + "; ".join(f"{t}: {w}" for t, w in self.rejected[:2])
+                                          + "; raise time_limit")
                 if self.rejected:
                     raise InfeasibleError(f"every tiling of {self.what} that fits {self.hw.name} was rejected by the "
                                           "compiler: " + "; ".join(f"{t}: {w}" for t, w in self.rejected[:4]))
@@ -491,6 +498,8 @@ class _Search:
             if k in self.fallback and prog.policy == "greedy":
                 prog = replace(prog, policy=f"{self.solver} (greedy's schedule: the compiler refused a better one)")
             if k in self.over and (self.unbuildable is not None or self._late()):
+                if self.unbuildable is None:
+                    self.late_drops.add(k)
                 self._drop(k)  # past the model's register estimate, only the compiler's yes admits it: none to be had
                 continue
             final = self._finish(k, prog, status, fix, exclude)

@@ -256,3 +256,20 @@ def test_compare_keeps_to_the_whole_commands_time_limit(tmp_path, monkeypatch, c
     assert [r[0] for r in _table(md)[2:]] == ["GEMM0"]
     assert "**not reached** before the command's --time-limit (60 s): GEMM1." in md
     assert len(out_of_time) == 2  # GEMM0's greedy and cpsat; nothing of GEMM1
+
+
+def test_compare_goes_on_past_a_configuration_with_no_schedule(tmp_path, monkeypatch) -> None:
+    """A configuration a solver finds no schedule for (InfeasibleError: e.g. every tiling refused by the compiler) is
+    named in the report with the reason, out of every figure, and the other configurations are still solved."""
+    real = ptsolve.optimize
+
+    def refusing(op, **kw):
+        if kw["solver"] == "cpsat" and op.params.get("N") == 1024:  # GEMM0
+            raise ptsolve.errors.InfeasibleError("every tiling was rejected by the compiler: test")
+        return real(op, **kw)
+    monkeypatch.setattr(ptsolve, "optimize", refusing)
+    assert main(["compare", "--only", "GEMM0,GEMM1", "--solvers", "greedy,cpsat", "--no-decoupled", "--jobs", "1",
+                 "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "compare_h100.md").read_text()
+    assert [r[0] for r in _table(md)[2:]] == ["GEMM1"]
+    assert "**no schedule** (left out of every figure above): GEMM0 (cpsat: every tiling was rejected" in md
