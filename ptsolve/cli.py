@@ -442,8 +442,12 @@ def compare_row(c: dict[str, Any], hw: Any, opts: dict[str, Any], jobs: int = 1)
         if s != "greedy":
             row[f"{s}_features"] = "; ".join(f.split(":")[0] for f in r.features)
     if opts["decoupled"]:
-        r = optimize(op, solver="cpsat", decoupled=True, **common())
-        row |= {"decoupled_us": round(r.predicted_us, 3), "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
+        try:
+            r = optimize(op, solver="cpsat", decoupled=True, **common())
+            row |= {"decoupled_us": round(r.predicted_us, 3),
+                    "decoupled_tiling": json.dumps(r.tiling, sort_keys=True)}
+        except InfeasibleError as e:  # the roofline's one tiling refused by the compiler: an empty cell, said why
+            row |= {"decoupled_us": "", "decoupled_failed": str(e).splitlines()[0][:400]}
     if "greedy" in solvers:
         for s in solvers:
             if s != "greedy":
@@ -552,7 +556,7 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
                   for s in exact]
         cells += [f"{r[f'{s}_solve_s']:.2f}" + ("*" if r.get(f"{s}_cached") else "") for s in solvers]
         cells += [f"{r[f'speedup_{s}']:.3f}" for s in speed]
-        cells += ([f"{r['decoupled_us']:.2f}"] if a.decoupled else [])
+        cells += ([f"{r['decoupled_us']:.2f}" if r["decoupled_us"] != "" else "—"] if a.decoupled else [])
         cells += [r[f"{ex}_tiling"].replace('"', ""), r.get(f"{ex}_features", "")]
         assert len(cells) == len(head)
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
@@ -572,6 +576,9 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
         lines += ["", f"**not reached** before the command's --time-limit ({a.time_limit:g} s): {', '.join(missed)}."]
     if failed:
         lines += ["", f"**no schedule** (left out of every figure above): {'; '.join(failed)}."]
+    nodec = [f"{r['config']} ({r['decoupled_failed']})" for r in rows if "decoupled_failed" in r]
+    if nodec:
+        lines += ["", f"**decoupled: no schedule** (—): {'; '.join(nodec)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -273,3 +273,20 @@ def test_compare_goes_on_past_a_configuration_with_no_schedule(tmp_path, monkeyp
     md = (tmp_path / "compare_h100.md").read_text()
     assert [r[0] for r in _table(md)[2:]] == ["GEMM1"]
     assert "**no schedule** (left out of every figure above): GEMM0 (cpsat: every tiling was rejected" in md
+
+
+def test_compare_says_where_the_decoupled_ablation_has_no_schedule(tmp_path, monkeypatch) -> None:
+    """The decoupled ablation schedules the roofline's one tiling; where the compiler refuses it, its cell is '—' and
+    the report says why; the configuration's other columns stand."""
+    real = ptsolve.optimize
+
+    def refusing(op, **kw):
+        if kw.get("decoupled"):
+            raise ptsolve.errors.InfeasibleError("every tiling was rejected by the compiler: roofline's")
+        return real(op, **kw)
+    monkeypatch.setattr(ptsolve, "optimize", refusing)
+    assert main(["compare", "--only", "GEMM0", "--solvers", "greedy,cpsat", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "compare_h100.md").read_text()
+    (row,) = _table(md)[2:]
+    assert row[0] == "GEMM0" and "—" in row
+    assert "**decoupled: no schedule** (—): GEMM0 (every tiling was rejected by the compiler: roofline's)." in md
