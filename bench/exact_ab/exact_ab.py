@@ -131,14 +131,19 @@ def run(out_path: Path) -> None:
                "tflops": {n: round(flops / (u * 1e6), 1) for n, u in us.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out_path.write_text(json.dumps(rows, indent=1))
-    print(report(rows))
+    from ptsolve.provenance import stamp
+    data = {"device": torch.cuda.get_device_name(), **stamp(), "command": "python3 -m bench exact_ab run", "rows": rows}
+    out_path.write_text(json.dumps(data, indent=1))
+    print(report(data))
 
 
-def report(rows: list[dict[str, Any]]) -> str:
+def report(data: list[dict[str, Any]] | dict[str, Any]) -> str:
     """One line per shape: µs of each, class/exact, best peer / the faster of class and exact (what serve.exact.race
-    keeps)."""
-    out = ["| shape | class µs | exact µs | peer µs (best) | class/exact | peer/ours |", "|---|---|---|---|---|---|"]
+    keeps); ``data``: the rows, or the kept file (``rows`` with its device, date, commit and command)."""
+    rows = data["rows"] if isinstance(data, dict) else data
+    out = ([f"# exact_ab: {data['device']}, {data['date']}, commit {data['commit']}",
+            f"command: `{data['command']}`", ""] if isinstance(data, dict) else [])
+    out += ["| shape | class µs | exact µs | peer µs (best) | class/exact | peer/ours |", "|---|---|---|---|---|---|"]
     sp, vs = [], []
     for r in rows:
         u = r["us"]
