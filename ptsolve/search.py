@@ -214,12 +214,22 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
                               + (f" (and {len(s.reasons) - 4} more)" if len(s.reasons) > 4 else ""))
     if solver == "exhaustive":
         _exhaustive_fits(list(s.cands.values()), s.what)
-    if decoupled:  # the paper's ablation: the tiling with the least roofline bound, alone
-        first = min(s.cands.values(), key=lambda c: (c.lb, c.key))
-        s.cands, s.alts = {first.key: first}, {first.key: s.alts[first.key]}
+    # the paper's ablation (decoupled): the tiling with the least roofline bound, alone; where the compiler refuses
+    # every schedule of it, the roofline's next
+    order = sorted(s.cands.values(), key=lambda c: (c.lb, c.key)) if decoupled else []
+    alts = s.alts
     s.say(f"{len(s.cands)} tilings fit; greedy best {min(c.g_obj for c in s.cands.values())} cycles")
     try:
-        prog, status, bound, kc = s.run(fix, exclude)
+        while True:
+            if decoupled:
+                first = order.pop(0)
+                s.cands, s.alts = {first.key: first}, {first.key: alts[first.key]}
+            try:
+                prog, status, bound, kc = s.run(fix, exclude)
+                break
+            except InfeasibleError:
+                if not (order and s.rejected and s.unbuildable is None):
+                    raise
     except BaseException:
         _stop(s.pool)  # SIGINT (KeyboardInterrupt) or an error: no worker may outlive the search
         raise

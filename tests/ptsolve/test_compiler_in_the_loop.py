@@ -142,3 +142,22 @@ def test_past_the_deadline_a_generator_refusal_still_counts(monkeypatch):
     r = _opt(OPS["gemm"](), "h200", "greedy", chk, monkeypatch)
     assert dict(r.tiling) != first and r.kernel_check["status"] == "not compile-checked"
     assert r.rejected and r.rejected[0][0] == first
+
+
+def test_the_decoupled_ablation_takes_the_roofline_next_tiling_the_compiler_builds(monkeypatch):
+    """decoupled: the tiling with the least roofline bound, alone; where the compiler refuses all its schedules, the
+    roofline's next one, never an error while one builds."""
+    op = OPS["gemm"]()
+    ok = lambda p, hw: KernelCheck("ok", kernel="k")  # noqa: E731
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda h: ok)
+    kw = dict(hw="h200", cache=False, compile_check=True, jobs=1, deterministic=True, time_limit=3, replay=False,
+              decoupled=True)
+    shape = lambda t: {k: v for k, v in t.items() if k != "depth"}  # noqa: E731  (the answer's ring may be deepened)
+    first = shape(ptsolve.optimize(op, **kw).tiling)
+
+    def chk(p, hw):
+        return KernelCheck("rejected", "serialised") if shape(p.graph.tiling) == first else ok(p, hw)
+    monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda h: chk)
+    r = ptsolve.optimize(op, **kw)
+    assert shape(r.tiling) != first and r.kernel_check["status"] == "ok"
+    assert r.rejected and all(shape(t) == first for t, _ in r.rejected)
