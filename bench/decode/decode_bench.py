@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+REF_CHUNK = 1 << 29  # score elements of one reference chunk (2 GiB in float32)
 MODELS = {"llama3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64), "falcon-7b": (71, 1, 64)}
 
 
@@ -158,8 +159,9 @@ def precompile(plans: Path) -> None:
 
 
 def refs(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
-    """(float32 reference, the same math in the inputs' precision), batch by batch (a long KV cache expanded to
-    every query head in float32 would not fit)."""
+    """(float32 reference, the same math in q's dtype), q [B, Sq, H, D], k / v [B, Skv, Hkv, D], causal
+    bottom-right; by batch and head chunks, so neither a long KV cache expanded to every query head nor a 16k x 16k
+    score matrix exists whole in float32. Rows that see no key are zeros (FlashAttention's output there)."""
     import torch
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
@@ -168,15 +170,19 @@ def refs(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
     if causal:
         i = torch.arange(Sq, device=q.device)[:, None]
         mask = torch.arange(Skv, device=q.device)[None, :] > i + (Skv - Sq)
+    hc = max(1, min(H, REF_CHUNK // max(1, Sq * Skv)))
     for b in range(B):
-        for dst, dt in ((hi, torch.float32), (lo, q.dtype)):
-            qb = q[b].to(dt).transpose(0, 1)                                   # H, Sq, D
-            kb = k[b].to(dt).transpose(0, 1).repeat_interleave(H // Hkv, 0)    # H, Skv, D
-            vb = v[b].to(dt).transpose(0, 1).repeat_interleave(H // Hkv, 0)
-            s = (qb @ kb.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-            if mask is not None:
-                s = s.masked_fill(mask, float("-inf"))
-            dst[b] = (torch.softmax(s, dim=-1) @ vb).transpose(0, 1).to(dst.dtype)
+        for h0 in range(0, H, hc):
+            hs = torch.arange(h0, min(H, h0 + hc), device=q.device)
+            for dst, dt in ((hi, torch.float32), (lo, q.dtype)):
+                qb = q[b, :, h0:h0 + len(hs)].transpose(0, 1).to(dt)              # h, Sq, D
+                kb = k[b].transpose(0, 1)[hs // (H // Hkv)].to(dt)                 # h, Skv, D
+                vb = v[b].transpose(0, 1)[hs // (H // Hkv)].to(dt)
+                s = (qb @ kb.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+                if mask is not None:
+                    s = s.masked_fill(mask, float("-inf"))
+                o = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ vb
+                dst[b, :, h0:h0 + len(hs)] = o.transpose(0, 1).to(dst.dtype)
     return hi, lo
 
 

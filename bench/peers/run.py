@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.decode.decode_bench import refs as attention_refs
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -37,7 +39,6 @@ TILELANG_ABSENT = ("not built in this round: issue 35's TileLang kernels (pipeli
                    "GEMM) are still to be written; tilelang 0.1.15 is a 47 MiB wheel plus z3-solver and pins "
                    "apache-tvm-ffi<0.1.13")
 ROTATE_BYTES = 200e6
-REF_CHUNK = 1 << 29  # score elements of one reference chunk (2 GiB in float32)
 
 
 def nsets(bytes_per_set: float) -> int:
@@ -46,34 +47,6 @@ def nsets(bytes_per_set: float) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ references
-
-
-def attention_refs(q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
-    """(float32 reference, the same math in q's dtype), q [B, Sq, H, D], k / v [B, Skv, Hkv, D], causal
-    bottom-right; by batch and head chunks, so a 16k x 16k score matrix never exists whole. Rows that see no key
-    are zeros (FlashAttention's output there)."""
-    import torch
-    B, Sq, H, D = q.shape
-    Skv, Hkv = k.shape[1], k.shape[2]
-    hi, lo = torch.empty(q.shape, dtype=torch.float32, device=q.device), torch.empty_like(q)
-    mask = None
-    if causal:
-        i = torch.arange(Sq, device=q.device)[:, None]
-        mask = torch.arange(Skv, device=q.device)[None, :] > i + (Skv - Sq)
-    hc = max(1, min(H, REF_CHUNK // max(1, Sq * Skv)))
-    for b in range(B):
-        for h0 in range(0, H, hc):
-            hs = torch.arange(h0, min(H, h0 + hc), device=q.device)
-            for dst, dt in ((hi, torch.float32), (lo, q.dtype)):
-                qb = q[b, :, h0:h0 + len(hs)].transpose(0, 1).to(dt)              # h, Sq, D
-                kb = k[b].transpose(0, 1)[hs // (H // Hkv)].to(dt)                 # h, Skv, D
-                vb = v[b].transpose(0, 1)[hs // (H // Hkv)].to(dt)
-                s = (qb @ kb.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-                if mask is not None:
-                    s = s.masked_fill(mask, float("-inf"))
-                o = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ vb
-                dst[b, :, h0:h0 + len(hs)] = o.transpose(0, 1).to(dst.dtype)
-    return hi, lo
 
 
 def varlen_refs(q: Any, k: Any, v: Any, cq: list[int], ck: list[int], causal: bool) -> tuple[Any, Any]:
