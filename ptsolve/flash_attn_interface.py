@@ -14,7 +14,8 @@ softmax LSE, ``seqused_q`` / ``seqused_k``, appending ``k`` / ``v`` into the cac
 grad). ``num_splits``,
 ``pack_gqa`` and ``deterministic`` are FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses
 its own splits and packing, and its forward pass is deterministic, so they are accepted and have no effect.
-What runs is ``ptsolve.torch``: head_dim 64 or 128, fp16 or bf16, causal masks bottom-right aligned, GQA / MQA.
+What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256 (``flash_attn_with_kvcache``: 64 or 128), fp16
+or bf16, causal masks bottom-right aligned, GQA / MQA.
 """
 from __future__ import annotations
 

@@ -26,16 +26,16 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
              deterministic: bool = False, replay: bool = True, kernel_check: Checker | None = None) -> Result:
     """Best pipeline schedule of ``op`` (an operator from ptsolve.ops, searched over its tilings, or one
     sTask-graph) on ``hw`` with ``solver`` ("cpsat", "milp" / "milp-highs", "milp-cbc", "greedy",
-    "exhaustive"). ``time_limit``: wall-clock seconds for the whole call, compile checks included; a time-limited
-    search returns its best schedule with status TIME_LIMIT and its gap. ``fix`` pins tiling keys (e.g.
+    "exhaustive"). ``time_limit``: wall-clock seconds for the solves; a time-limited search returns its best
+    schedule with status TIME_LIMIT and its gap, after the compiler has checked it (those checks may run past it).
+    ``fix`` pins tiling keys (e.g.
     ``{"ctas": 1}``: one CTA per SM): only the operator's tilings with those values are searched. Results are cached
     (see ptsolve.cache); a cache hit has ``cached=True`` and keeps the date and solve time of the search that produced
     it. ``compile_check``: the compiler in the loop (ptsolve.kernelcheck): the answer is the best schedule whose kernel
     the compiler builds without spills or a serialised tensor-core pipeline; a refused schedule gives way to its
     tiling's next one (the declared issue order, then greedy's), never dropping a tiling unasked (ptsolve.search);
-    ``kernel_check`` and ``rejected`` say what happened ("not compile-checked" where no code generator or compiler is
-    installed, or the time limit ran out first: a code generator's immediate refusal is still heard up to
-    ``search.REFUSAL_GRACE_S`` past it, so a tiling it cannot build is not the answer); None: on unless
+    ``kernel_check`` and ``rejected`` say what happened ("not compile-checked" only where no code generator or
+    compiler is installed: the time limit bounds the solves, never the answer's checks); None: on unless
     ``PTSOLVE_COMPILE_CHECK=0``. ``deterministic``: a reproducible search, ``time_limit`` then a budget of
     CP-SAT deterministic time, not seconds (ptsolve.search.search; cpsat, cpsat-orders, greedy, exhaustive only).
     An operator with declared issue orders (FlashAttention's FA3 order) gets the best schedule of those orders on the
@@ -68,7 +68,10 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
                         if kernel_check and compile_check else ()))
     if cache:
         hit = cache_mod.get(k, time_limit)
-        if hit is not None:
+        # an answer kept before the checks ran past the time limit may be one the compiler was never asked about
+        unchecked = chk is not None and hit is not None and (hit.kernel_check or {}).get("status") == \
+            "not compile-checked"
+        if hit is not None and not unchecked:
             return replace(hit, cached=True)
     t0 = time.perf_counter()
     kw = dict(solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,

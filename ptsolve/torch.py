@@ -11,8 +11,9 @@ out = pt.mamba_chunk_scan(cb, x, dt, dA_cumsum, C, states)   # mamba_ssm's layou
 flash-attn's) and ``flash_attention_kvcache`` (decode against a preallocated cache, the lengths on the device) run
 FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
 bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is zeros, as FlashAttention returns),
-GQA / MQA (heads a multiple of kv_heads), head_dim 64 or 128. Dense attention of at most 16 query positions (decode,
-speculative verification) runs the split-KV decode kernel: a query tile packs the GQA group's heads with the
+GQA / MQA (heads a multiple of kv_heads), head_dim 64, 96, 128, 192 or 256. Dense attention of at most 16 query
+positions (decode, speculative verification) with head_dim 64 or 128 runs the split-KV decode kernel: a query
+tile packs the GQA group's heads with the
 positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
 a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``ptsolve.serve``: the shipped
 table, or solved on first use where OR-Tools is installed), compiles that class's kernel once (the cubin is cached
@@ -131,7 +132,8 @@ def _decodes(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Does dense attention of these shapes run the split-KV decode kernel: at most DECODE_MAX_SEQ_Q query positions
     (the GQA group's heads and the positions share one packed query tile, the keys are split across CTAs), every one
     of which sees a key?"""
-    return q.shape[1] <= _gen().DECODE_MAX_SEQ_Q and not (causal and q.shape[1] > k.shape[1])
+    return q.shape[1] <= _gen().DECODE_MAX_SEQ_Q and not (causal and q.shape[1] > k.shape[1]) \
+        and q.shape[-1] in _gen().DECODE_HEAD_DIMS
 
 
 def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:

@@ -9,7 +9,8 @@ no exact-shape kernel (the harness runs dense shapes only): absent there.
 The solves run against a work cache (``--work``, schedules and every compile check's cubins); only the cubins the run
 launches are copied into ``--out`` (``<out>/cubin/``, with ``plans.json``), packed as ``--pack`` (tar.xz) for the
 device call. Rows already in ``plans.json`` are kept (``--force`` solves them again); their plans are emitted and
-compiled again by the checkout's code generator (cached), so a pack made after the code moved on is current.
+compiled again by the checkout's code generator (cached), so a pack made after the code moved on is current; a kept
+plan whose kernel spills or serialises is solved again.
 
     python -m bench peers prepare [--only TEXT] [--limit N] [--time-limit 30]
 """
@@ -168,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     plans["classes"] = class_kernels()
     print(f"{len(plans['classes'])} class kernels compiled ({time.time() - t0:.0f} s)", flush=True)
     for row in select(rows(), a.only, a.limit):
-        if row["workload"] not in EXACT_OP or (row["name"] in plans["rows"] and not a.force):
+        kept = plans["rows"].get(row["name"])
+        # a kept plan whose kernel spills or serialises was never asked of the compiler (the time limit once cut the
+        # checks short): solved again
+        if row["workload"] not in EXACT_OP or (kept and not a.force and not kept.get("spills")
+                                               and not kept.get("serialized")):
             continue
         rec = plans["rows"][row["name"]] = {"shape": row["shape"], **solve(row, a.time_limit)}
         print(row["name"], rec.get("status", rec.get("error")), rec.get("tiling", ""), rec.get("predicted_us", ""),

@@ -4,8 +4,8 @@ Deterministic (the varlen lengths come from seeded generators and are written in
 that the whole GPU run fits in a few minutes on an H200: 16k-token prefills run at batch 1, batch x sequence stays
 at or under 32k tokens, a decode batch's caches hold at most 262k tokens (64 x 4097 ... 1 x 131072), and the LLM
 projections at M = 16384 take N x K up to 4096 x 14336 (the 16384^3 square aside). The model families' heads (query
-/ kv heads, head_dim) are shapes.md's; Phi-3 (head_dim 96) and Gemma-2 (head_dim 256) are left out: ptsolve's
-attention covers head_dim 64 and 128 only.
+/ kv heads, head_dim) are shapes.md's; Phi-3 (head_dim 96) and Gemma-2 (head_dim 256) have prefill rows only (their
+short queries run the prefill kernel: the split-KV decode kernel covers head_dim 64 and 128).
 
     python -m bench peers suite            # one line per row
     python -m bench peers suite --json     # the rows as JSON
@@ -21,7 +21,8 @@ from typing import Any
 # shapes.md's model families: query heads, kv heads, head_dim
 MODELS: dict[str, tuple[int, int, int]] = {
     "llama3-8b": (32, 8, 128), "llama3-70b": (64, 8, 128), "qwen2.5-7b": (28, 4, 128),
-    "qwen2.5-0.5b": (14, 2, 64), "gpt2": (12, 12, 64), "falcon-7b": (71, 1, 64)}
+    "qwen2.5-0.5b": (14, 2, 64), "gpt2": (12, 12, 64), "falcon-7b": (71, 1, 64), "phi3-mini": (32, 32, 96),
+    "gemma2-2b": (8, 4, 256)}
 
 # dense prefill: (model, batch, seq_q, seq_kv, causal); seq_q < seq_kv is a prompt chunk against its cache
 # (bottom-right causal)
@@ -40,6 +41,8 @@ PREFILL: tuple[tuple[str, int, int, int, bool], ...] = (
     ("gpt2", 8, 2047, 2047, True), ("gpt2", 1, 8192, 8192, False),
     ("falcon-7b", 16, 128, 128, False), ("falcon-7b", 16, 511, 511, True), ("falcon-7b", 4, 2047, 2047, False),
     ("falcon-7b", 1, 4097, 4097, True), ("falcon-7b", 1, 16384, 16384, False),
+    ("phi3-mini", 16, 511, 511, False), ("phi3-mini", 4, 2047, 2047, True), ("phi3-mini", 1, 8192, 8192, False),
+    ("gemma2-2b", 16, 1000, 1000, True), ("gemma2-2b", 4, 4097, 4097, False), ("gemma2-2b", 1, 8192, 8192, True),
     # seq_q < seq_kv: bottom-right causal (and one without the mask)
     ("llama3-8b", 4, 511, 4097, True), ("llama3-8b", 1, 2047, 16384, True), ("llama3-8b", 32, 64, 2047, True),
     ("llama3-70b", 2, 1000, 8192, True), ("qwen2.5-7b", 4, 128, 4097, False), ("qwen2.5-0.5b", 16, 17, 1000, True),

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
+from ptsolve.geometry.attention import head_cols
+from ptsolve.ir import DTYPE_BYTES
 
 from ..kernel_ir import KernelIR, Role
 from .common import CTYPE, PACK2, PTXTYPE, TensorMapSpec, check_dtype, wgmma_rs, wgmma_ss
@@ -31,8 +33,10 @@ def check_tile(op: str, ir: KernelIR) -> None:
     """CodegenError unless the task bodies (shared with flash_decode) take the dtype, head_dim and query rows."""
     p, t = ir.params, ir.tiling
     check_dtype(p)
-    if p["head_dim"] not in (64, 128):
-        raise UnsupportedOperatorError(f"{op}: the CUDA generator supports head_dim 64 or 128, got {p['head_dim']}")
+    D = p["head_dim"]
+    if D % 16 or not 64 <= D <= 256 or (op != "flash_attention" and D not in (64, 128)):
+        what = "a multiple of 16 from 64 to 256" if op == "flash_attention" else "64 or 128"
+        raise UnsupportedOperatorError(f"{op}: the CUDA generator supports head_dim {what}, got {D}")
     if t["BM"] != 64 * t["groups"]:
         raise CodegenError(f"{op}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
 
@@ -62,13 +66,20 @@ def sizes(p: Mapping[str, Any], t: Mapping[str, int]) -> dict[str, int]:
             "NMB": nmb, "NTILES": nmb * p["heads"] * p["batch"]}
 
 
+def _dp(ir: KernelIR) -> str:
+    """The head-dim columns of the tiles and of O in the kernel's source: ``D``, or ``DP`` where head_dim is not whole
+    swizzle atoms (geometry.attention.head_cols; a head_dim-64/128 kernel's source does not change)."""
+    return "D" if head_cols(ir.params["head_dim"]) == ir.params["head_dim"] else "DP"
+
+
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     D = p["head_dim"]
+    dp = "" if _dp(ir) == "D" else f"DP = {head_cols(D)}, "
     scale = ("" if ir.generic else
              f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
              "  constexpr int* cu_q = nullptr; constexpr int* cu_k = nullptr;\n")
-    return (f"  constexpr int D = {D}, DCH = D / 64, BM = {t['BM']}, BN = {t['BN']};\n"
+    return (f"  constexpr int D = {D}, {dp}DCH = {_dp(ir)} / 64, BM = {t['BM']}, BN = {t['BN']};\n"
             f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n" + scale +
             "  const bool VARLEN = cu_q != nullptr; (void)VARLEN;")
 
@@ -106,7 +117,8 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
 
 def _decls(ir: KernelIR, role: Role) -> str:
     g = role.group
-    out = [f"constexpr int ROW0 = {64 * g};", "float o[D / 2];", "float m_r[2], l_r[2], alpha[2], muse[2], inv_l[2];"]
+    out = [f"constexpr int ROW0 = {64 * g};", f"float o[{_dp(ir)} / 2];",
+           "float m_r[2], l_r[2], alpha[2], muse[2], inv_l[2];"]
     for i in range(_copies(ir, "p", g)):
         out += [f"uint32_t pf{i}_flat[BN / 4];",
                 f"uint32_t (&pf{i})[BN / 16][4] = *reinterpret_cast<uint32_t (*)[BN / 16][4]>(pf{i}_flat);"]
@@ -155,7 +167,7 @@ def _body(t: Task) -> str:
                 f"    tma_load_4d({dst} + c * {rows} * 128, &tm_{b[-1]}, fbar_, c * 64, {head}, {r0} + {row}, {bb});")
     S = _buf(t, "sacc")
     if b == "init":
-        return ("#pragma unroll\nfor (int i = 0; i < D / 2; ++i) o[i] = 0.f;\n"
+        return (f"#pragma unroll\nfor (int i = 0; i < {_dp(ir)} / 2; ++i) o[i] = 0.f;\n"
                 "m_r[0] = m_r[1] = -INFINITY; l_r[0] = l_r[1] = 0.f; alpha[0] = alpha[1] = 0.f; "
                 "muse[0] = muse[1] = 0.f;")
     if b == "mma_qk":
@@ -201,7 +213,8 @@ def _body(t: Task) -> str:
         P = _buf(t, "pf")
         lines = ["  const uint32_t sv = smem_u32(v_cur);", "  wg_fence();"]
         for kk in range(BN // 16):
-            lines.append(f"  wgmma_rs_n{D}_{PTXTYPE[dt]}_t1(o, {P}[{kk}], make_desc(sv + {kk * 16 * 128}, BN * 128, "
+            lines.append(f"  wgmma_rs_n{head_cols(D)}_{PTXTYPE[dt]}_t1(o, {P}[{kk}], make_desc(sv + {kk * 16 * 128}, "
+                         "BN * 128, "
                          "1024));")
         return "\n".join([*lines, "  wg_commit();"])
     if b == "normalize":
@@ -238,6 +251,16 @@ def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...
             tensor_map("v", dt, D, Hkv, SKV, B, (SKV * Hkv * D, Hkv * D, D), t["BN"]))
 
 
+def _fill_bytes(ir: KernelIR, task: str) -> str | None:
+    """TMA counts the whole box, zero-filled columns past head_dim included: where the tiles are padded
+    (geometry.attention.head_cols) a fill delivers more bytes than the load reads from memory (the task's bytes)."""
+    p, t = ir.params, ir.tiling
+    cols = head_cols(p["head_dim"])
+    if cols == p["head_dim"]:
+        return None
+    return str(({"load_q": t["BM"]}.get(task) or t["BN"]) * cols * DTYPE_BYTES[p["dtype"]])
+
+
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
     out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),)
     if ir.generic:
@@ -248,10 +271,10 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
 
 REGISTRY["flash_attention"] = OpKernel(
     op="flash_attention", check=_check,
-    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"],
+    device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(head_cols(ir.params["head_dim"]),
                                                                                 ir.params["dtype"], 1),
     consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature,
     # a query block that sees no key is stored as zeros and skipped (T <= 0), so every tile that runs has T >= 1
     tiles=_tiles, decls=_decls, body=_body, early={"rowsum": "exp2"}, min_trips=1,
     info=lambda ir: {"score_buffers": [_copies(ir, "s", g) for g in range(ir.groups)]},
-    sizes=sizes, size_params=SIZE_PARAMS)
+    sizes=sizes, size_params=SIZE_PARAMS, fill_bytes=_fill_bytes)

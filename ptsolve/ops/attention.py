@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import arguments
 from ..errors import ShapeError
+from ..geometry.attention import head_cols
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STask, STaskGraph
 from .base import WG_ROWS, OpSpec, TextbookPlan, cdiv, check_keys, dtype_ok, positive, reg, register, smem, sms_of, task
@@ -90,29 +91,31 @@ def kept_pairs(p: dict[str, Any]) -> int:
     return sum(min(skv, i + off + 1) for i in range(sq))
 
 
-def qkv_loads(BM: int, BN: int, D: int, dt: str, q_rows: int, reuse: float) -> list[STask]:
+def qkv_loads(BM: int, BN: int, D: int, dt: str, q_rows: int, reuse: float, cols: int | None = None) -> list[STask]:
     """The producer's loads (FlashAttention's and flash_decode's): the BM x D query tile once per CTA, of which
-    ``q_rows`` rows carry data, and a BN x D key and value tile per iteration, each reread ``reuse`` times from L2."""
-    e = DTYPE_BYTES[dt]
+    ``q_rows`` rows carry data, and a BN x D key and value tile per iteration, each reread ``reuse`` times from L2;
+    each tile takes ``cols`` (geometry.attention.head_cols, default D) columns of shared memory."""
+    e, c = DTYPE_BYTES[dt], cols or D
     return [
         task("load_q", "load", phase="pre", tile=(BM, D), dtype=dt, bytes=q_rows * D * e, is_async=True,
-             allocs=(smem("q", BM * D * e),)),
+             allocs=(smem("q", BM * c * e),)),
         task("load_k", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("k", BN * D * e),)),
+             allocs=(smem("k", BN * c * e),)),
         task("load_v", "load", tile=(BN, D), dtype=dt, bytes=BN * D * e, reuse=reuse, is_async=True,
-             allocs=(smem("v", BN * D * e),)),
+             allocs=(smem("v", BN * c * e),)),
     ]
 
 
-def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool) -> list[STask]:
+def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool, cols: int | None = None) -> list[STask]:
     """Consumer warpgroup ``g``'s online-softmax tasks over ``r`` query rows (FlashAttention's and flash_decode's):
     init, S = QKᵀ, rowmax, exp2, rowsum (packs P), rescale, O += PV, normalize; ``out``: normalize writes O to a
     shared-memory buffer for a TMA store. The softmax needs no working set beyond O, S, P and the table's
-    reg_overhead: ptxas's demand is that sum (codegen.regfit, bench study regfit)."""
-    s, e = f"@{g}", DTYPE_BYTES[dt]
+    reg_overhead: ptxas's demand is that sum (codegen.regfit, bench study regfit). O's accumulator and P·V span
+    ``cols`` head-dim columns (geometry.attention.head_cols, default D)."""
+    s, e, c = f"@{g}", DTYPE_BYTES[dt], cols or D
     return [
         task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
-             allocs=(reg("o" + s, r * D * 4), reg("ml" + s, 2 * r * 4))),
+             allocs=(reg("o" + s, r * c * 4), reg("ml" + s, 2 * r * 4))),
         task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
              reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
         task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
@@ -124,7 +127,7 @@ def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool) -> list
              reads=("s" + s, "ml" + s), frees=("s" + s,), allocs=(reg("p" + s, r * BN * e),)),
         task("rescale" + s, "vector", tile=(r, D), dtype="fp32", flops=r * D + r, sfu=r, group=g,
              reads=("o" + s, "ml" + s)),
-        task("mma_pv" + s, "mma", tile=(r, D, BN), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
+        task("mma_pv" + s, "mma", tile=(r, c, BN), dtype=dt, flops=2 * r * BN * c, is_async=True, group=g,
              reads=("p" + s, "v", "o" + s), frees=("p" + s, "v")),
         task("normalize" + s, "vector", phase="post", tile=(r, D), dtype="fp32", flops=r * D, sfu=r, group=g,
              reads=("o" + s, "ml" + s), allocs=(smem("out" + s, r * D * e),) if out else ()),
@@ -159,12 +162,13 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     trips = trip_counts(p, BM, BN)
     group = H // Hkv
     reuse = min(len(trips) * group, sms_of(hw))  # Q blocks of a head and heads of a GQA group reread a K/V tile
-    tasks = qkv_loads(BM, BN, D, dt, BM, reuse)
+    cols = head_cols(D, hw.arch if hw is not None else None)
+    tasks = qkv_loads(BM, BN, D, dt, BM, reuse, cols)
     edges = []
     for g in range(W):
         s = f"@{g}"
         r = rows
-        tasks += [*warpgroup_tasks(g, rows, D, BN, dt, out=True),
+        tasks += [*warpgroup_tasks(g, rows, D, BN, dt, out=True, cols=cols),
                   task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True,
                        group=g, reads=("out" + s,))]
         edges += warpgroup_edges(g)

@@ -11,7 +11,8 @@ from . import exact, prepared
 from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
 from .kernels import kernel
 
-HEAD_DIMS = (64, 128)
+# FlashAttention-3's head dims; 96 runs in padded 128-column tiles (ptsolve.geometry.attention.head_cols)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 # GQA ratio (heads / kv_heads) buckets: (lowest ratio, name, the ratio the representative shape uses)
 GQA_BUCKETS = ((1, "1", 1), (2, "2-4", 4), (5, "5+", 8))
 

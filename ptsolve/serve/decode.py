@@ -12,7 +12,7 @@ from typing import Any
 from ptsolve.errors import PtsolveError, ShapeError
 
 from . import prepared
-from .attention import HEAD_DIMS, attention_class
+from .attention import attention_class
 from .classes import DTYPES, HW, OpClasses, ShapeClass, register
 from .kernels import kernel
 from .table import class_program
@@ -23,6 +23,8 @@ DECODE_REPLAY_TRIPS = 16
 DECODE_REP_SPLITS = 16  # pieces of the decode classes' representative (1 batch x 8 kv heads: 128 piece CTAs)
 
 DECODE_MAX_SEQ_Q = 16  # query positions up to which attention runs the split-KV decode kernel
+# head dims the split-KV kernel covers; short queries of the others run the prefill kernel (ptsolve.torch)
+DECODE_HEAD_DIMS = (64, 128)
 
 
 def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, seq_q: int) -> ShapeClass:
@@ -30,6 +32,9 @@ def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: 
     packs at most 64 rows (the GQA group's heads times the positions), else two; ShapeError for a head_dim or dtype
     the kernels do not cover."""
     attention_class(dtype, head_dim, causal, heads, kv_heads)  # the same checks
+    if head_dim not in DECODE_HEAD_DIMS:
+        raise ShapeError(f"head_dim={head_dim}: the split-KV decode kernel covers head_dim {DECODE_HEAD_DIMS}; "
+                         "ptsolve.torch.flash_attention runs short queries of other head dims with the prefill kernel")
     if not 1 <= seq_q <= DECODE_MAX_SEQ_Q:
         raise ShapeError(f"seq_q={seq_q}: the split-KV decode kernel takes 1..{DECODE_MAX_SEQ_Q} query positions")
     groups = 1 if heads // kv_heads * seq_q <= 64 else 2
@@ -87,7 +92,7 @@ def _fix(c: ShapeClass) -> dict[str, int]:
 def _classes() -> list[ShapeClass]:
     out: list[ShapeClass] = []
     for d in DTYPES:
-        for hd in HEAD_DIMS:
+        for hd in DECODE_HEAD_DIMS:
             for causal in (False, True):
                 for w in (1, 2):
                     # a two-warpgroup class's variants include the one-warpgroup class, listed already

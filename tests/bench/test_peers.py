@@ -41,7 +41,7 @@ def test_prefill_covers_batches_lengths_masks_and_head_layouts(rows):
     assert {1000, 2047, 4097} <= seqs  # ragged lengths
     assert {True, False} == {s["causal"] for s in pf}
     assert any(s["seq_q"] < s["seq_kv"] and s["causal"] for s in pf)  # bottom-right
-    assert {64, 128} == {s["head_dim"] for s in pf}
+    assert {64, 96, 128, 256} == {s["head_dim"] for s in pf}  # shapes.md's head dims
     assert any(1 < s["heads"] // s["kv_heads"] < s["heads"] for s in pf)  # GQA
     assert any(s["kv_heads"] == 1 for s in pf) and any(s["kv_heads"] == s["heads"] for s in pf)  # MQA, MHA
     assert all(s["batch"] == 1 for s in pf if max(s["seq_q"], s["seq_kv"]) > 8192)  # the giant rows capped

@@ -100,6 +100,11 @@ PLANS = {
     "fa_d128_g2_fa3_persistent": fa3_order_plan(fa(causal=True, batch=8), T2 | {"persistent": 1}),
     "fa_d64_g3_fa3": fa3_order_plan(fa(head_dim=64, heads=6, kv_heads=3), {"BM": 192, "BN": 64, "depth": 2,
                                                                           "groups": 3}),
+    # head dims off the 64-column swizzle atom are padded tiles (geometry.attention.head_cols); 192 and 256 whole
+    "fa_d96_g2_fa3": fa3_order_plan(fa(head_dim=96), T2),
+    "fa_d80_g2_causal": default_plan("flash_attention", fa(head_dim=80, causal=True, dtype="fp16"), T2 | {"BN": 64}),
+    "fa_d192_g2_fa3": fa3_order_plan(fa(head_dim=192), T2 | {"BN": 64}),
+    "fa_d256_g2_causal": default_plan("flash_attention", fa(head_dim=256, causal=True), T2 | {"BN": 64}),
     "fa_greedy_turns": GREEDY,
     "fa_cpsat_turns": CPSAT,
     "fa_cpsat_turns_causal_persistent": dataclasses.replace(CPSAT, params=fa(causal=True, batch=8),
@@ -170,6 +175,23 @@ def test_ptx_has_wgmma_and_tma(compiled, name):
         assert needle in ptx, needle
     if name.startswith(("cs", "st")):  # generic-proxy reads of a slot are fenced before it is released
         assert "fence.proxy.async.shared::cta" in ptx
+
+
+@pytest.mark.parametrize("D,cols", [(64, 64), (80, 128), (96, 128), (128, 128), (192, 192), (256, 256)])
+def test_padded_head_dims_expect_the_whole_box(D, cols):
+    """TMA counts the zero-filled columns past head_dim: a padded tile's fills expect BM (or BN) x cols x 2 bytes,
+    P·V runs cols wide, Q·Kᵀ only the k-steps that carry data, and the store writes head_dim columns."""
+    p = fa(head_dim=D)
+    ks = emit(default_plan("flash_attention", p, T2 | {"BN": 64}))
+    box = {"q": 128 * cols * 2, "kv": 64 * cols * 2}
+    if cols != D:
+        assert f"mbar_expect_tx(pre_full, {box['q']});" in ks.source and f", {box['kv']});" in ks.source
+        assert f"DP = {cols}" in ks.source
+    else:
+        assert "DP" not in ks.source
+    assert f"wgmma_rs_n{cols}_" in ks.source and (cols == D or f"wgmma_rs_n{D}_" not in ks.source)
+    # per warpgroup, the k-steps after the first (the _z one zero-fills), and the device function's definition
+    assert ks.source.count("wgmma_ss_n64_bf16(") == 2 * (D // 16 - 1) + 1
 
 
 def test_cache_hit(compiled, tmp_path, monkeypatch):

@@ -176,6 +176,14 @@ def test_gemm_without_turns():
     (_fa(4, 16, 4, 1000, 1000, 128, False), T2 | {"persistent": 1}, "plain"),
     (_fa(3, 32, 8, 777, 1000, 64, True, "fp16"), {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "persistent": 1},
      "overlap"),
+    # head dims off the 64-column atom (padded tiles, zero-filled by TMA), and the wide ones
+    (_fa(2, 8, 2, 1000, 1000, 96, False), T2, "fa3"),
+    (_fa(2, 8, 2, 777, 1000, 96, True, "fp16"), T2 | {"persistent": 1}, "plain"),
+    (_fa(1, 4, 4, 333, 333, 80, True), T2 | {"BN": 64}, "overlap"),
+    (_fa(2, 8, 2, 1000, 1000, 192, False), T2 | {"BN": 64}, "fa3"),
+    (_fa(2, 8, 8, 700, 1000, 192, True, "fp16"), T2 | {"BN": 64}, "plain"),
+    (_fa(2, 8, 2, 1000, 1000, 256, False, "fp16"), T2 | {"BN": 64}, "fa3"),
+    (_fa(1, 16, 2, 1000, 1000, 256, True), T2 | {"BN": 64, "persistent": 1}, "plain"),
     # tiny sequences: one key block, one query row
     (_fa(2, 4, 2, 1, 1, 128, False), T2, "fa3"),
     (_fa(2, 4, 2, 1, 1000, 128, True), T2, "plain"),

@@ -58,6 +58,10 @@ SHAPES = [  # B, Sq, Skv, H, Hkv, D, causal, dtype
     (1, 2000, 6000, 4, 4, 64, False, "fp16"),
     (2, 200, 200, 16, 1, 64, True, "fp16"),      # MQA
     (1, 333, 333, 32, 4, 128, False, "bf16"),    # GQA 8
+    (2, 300, 300, 8, 8, 96, True, "fp16"),       # Phi-3's head_dim: padded tiles
+    (1, 4, 700, 8, 8, 96, True, "fp16"),         # a short query of head_dim 96: the prefill kernel, not decode's
+    (1, 513, 513, 4, 2, 192, False, "fp16"),
+    (2, 333, 1000, 8, 4, 256, True, "fp16"),     # Gemma-2's
 ]
 
 
@@ -83,7 +87,8 @@ def test_softmax_scale_and_strided_inputs(torch, pt):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dt,D,H,Hkv", [("bf16", 128, 8, 2), ("fp16", 64, 4, 4)])
+@pytest.mark.parametrize("dt,D,H,Hkv", [("bf16", 128, 8, 2), ("fp16", 64, 4, 4), ("fp16", 96, 8, 8),
+                                        ("fp16", 256, 8, 4)])
 def test_varlen(torch, pt, causal, dt, D, H, Hkv):
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
     lq, lk = [1, 77, 300, 5, 129], [1, 77, 500, 3, 129]  # one sequence with seq_q > seq_kv
@@ -162,8 +167,8 @@ def test_fake_impls_opcheck(torch, pt):
 
 def test_errors_name_the_fix(torch, pt):
     from ptsolve.errors import ShapeError
-    q = torch.randn(1, 16, 2, 96, device="cuda", dtype=torch.float16)
-    with pytest.raises(ShapeError, match="head_dim=96"):
+    q = torch.randn(1, 16, 2, 80, device="cuda", dtype=torch.float16)
+    with pytest.raises(ShapeError, match="head_dim=80"):
         pt.flash_attention(q, q, q)
     with pytest.raises(ShapeError, match="float16"):
         pt.flash_attention(q.float(), q.float(), q.float())

@@ -84,7 +84,7 @@ def test_a_refused_schedule_keeps_its_tiling(monkeypatch):
 
 @pytest.mark.parametrize("head_dim", [96, 256])
 def test_an_operator_no_generator_builds_is_answered_at_once(head_dim, monkeypatch):
-    """head_dim 96 / 256: the generator refuses the operator, not a schedule. The first verdict stops the checks:
+    """A generator that refuses the operator (mocked here), not a schedule: the first verdict stops the checks:
     the model's answer comes back marked, after one compile check, not one per tiling."""
     calls = []
 
@@ -123,9 +123,9 @@ def test_a_given_kernel_check_replaces_the_registered_one(monkeypatch):
         ptsolve.optimize(OPS["gemm"](), hw="h200", cache=False, compile_check=True, kernel_check="nvcc")
 
 
-def test_past_the_deadline_a_generator_refusal_still_counts(monkeypatch):
-    """Out of time, the answer is not compile-checked, but a schedule the code generator refuses at once (a tiling
-    it cannot build) is still not the answer: the refusal comes within the grace, nvcc's slow verdict does not."""
+def test_past_the_deadline_the_answer_is_still_compile_checked(monkeypatch):
+    """Out of time, the answer is still one the compiler was asked about: a slow refusal (nvcc's seconds) counts as
+    much as the generator's immediate one, and the answer is the next schedule the compiler passes, marked ok."""
     import time
 
     from ptsolve import search
@@ -133,15 +133,17 @@ def test_past_the_deadline_a_generator_refusal_still_counts(monkeypatch):
     monkeypatch.setattr(search._Search, "_late", lambda self: True)
     free = _opt(OPS["gemm"](), "h200", "greedy", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
     first = dict(free.tiling)
+    asked = []
 
     def chk(p, hw):
+        asked.append(dict(p.graph.tiling))
+        time.sleep(0.3)  # nvcc's verdict comes after the deadline
         if dict(p.graph.tiling) == first:
-            return KernelCheck("unsupported", "the generator cannot build it")  # at once
-        time.sleep(3 * search.REFUSAL_GRACE_S)  # nvcc: too slow for the grace
+            return KernelCheck("rejected", "96 bytes of register spills", kernel="k")
         return KernelCheck("ok", kernel="k")
     r = _opt(OPS["gemm"](), "h200", "greedy", chk, monkeypatch)
-    assert dict(r.tiling) != first and r.kernel_check["status"] == "not compile-checked"
-    assert r.rejected and r.rejected[0][0] == first
+    assert dict(r.tiling) != first and r.kernel_check["status"] == "ok"
+    assert r.rejected and r.rejected[0][0] == first and asked[0] == first and dict(r.tiling) in asked
 
 
 def test_the_decoupled_ablation_takes_the_roofline_next_tiling_the_compiler_builds(monkeypatch):
@@ -161,3 +163,21 @@ def test_the_decoupled_ablation_takes_the_roofline_next_tiling_the_compiler_buil
     r = ptsolve.optimize(op, **kw)
     assert shape(r.tiling) != first and r.kernel_check["status"] == "ok"
     assert r.rejected and all(shape(t) == first for t, _ in r.rejected)
+
+
+def test_a_cached_answer_the_compiler_never_saw_is_solved_again(tmp_path, monkeypatch):
+    """An answer kept while no compiler was asked ("not compile-checked": older runs cut short by the time limit, or
+    no nvcc) is not served to a search with the compiler in the loop: it is solved again and checked."""
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    asked = []
+
+    def run(chk):
+        monkeypatch.setattr(sys.modules["ptsolve.optimize"], "checker", lambda h: chk)
+        return ptsolve.optimize(OPS["gemm"](), hw="h200", solver="greedy", compile_check=True, jobs=1,
+                                deterministic=True, time_limit=3, replay=False)
+    r0 = run(lambda p, hw: KernelCheck("not compile-checked", "nvcc not found"))
+    assert r0.kernel_check["status"] == "not compile-checked" and not r0.cached
+    r1 = run(lambda p, hw: asked.append(1) or KernelCheck("ok", kernel="k"))
+    assert asked and not r1.cached and r1.kernel_check["status"] == "ok"
+    r2 = run(lambda p, hw: pytest.fail("a checked answer is served from the cache"))
+    assert r2.cached and r2.kernel_check["status"] == "ok"

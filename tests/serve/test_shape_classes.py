@@ -62,7 +62,7 @@ def test_class_keys():
     # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, the
     # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
     # dtype x d_state x chunk)
-    assert len(keys) == len(set(keys)) == 2 + 2 * 2 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
+    assert len(keys) == len(set(keys)) == 2 + 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
     assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
     for c in serve.classes():  # every class's representative is its own class
         r = serve.representative(c)
@@ -79,7 +79,7 @@ def test_class_keys():
 
 @pytest.mark.parametrize("args,words", [
     (("fp32", 128, True, 8, 8), ["fp32", "fp16", "bf16"]),
-    (("fp16", 96, True, 8, 8), ["head_dim=96", "(64, 128)"]),
+    (("fp16", 80, True, 8, 8), ["head_dim=80", "(64, 96, 128, 192, 256)"]),
     (("fp16", 128, True, 8, 3), ["heads=8", "kv_heads=3"]),
 ])
 def test_class_errors_name_the_value(args, words):
@@ -91,6 +91,16 @@ def test_class_errors_name_the_value(args, words):
         serve.decode_class(*args, 1)
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("head_dim", [96, 192, 256])
+def test_decode_covers_fewer_head_dims_than_prefill(head_dim):
+    """FlashAttention-3's head dims all have a prefill class; the split-KV decode kernel covers 64 and 128 and says
+    so, and ptsolve.torch then runs short queries on the prefill kernel."""
+    assert serve.attention_class("bf16", head_dim, True, 32, 8).head_dim == head_dim
+    with pytest.raises(ShapeError, match=rf"head_dim={head_dim}: .*\(64, 128\).*prefill kernel"):
+        serve.decode_class("bf16", head_dim, True, 32, 8, 1)
+    assert {c.head_dim for c in serve.classes() if c.op == "flash_decode"} == set(serve.DECODE_HEAD_DIMS)
 
 
 def test_decode_class_takes_up_to_16_positions():
