@@ -44,26 +44,52 @@ def op_params(row: dict[str, Any]) -> dict[str, Any]:
     return {k: s[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")}
 
 
+def served(op: str, shape: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """(shape class, parameters) under which ``ptsolve.torch`` keeps this row's exact answer, or None (decode and
+    varlen rows: their classes serve them)."""
+    from ptsolve import serve
+    if op == "gemm":
+        return serve.gemm_class(shape["dtype"]), {k: shape[k] for k in ("M", "N", "K", "dtype")}
+    if op != "flash_attention" or shape.get("varlen"):
+        return None
+    p = {k: shape[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")}
+    return serve.attention_class(p["dtype"], p["head_dim"], p["causal"], p["heads"], p["kv_heads"]), p
+
+
 def solve(row: dict[str, Any], time_limit: float) -> dict[str, Any]:
-    """The exact-shape plan of one row: optimize, plan, emit, compile; a record for plans.json (``error`` where the
-    solver or the compiler refused)."""
+    """The exact-shape plan of one row, a record for plans.json (``error`` where the solver or the compiler refused):
+    for a row the user path keeps answers for, the serving layer's own solve (``serve.exact.solve_exact``: its first
+    choice, which the harness times as ``exact_us``, and its other candidates, which ``ptsolve.torch`` races),
+    else optimize's answer; the plan emitted and compiled."""
     import ptsolve
-    from codegen.plan import plan_from_program
+    from codegen.plan import KernelPlan, plan_from_program
     from codegen.runtime import _key, compile_kernel, emit_cached
+    from ptsolve.serve import exact
     t0 = time.time()
     op = EXACT_OP[row["workload"]]
+    extra: dict[str, Any] = {}
     try:
-        res = ptsolve.optimize(ptsolve.ops.make(op, **op_params(row)), hw="h200", time_limit=time_limit)
-        plan = plan_from_program(res.program, "h200")
+        cp = served(op, row["shape"])
+        if cp is not None:
+            entry = exact.solve_exact(*cp, time_limit)
+            if "error" in entry:
+                raise ptsolve.errors.PtsolveError(entry["error"])
+            plan = KernelPlan.from_json(json.dumps(entry["plan"]))
+            extra = {"candidates": entry["candidates"], "status": entry["status"],
+                     "predicted_us": entry["predicted_us"]}
+        else:
+            res = ptsolve.optimize(ptsolve.ops.make(op, **op_params(row)), hw="h200", time_limit=time_limit)
+            plan = plan_from_program(res.program, "h200")
+            extra = {"status": res.status, "predicted_us": res.predicted_us,
+                     "kernel_check": str(res.kernel_check)[:200]}
         ks = emit_cached(plan)
         rep = compile_kernel(ks).report
     except Exception as e:  # noqa: BLE001  (a refused shape is recorded: the row's exact_us is then absent)
         return {"op": op, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
                 "solve_s": round(time.time() - t0, 1)}
-    return {"op": op, "plan": json.loads(plan.to_json()), "status": res.status, "tiling": res.tiling,
-            "predicted_us": res.predicted_us, "solve_s": round(time.time() - t0, 1), "cubin": _key(ks),
-            "registers": rep.get("registers"), "spills": rep.get("spill_stores"),
-            "serialized": rep.get("wgmma_serialized"), "kernel_check": str(res.kernel_check)[:200]}
+    return {"op": op, "plan": json.loads(plan.to_json()), "tiling": dict(plan.tiling), **extra,
+            "solve_s": round(time.time() - t0, 1), "cubin": _key(ks), "registers": rep.get("registers"),
+            "spills": rep.get("spill_stores"), "serialized": rep.get("wgmma_serialized")}
 
 
 def class_kernels(only: str = CLASSES) -> dict[str, str]:
@@ -103,26 +129,21 @@ def exact_store(plans: dict[str, Any]) -> int:
     kept."""
     from codegen.plan import KernelPlan
     from codegen.runtime import _key, compile_kernel
-    from ptsolve import serve
     from ptsolve.serve import exact
     from ptsolve.serve.kernels import build
     n, keys = 0, []
     for rec in plans["rows"].values():
-        p = rec.get("shape", {})
-        if "plan" not in rec or rec["op"] not in ("flash_attention", "gemm") or p.get("varlen"):
+        cp = served(rec["op"], rec.get("shape", {})) if "plan" in rec else None
+        if cp is None:
             continue
-        if rec["op"] == "gemm":
-            c, params = serve.gemm_class(p["dtype"]), {k: p[k] for k in ("M", "N", "K", "dtype")}
-        else:
-            params = {k: p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal",
-                                        "dtype")}
-            c = serve.attention_class(p["dtype"], p["head_dim"], p["causal"], p["heads"], p["kv_heads"])
-        plan = KernelPlan.from_json(json.dumps(rec["plan"]))
-        ks = build(c, plan, generic=False).ks
-        compile_kernel(ks)
+        c, params = cp
+        for p in (rec["plan"], *rec.get("candidates", ())):
+            ks = build(c, KernelPlan.from_json(json.dumps(p)), generic=False).ks
+            compile_kernel(ks)
+            keys.append(_key(ks))
         exact.write_entry(exact.store() / f"{exact.shape_key(c, params)}.json",
-                          {"params": params, "plan": rec["plan"], "status": rec.get("status", "")})
-        keys.append(_key(ks))
+                          {"params": params, "plan": rec["plan"], "candidates": rec.get("candidates", []),
+                           "status": rec.get("status", "")})
         n += 1
     plans["exact_cubins"] = sorted(set(keys))
     return n

@@ -8,9 +8,12 @@ compiles its exact-shape kernel, the very binary the compiler check passed (size
 ``optimize``'s own kernels; the launcher's tensor maps carry the caller's strides). The answer is kept on disk
 (``$PTSOLVE_CACHE_DIR/exact``), so a later process and every later call of the shape run it without solving or
 compiling anything. Calls on a shape whose answer is pending are served by the class's kernel and their launches are
-not kept (``prepared.Provisional``): the first call after the answer lands switches over. That call also races the
-two kernels once (``race``: a few launches each) and keeps the faster, per GPU model: the model that picked the exact
-schedule can be wrong, and a user is never served slower than the class.
+not kept (``prepared.Provisional``): the first call after the answer lands switches over. The answer is the model's
+EXACT_CANDIDATES best distinct compile-clean schedules (``ptsolve.tune.candidates``: the first choice, then the
+next tilings by their bound), and that call races them and the class's kernel once (``race``: a few launches each)
+and keeps the fastest, per GPU model: the model ranks schedules that measure 20-30% apart as near ties (a 128-token
+batch's 64-key blocks, head_dim 64's three warpgroups: ``bench exact_ab tile_probe``), and a user is never served
+slower than the class.
 
 ``$PTSOLVE_EXACT`` chooses: ``background`` (the default; needs OR-Tools, else only answers already on disk are used),
 ``sync`` (solve on the first call and wait: benchmarks, tests), ``off`` (classes only). Decode, varlen and Mamba2
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,8 +41,10 @@ from .table import solvers_installed
 MODES = ("background", "sync", "off")
 MAX_WORKERS = 1  # solves run one at a time: a worker takes a CPU core and its nvcc another
 MAX_PENDING = 256  # shapes queued beyond this are served by their class (and asked for again on a later call)
-SOLVE_TIME_LIMIT = 30.0  # seconds per shape, compile checks included (a background worker: no call waits for it)
-_VERSION = 3  # bump when an entry's meaning changes: older entries are then solved again
+SOLVE_TIME_LIMIT = 30.0  # seconds per solve (a background worker: no call waits for it); the walk for the other
+# candidates stops SOLVE_TIME_LIMIT after the first choice
+EXACT_CANDIDATES = 3  # schedules kept per shape and timed against each other and the class's kernel
+_VERSION = 4  # bump when an entry's meaning changes: older entries are then solved again
 
 
 def mode() -> str:
@@ -66,24 +72,39 @@ def _shape_key(c: ShapeClass, items: tuple[tuple[str, Any], ...]) -> str:
     return f"{c.op}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
 
 
-def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE_TIME_LIMIT) -> dict[str, Any]:
-    """Solve ``params`` exactly (CP-SAT, the compiler in the loop) and compile its exact-shape kernel; the entry
-    kept on disk: the plan, or the reason there is none."""
+def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE_TIME_LIMIT,
+                k: int = EXACT_CANDIDATES) -> dict[str, Any]:
+    """Solve ``params`` exactly (CP-SAT, the compiler in the loop) for the ``k`` best distinct compile-clean
+    schedules and compile their exact-shape kernels; the entry kept on disk: ``plan`` (the model's first choice) and
+    ``candidates`` (the others, best predicted first), or the reason there is none."""
     import ptsolve
     from codegen.plan import plan_from_program
     from codegen.runtime import compile_kernel
+    from ptsolve.tune import candidates
 
     t0 = time.perf_counter()
     try:
-        res = ptsolve.optimize(ptsolve.ops.make(c.op, **params), hw=HW, solver="cpsat", time_limit=time_limit,
-                               compile_check=True)
-        plan = plan_from_program(res.program)
-        rep = compile_kernel(build(c, plan, generic=False).ks).report
-        if rep["spill_stores"] or rep["wgmma_serialized"]:  # the time limit ran out before the compiler was asked
-            return {"params": params, "error": f"its kernel spills or serialises ({rep['registers']} registers; "
-                    f"{res.kernel_check.get('reason', '')})", "seconds": round(time.perf_counter() - t0, 2)}
-        return {"params": params, "plan": json.loads(plan.to_json()), "status": res.status,
-                "predicted_us": round(res.predicted_us, 3), "seconds": round(time.perf_counter() - t0, 2)}
+        op = ptsolve.ops.make(c.op, **params)
+        first = ptsolve.optimize(op, hw=HW, solver="cpsat", time_limit=time_limit, compile_check=True)
+        progs = [first.program]
+        if k > 1:  # the walk's first candidate is this answer (optimize's cache); it stops a time limit later
+            cands, _ = candidates(op, HW, k=k, solver="cpsat", time_limit=time_limit,
+                                  deadline=time.time() + time_limit)
+            progs += [x.result.program for x in cands]
+        plans: list[Any] = []
+        for prog in progs:
+            plan = plan_from_program(prog)
+            if any(plan.to_json() == p.to_json() for p in plans):
+                continue
+            rep = compile_kernel(build(c, plan, generic=False).ks).report
+            if not (rep["spill_stores"] or rep["wgmma_serialized"]):
+                plans.append(plan)
+        if not plans:
+            return {"params": params, "error": f"its kernel spills or serialises ({first.kernel_check})",
+                    "seconds": round(time.perf_counter() - t0, 2)}
+        return {"params": params, "plan": json.loads(plans[0].to_json()),
+                "candidates": [json.loads(p.to_json()) for p in plans[1:]], "status": first.status,
+                "predicted_us": round(first.predicted_us, 3), "seconds": round(time.perf_counter() - t0, 2)}
     except PtsolveError as e:
         return {"params": params, "error": str(e).splitlines()[0][:300], "seconds": round(time.perf_counter() - t0, 2)}
 
@@ -98,6 +119,7 @@ def write_entry(path: Path, entry: dict[str, Any]) -> None:
 
 # shape key -> the kernel of its answer, or None where the class's kernel is final for it (no better answer)
 _READY: dict[str, ClassKernel | None] = {}
+_ALTS: dict[str, list[ClassKernel]] = {}  # shape key -> the kernels of its other candidates
 _RUNNING: dict[str, subprocess.Popen] = {}
 _QUEUE: dict[str, tuple[ShapeClass, dict[str, Any]]] = {}
 _WARNED: list[str] = []
@@ -109,6 +131,7 @@ def _settle(key: str, c: ShapeClass, entry: dict[str, Any]) -> ClassKernel | Non
     ck = None
     if "plan" in entry:
         ck = build(c, KernelPlan.from_json(json.dumps(entry["plan"])), generic=False)
+        _ALTS[key] = [build(c, KernelPlan.from_json(json.dumps(p)), generic=False) for p in entry.get("candidates", ())]
     _READY[key] = ck
     return ck
 
@@ -179,7 +202,7 @@ def exact_kernel(c: ShapeClass, params: dict[str, Any]) -> tuple[ClassKernel | N
     return None, False
 
 
-_RACED: dict[str, ClassKernel | None] = {}  # shape key -> the faster of its exact kernel (or None: the class's)
+_RACED: dict[str, ClassKernel | None] = {}  # shape key -> the fastest of its exact kernels (or None: the class's)
 RACE_LAUNCHES = 3  # timed launches of each kernel per round; two rounds, interleaved
 
 
@@ -198,17 +221,19 @@ def _us(ln: Any, out: int, stream: int) -> float:
 
 def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, scratch: Any
          ) -> tuple[ClassKernel | None, bool]:
-    """Of a shape's exact kernel ``ck`` and its class's, the one that runs faster on this GPU: the model that chose
-    the exact schedule can be wrong (an exact attention kernel measured 1.5x slower than its class's), so the first
-    call with a GPU times both (``launch(kernel)`` -> a prepared launch; two rounds of a few launches each into
-    ``scratch()``, a new output tensor) and the verdict is kept in the shape's entry, per GPU model, for every later
-    call and process. While a CUDA graph is being captured nothing can be timed: the class's kernel serves, not
-    final."""
+    """Of a shape's exact kernels (``ck``, the model's first choice, and its other candidates) and its class's, the
+    one that runs fastest on this GPU: the model can be wrong (an exact attention kernel measured 1.5x slower than
+    its class's), so the first call with a GPU times them all (``launch(kernel)`` -> a prepared launch; two rounds
+    of a few launches each into ``scratch()``, a new output tensor) and the verdict is kept in the shape's entry,
+    per GPU model, for every later call and process (``exact_us``, ``exact1_us``..., ``class_us``; a tie goes to
+    the model's order, the class last). While a CUDA graph is being captured nothing can be timed: the class's
+    kernel serves, not final."""
     import torch
 
     key = shape_key(c, params)
     if key in _RACED:
         return _RACED[key], True
+    exacts = {"exact": ck, **{f"exact{i}": x for i, x in enumerate(_ALTS.get(key, ()), 1)}}
     out = scratch()
     gpu = torch.cuda.get_device_name(out.device)
     entry = _read(key) or {}
@@ -219,7 +244,7 @@ def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, sc
         from .kernels import kernel
         from .prepared import current_stream
 
-        lns = {"exact": launch(ck), "class": launch(kernel(c))}
+        lns = {**{n: launch(x) for n, x in exacts.items()}, "class": launch(kernel(c))}
         stream, ptr = current_stream(out.device.index or 0), out.data_ptr()
         for ln in lns.values():
             ln(stream, ptr)  # loads the module, warms the caches
@@ -227,7 +252,8 @@ def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, sc
         verdict = {f"{n}_us": round(u, 2) for n, u in us.items()}
         entry.setdefault("measured", {})[gpu] = verdict
         write_entry(store() / f"{key}.json", entry)
-    _RACED[key] = ck if verdict["exact_us"] < verdict["class_us"] else None
+    times = [(verdict.get(f"{n}_us", math.inf), i, n) for i, n in enumerate([*exacts, "class"])]
+    _RACED[key] = exacts.get(min(times)[2])
     return _RACED[key], True
 
 

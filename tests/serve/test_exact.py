@@ -85,6 +85,24 @@ def test_sync_solves_once_and_a_later_process_reads_the_answer(fresh, monkeypatc
 
 
 @needs_tools
+def test_an_answer_keeps_the_models_next_distinct_schedules(fresh):
+    """The entry holds the first choice and up to EXACT_CANDIDATES - 1 other schedules, all distinct and compile-clean
+    (the race times them on the GPU)."""
+    from codegen.plan import KernelPlan
+    from codegen.runtime import compile_kernel
+    from ptsolve.serve.kernels import build
+
+    c = serve.gemm_class("fp16")
+    e = exact.solve_exact(c, SKINNY, time_limit=5, k=3)
+    plans = [e["plan"], *e["candidates"]]
+    assert 2 <= len(plans) <= 3 and len({json.dumps(p, sort_keys=True) for p in plans}) == len(plans)
+    for p in plans:
+        rep = compile_kernel(build(c, KernelPlan.from_json(json.dumps(p)), generic=False).ks).report
+        assert not rep["spill_stores"] and not rep["wgmma_serialized"]
+    assert exact.solve_exact(c, SKINNY, time_limit=5, k=1)["candidates"] == []
+
+
+@needs_tools
 def test_background_serves_the_class_until_the_worker_answers(fresh, monkeypatch):
     monkeypatch.setenv("PTSOLVE_EXACT", "background")
     c = serve.gemm_class("fp16")
@@ -220,6 +238,39 @@ def test_the_faster_of_the_exact_and_the_class_kernel_is_kept_per_gpu(fresh, mon
     exact.race(c, SKINNY, ck, launch, _Out)
     assert len(calls) > n and set(json.loads((exact.store() / f"{key}.json").read_text())["measured"]) == {
         "GPU-A", "GPU-B"}
+
+
+@pytest.mark.parametrize("times,wins", [({"exact": 30.0, "exact1": 12.0, "exact2": 11.0, "class": 20.0}, "exact2"),
+                                        ({"exact": 30.0, "exact1": 12.0, "exact2": 12.0, "class": 20.0}, "exact1"),
+                                        ({"exact": 30.0, "exact1": 25.0, "exact2": 21.0, "class": 20.0}, "class")])
+def test_the_fastest_of_the_kept_candidates_serves(fresh, monkeypatch, times, wins):
+    """An entry keeps the model's other candidates: the race times every one and the class's kernel, and the fastest
+    serves (a tie goes to the model's order)."""
+    from codegen.plan import default_plan
+
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")
+    c = serve.gemm_class("fp16")
+    plans = [default_plan("gemm", SKINNY, {"BM": 64, "BN": bn, "BK": 64, "depth": 4, "groups": 1, "splits": sp})
+             for bn, sp in ((128, 4), (128, 2), (256, 2))]
+    key = exact.shape_key(c, SKINNY)
+    exact.write_entry(exact.store() / f"{key}.json", {"params": SKINNY, "plan": json.loads(plans[0].to_json()),
+                                                      "candidates": [json.loads(p.to_json()) for p in plans[1:]]})
+    ck, _ = exact.exact_kernel(c, SKINNY)
+    kernels = {"exact": ck, **{f"exact{i}": x for i, x in enumerate(exact._ALTS[key], 1)}}
+    assert [x.ir.tiling["BN"] for x in kernels.values()] == [128, 128, 256]
+    _torch(monkeypatch)
+    monkeypatch.setattr("ptsolve.serve.prepared.current_stream", lambda dev: 7)
+    names = {}
+    monkeypatch.setattr(exact, "_us", lambda ln, out, stream: times[names[id(ln)]])
+
+    def launch(k):
+        ln = lambda s, o: None  # noqa: E731
+        names[id(ln)] = next((n for n, x in kernels.items() if x is k), "class")
+        return ln
+    got, final = exact.race(c, SKINNY, ck, launch, _Out)
+    assert final and got is kernels.get(wins)
+    measured = json.loads((exact.store() / f"{key}.json").read_text())["measured"]["GPU-A"]
+    assert measured == {f"{n}_us": t for n, t in times.items()}
 
 
 def test_nothing_is_timed_while_a_graph_is_captured(fresh, monkeypatch):
