@@ -7,8 +7,9 @@ from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
-(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``window_size``, ``attention_chunk``, ``softcap``, the
-softmax LSE, ``seqused_q`` / ``seqused_k``, appending ``k`` / ``v`` into the cache, rotary embedding,
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``window_size``, ``attention_chunk``, ``softcap``,
+``flash_attn_with_kvcache``'s softmax LSE, ``seqused_q`` / ``seqused_k``, appending ``k`` / ``v`` into the cache,
+rotary embedding,
 ``cache_batch_idx``, ``cache_leftpad``, paged KV (``page_table``), varlen queries against a cache, a precomputed
 ``scheduler_metadata``, SMs held back for communication (``sm_margin``) and the backward pass (inputs that require
 grad). ``num_splits``,
@@ -58,11 +59,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     [B, Skv, Hkv, D] → out [B, Sq, H, D] (``ptsolve.torch.flash_attention``)."""
     _refuse("flash_attn_func", {"qv": qv, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
                                 "window_size": window_size, "attention_chunk": attention_chunk, "softcap": softcap,
-                                "sm_margin": sm_margin, "return_attn_probs": return_attn_probs})
+                                "sm_margin": sm_margin})
     _no_grad("flash_attn_func", q=q, k=k, v=v)
     from . import torch as pt
 
-    return pt.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return pt.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                              return_lse=bool(return_attn_probs))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -74,13 +76,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _refuse("flash_attn_varlen_func", {"seqused_q": seqused_q, "seqused_k": seqused_k, "qv": qv,
                                        "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
                                        "window_size": window_size, "attention_chunk": attention_chunk,
-                                       "softcap": softcap, "sm_margin": sm_margin,
-                                       "return_attn_probs": return_attn_probs})
+                                       "softcap": softcap, "sm_margin": sm_margin})
     _no_grad("flash_attn_varlen_func", q=q, k=k, v=v)
     from . import torch as pt
 
     return pt.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                     softmax_scale=softmax_scale)
+                                     softmax_scale=softmax_scale, return_lse=bool(return_attn_probs))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,

@@ -113,6 +113,9 @@ _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seql
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
 _LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, bool causal, "
             "float softmax_scale) -> Tensor")
+_LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> (Tensor, Tensor)")
+_LIB.define("flash_attention_varlen_lse(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)")
 _LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
 _LIB.define("mamba_chunk_scan(Tensor cb, Tensor x, Tensor dt, Tensor dA_cumsum, Tensor C, Tensor states) -> Tensor")
 _LIB.define("mamba_chunk_state(Tensor B, Tensor x, Tensor dt, Tensor dA_cumsum) -> Tensor")
@@ -189,6 +192,36 @@ def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                softmax_scale, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                                max(1, max_seqlen_q), max_seqlen_k)
     return out
+
+
+def _flash_attention_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                              softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention and the rows' log-sum-exp, float32 [B, H, Sq]: the class's prefill kernel, at any seq_q."""
+    out = _empty_like(q, memory_format=_CF)
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    if k.shape[1] == 0:
+        return out.zero_(), lse.fill_(math.inf)
+    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
+                               softmax_scale, lse=lse)
+    return out, lse
+
+
+def _flash_attention_varlen_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                     softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen attention and the rows' log-sum-exp, float32 [H, total_q] (FlashAttention-3's layout)."""
+    out = q.new_empty(q.shape)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    if out.numel() == 0 or cu_seqlens_q.shape[0] < 2:
+        return out, lse.fill_(math.inf)
+    if max_seqlen_k == 0 or k.shape[0] == 0:
+        return out.zero_(), lse.fill_(math.inf)
+    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
+                               softmax_scale, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                               max(1, max_seqlen_q), max_seqlen_k, lse=lse)
+    return out, lse
 
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
@@ -363,6 +396,8 @@ def _state_cold(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: t
 _LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
 _LIB.impl("flash_attention_kvcache", _flash_attention_kvcache_cuda, "CUDA")
+_LIB.impl("flash_attention_lse", _flash_attention_lse_cuda, "CUDA")
+_LIB.impl("flash_attention_varlen_lse", _flash_attention_varlen_lse_cuda, "CUDA")
 _LIB.impl("gemm", _gemm_cuda, "CUDA")
 _LIB.impl("mamba_chunk_scan", _mamba_chunk_scan_cuda, "CUDA")
 _LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
@@ -383,6 +418,18 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Ten
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
       softmax_scale: float) -> torch.Tensor:
     return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_lse", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+      softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_varlen_lse", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.register_fake("ptsolve::gemm", lib=_LIB)
@@ -425,9 +472,18 @@ def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None) -> torch.Tensor:
+                    softmax_scale: float | None = None, return_lse: bool = False) -> Any:
     """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
-    ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros)."""
+    ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros).
+    ``return_lse``: also the rows' softmax log-sum-exp, float32 [B, H, Sq] (natural log of Σ exp(q·k · scale); +inf
+    for a row that sees no key), as FlashAttention-3 returns it: ``(out, lse)``, from the class's prefill kernel at
+    any seq_q (the split-KV decode and exact-shape kernels do not write it)."""
+    if return_lse:
+        causal = bool(causal)
+        scale = _check_attention(q, k, v, 4, causal, softmax_scale)
+        if _compiling():
+            return torch.ops.ptsolve.flash_attention_lse(q, k, v, causal, scale)
+        return _flash_attention_lse_cuda(q, k, v, causal, scale)
     if not _compiling():
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
                v.stride(), q.dtype, k.dtype, v.dtype, causal, softmax_scale)
@@ -445,9 +501,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                           softmax_scale: float | None = None) -> torch.Tensor:
+                           softmax_scale: float | None = None, return_lse: bool = False) -> Any:
     """Variable-length batches, packed as flash-attn's: q [total_q, H, D], k / v [total_k, Hkv, D], sequence b
-    at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones."""
+    at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones.
+    ``return_lse``: ``(out, lse)`` with the rows' log-sum-exp, float32 [H, total_q] (``flash_attention``'s)."""
     causal = bool(causal)
     scale = _check_attention(q, k, v, 3, causal, softmax_scale)
     for n, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -460,6 +517,9 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if min(max_seqlen_q, max_seqlen_k) < 0:
         raise ShapeError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0")
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale)
+    if return_lse:
+        return torch.ops.ptsolve.flash_attention_varlen_lse(*args) if _compiling() else \
+            _flash_attention_varlen_lse_cuda(*args)
     if _compiling():
         return torch.ops.ptsolve.flash_attention_varlen(*args)
     return _flash_attention_varlen_cuda(*args)

@@ -100,6 +100,11 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
     # seq_kv: stored as zeros, as FlashAttention's); an exact build needs seq_q <= seq_kv and keeps these branches
     # out of its tile loop (ptxas serialises a persistent kernel's wgmma across them)
     skip = "" if not ir.generic else "  if (m0 >= SQB) skip_ = true;  // varlen: a shorter sequence than the longest\n"
+    # where a generic build writes the log-sum-exp of its rows: [B, H, SQ], or [H, total_q] for varlen (FA3's)
+    lse = "" if not ir.generic else (
+        "  const size_t LSE_B = lse == nullptr ? 0 : VARLEN ? (size_t)hq * cu_q[B_] + QR\n"
+        "                                                   : ((size_t)bz * H + hq) * SQ;\n"
+        "  (void)LSE_B;\n")
     zero = "" if not ir.generic else (
         "  if (!skip_ && T <= 0) {  // no key for this query block: zeros\n"
         "    if (wg > 0)\n"
@@ -107,9 +112,13 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
         "        const int r = m0 + i / (D / 8);\n"
         "        if (r < SQB) reinterpret_cast<uint4*>(out + ((OROW + r) * H + hq) * D)[i % (D / 8)] = "
         "make_uint4(0u, 0u, 0u, 0u);\n"
-        "      }\n    skip_ = true;\n  }")
+        "      }\n"
+        "    if (wg > 0 && lse != nullptr)  // FlashAttention's log-sum-exp of a row that sees no key: +inf\n"
+        f"      for (int r = m0 + threadIdx.x - 128; r < m0 + BM && r < SQB; r += {ir.threads - 128}) "
+        "lse[LSE_B + r] = INFINITY;\n"
+        "    skip_ = true;\n  }")
     return n, (split + seq + "  const int mb = CAUSAL ? (NMB - 1 - mb_) : mb_;\n"
-               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n" + skip +
+               "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n" + skip + lse +
                "  const int OFF = SKVB - SQB;  // bottom-right aligned causal mask: query i sees keys <= i + OFF\n"
                "  int T = (SKVB + BN - 1) / BN;  // key blocks this query block visits\n"
                "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }\n" + zero)
@@ -225,6 +234,11 @@ def _body(t: Task) -> str:
             "#pragma unroll", "for (int j = 0; j < D / 8; ++j)", "#pragma unroll", "  for (int i = 0; i < 4; ++i)",
             "    o[4 * j + i] *= inv_l[i >> 1];"])
     assert b == "store", b
+    # a generic build also writes the rows' log-sum-exp where the caller asks (lse != nullptr): ln(l) + m ln 2, the
+    # running max m being in the exp2 domain; +inf for a row that saw no key, as FlashAttention-3 returns
+    lse = ["  if (lse != nullptr && (lane & 3) == 0 && row < SQB)",
+           "    lse[LSE_B + row] = inv_l[hh] > 0.f ? m_r[hh] * 0.6931471805599453f - __logf(inv_l[hh]) : INFINITY;"
+           ] if ir.generic else []
     return "\n".join([
         "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
         "  const int row = m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
@@ -232,7 +246,7 @@ def _body(t: Task) -> str:
         "    uint32_t* orow = reinterpret_cast<uint32_t*>(out + ((OROW + row) * H + hq) * D);",
         "#pragma unroll", "    for (int j = 0; j < D / 8; ++j)",
         f"      orow[4 * j + (lane & 3)] = {PACK2[dt]}(o[4 * j + 2 * hh], o[4 * j + 2 * hh + 1]);",
-        "  }", "}"])
+        "  }", *lse, "}"])
 
 
 def tensor_map(name: str, dt: str, D: int, heads: int, rows: int, batches: int, strides: tuple[int, int, int],
@@ -265,7 +279,7 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
     out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),)
     if ir.generic:
         out += (("ptr:cu_q", "const int* __restrict__ cu_q"), ("ptr:cu_k", "const int* __restrict__ cu_k"),
-                ("f32:scale_log2", "const float SCALE_LOG2"))
+                ("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:lse", "float* __restrict__ lse"))
     return out
 
 

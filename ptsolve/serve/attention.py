@@ -56,28 +56,33 @@ register("flash_attention", OpClasses(key=_key, representative=_representative, 
 
 
 def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
-              max_q: int = 0, max_k: int = 0) -> None:
+              max_q: int = 0, max_k: int = 0, lse: Any = None) -> None:
     """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
     [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
-    q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks)."""
-    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k)
+    q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks). ``lse``: float32
+    [B, H, Sq] (varlen [H, Tq]) for the rows' softmax log-sum-exp (natural log, +inf where a row sees no key), or
+    None."""
+    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, lse is not None)
+    if lse is not None:
+        ln.ptrs["lse"].value = lse.data_ptr()
     ln(prepared.current_stream(q.get_device()), out.data_ptr())
 
 
 def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
-                     max_q: int = 0, max_k: int = 0) -> Any:
+                     max_q: int = 0, max_k: int = 0, with_lse: bool = False) -> Any:
     """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
-    strides, scalars); call it with the stream and the output's address."""
+    strides, scalars); call it with the stream and the output's address. ``with_lse``: a launch of the class's
+    kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null."""
     varlen = cu_q is not None
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k)
+           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k, with_lse)
     ln = prepared.LAUNCHES.get(key)
     if ln is not None:
         return ln
     ck, final = None, True
     # a dense shape runs the kernel solved and built for it once there is one (``exact``), whose softmax scale is
-    # the default one (a build constant)
-    if not varlen and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
+    # the default one (a build constant); the log-sum-exp is the generic build's alone
+    if not varlen and not with_lse and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
         params = {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2], "seq_q": q.shape[1],
                   "seq_kv": k.shape[1], "head_dim": c.head_dim, "causal": c.causal, "dtype": c.dtype}
         ck, final = exact.exact_kernel(c, params)
@@ -111,5 +116,5 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: flo
     sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
-            "scale_log2": scale * math.log2(math.e), **sz}
+            "scale_log2": scale * math.log2(math.e), "lse": 0, **sz}
     return ck.prepare(vals, maps, sz["NTILES"], out="o")

@@ -356,3 +356,57 @@ def test_fa3s_interface_runs_ptsolves_kernels(torch, pt):
     assert torch.equal(fai.flash_attn_with_kvcache(qd, k, v, cache_seqlens=lens, causal=True),
                        pt.flash_attention_kvcache(qd, k, v, lens, causal=True))
     assert torch.equal(fai.flash_attn_with_kvcache(qd, k, v), pt.flash_attention_kvcache(qd, k, v, 700))
+
+
+def _lse_ref(torch, q, k, causal, scale):
+    """float32 log-sum-exp of each row's scaled scores, [B, H, Sq]; +inf where a row sees no key."""
+    B, Sq, H, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    kk = k.float().repeat_interleave(H // Hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk) * scale
+    if causal:  # bottom-right aligned
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Skv, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Skv - Sq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+@pytest.mark.parametrize("Sq,Skv,H,Hkv,D,causal", [(300, 700, 8, 2, 128, True), (333, 333, 8, 2, 128, False),
+                                                    (300, 100, 4, 4, 96, True), (4, 700, 8, 2, 128, True)])
+def test_the_softmax_log_sum_exp(torch, pt, Sq, Skv, H, Hkv, D, causal):
+    """return_lse: FlashAttention-3's softmax_lse, float32 [B, H, Sq] (+inf for rows that see no key), next to the
+    same output as without it; a short query (decode-sized) runs the prefill kernel for it."""
+    from ptsolve import flash_attn_interface as fai
+
+    q = torch.randn(2, Sq, H, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, Skv, Hkv, D, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    out, lse = pt.flash_attention(q, k, v, causal=causal, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (2, H, Sq)
+    ref = _lse_ref(torch, q, k, causal, D ** -0.5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert (lse[fin] - ref[fin]).abs().max().item() < 2e-3
+    check(torch, out, q, k, v, causal, D ** -0.5)
+    o2, l2 = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert torch.equal(o2, out) and torch.equal(l2, lse)
+
+
+def test_the_varlen_log_sum_exp(torch, pt):
+    """Varlen: softmax_lse [H, total_q], each sequence's rows its own log-sum-exp."""
+    lq, lk = [1, 77, 300, 5], [1, 77, 500, 3]
+    cq = torch.tensor([0, 1, 78, 378, 383], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 1, 78, 578, 581], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lq), 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lk), 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out, lse = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=True, return_lse=True)
+    assert lse.shape == (8, sum(lq))
+    for b in range(len(lq)):
+        sq, sk = slice(cq[b].item(), cq[b + 1].item()), slice(ck[b].item(), ck[b + 1].item())
+        ref = _lse_ref(torch, q[sq][None], k[sk][None], True, 128 ** -0.5)[0]
+        got = lse[:, sq]
+        assert torch.equal(torch.isinf(got), torch.isinf(ref))
+        fin = torch.isfinite(ref)
+        assert (got[fin] - ref[fin]).abs().max().item() < 2e-3

@@ -37,7 +37,7 @@ FA3 = {
 POSITIONAL = {"flash_attn_func": 3, "flash_attn_varlen_func": 7, "flash_attn_with_kvcache": 3}
 # the arguments that ask for what ptsolve does not do, with a value that asks
 REFUSED = {"qv": "T", "q_descale": "T", "k_descale": "T", "v_descale": "T", "window_size": (128, 0),
-           "attention_chunk": 256, "softcap": 30.0, "sm_margin": 4, "return_attn_probs": True, "seqused_q": "T",
+           "attention_chunk": 256, "softcap": 30.0, "sm_margin": 4, "seqused_q": "T",
            "seqused_k": "T", "k": "T", "v": "T", "rotary_cos": "T", "rotary_sin": "T", "cache_batch_idx": "T",
            "cache_leftpad": "T", "page_table": "T", "cu_seqlens_q": "T", "cu_seqlens_k_new": "T", "max_seqlen_q": 7,
            "rotary_seqlens": "T", "scheduler_metadata": "T", "return_softmax_lse": True}
@@ -75,8 +75,10 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
     """Defaults (and the idle values spelt out, a list window included) and the knobs reach ptsolve.torch's call."""
     seen = {}
     fake = types.SimpleNamespace(
-        flash_attention=lambda q, k, v, causal, softmax_scale: seen.update(f="dense", causal=causal),
-        flash_attention_varlen=lambda *a, causal, softmax_scale: seen.update(f="varlen", n=len(a)),
+        flash_attention=lambda q, k, v, causal, softmax_scale, return_lse: seen.update(f="dense", causal=causal,
+                                                                                         lse=return_lse),
+        flash_attention_varlen=lambda *a, causal, softmax_scale, return_lse: seen.update(f="varlen", n=len(a),
+                                                                                         lse=return_lse),
         flash_attention_kvcache=lambda q, kc, vc, lens, causal, softmax_scale: seen.update(f="kvcache", lens=lens))
     monkeypatch.setitem(sys.modules, "ptsolve.torch", fake)
     monkeypatch.setattr(sys.modules["ptsolve"], "torch", fake, raising=False)
@@ -89,6 +91,10 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
                          "flash_attn_with_kvcache": "kvcache"}[fn]
     if fn == "flash_attn_with_kvcache":
         assert seen["lens"] == 4096  # no cache_seqlens: the whole cache
+    else:  # FA3 returns (out, softmax_lse) only where return_attn_probs asks
+        assert seen["lse"] is False
+        getattr(fai, fn)(*args, causal=True, return_attn_probs=True)
+        assert seen["lse"] is True
 
 
 def test_inputs_that_require_grad_are_refused():

@@ -112,6 +112,19 @@ def _src(plan):
     return emit_ir(lower(plan, "h200", generic=True))
 
 
+def test_the_generic_attention_build_writes_the_log_sum_exp_where_asked():
+    """The class's kernel takes an ``lse`` pointer (null: not asked) and writes each stored row's log-sum-exp, +inf
+    where a row sees no key (both the zeroed query blocks and the rows of a block whose sum is 0); the exact-shape
+    build, which never serves a call that asks, is unchanged."""
+    from codegen.cuda import emit
+    plan = fa3_order_plan(_fa(3, 40, 8, 1003, 1777), FA)
+    g, x = _src(plan), emit(plan)
+    assert "ptr:lse" in g.args and "float* __restrict__ lse" in g.source
+    assert "lse[LSE_B + row] = inv_l[hh] > 0.f ? m_r[hh] * 0.6931471805599453f - __logf(inv_l[hh]) : INFINITY;" \
+        in g.source and "lse[LSE_B + r] = INFINITY;" in g.source and "if (lse != nullptr" in g.source
+    assert "LSE_B" not in x.source and "float* __restrict__ lse" not in x.source and "ptr:lse" not in x.args
+
+
 def test_generic_source_has_no_sizes_and_is_one_per_class():
     a = _src(fa3_order_plan(_fa(3, 40, 8, 1003, 1777), FA))
     b = _src(fa3_order_plan(_fa(1, 8, 2, 64, 64), FA))
