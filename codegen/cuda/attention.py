@@ -234,8 +234,14 @@ def _body(t: Task) -> str:
             "#pragma unroll", "for (int j = 0; j < D / 8; ++j)", "#pragma unroll", "  for (int i = 0; i < 4; ++i)",
             "    o[4 * j + i] *= inv_l[i >> 1];"])
     assert b == "store", b
-    # a generic build also writes the rows' log-sum-exp where the caller asks (lse != nullptr): ln(l) + m ln 2, the
-    # running max m being in the exp2 domain; +inf for a row that saw no key, as FlashAttention-3 returns
+    return _store(t)
+
+
+def _store(t: Task) -> str:
+    """O's rows to global memory (rows past seq_q are not written); a generic build also writes the rows'
+    log-sum-exp where the caller asks (lse != nullptr): ln(l) + m ln 2, the running max m being in the exp2 domain;
+    +inf for a row that saw no key, as FlashAttention-3 returns."""
+    ir, dt = t.ir, t.ir.params["dtype"]
     lse = ["  if (lse != nullptr && (lane & 3) == 0 && row < SQB)",
            "    lse[LSE_B + row] = inv_l[hh] > 0.f ? m_r[hh] * 0.6931471805599453f - __logf(inv_l[hh]) : INFINITY;"
            ] if ir.generic else []
