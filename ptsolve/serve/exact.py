@@ -88,9 +88,9 @@ def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE
         first = ptsolve.optimize(op, hw=HW, solver="cpsat", time_limit=time_limit, compile_check=True)
         progs = [first.program]
         if k > 1:  # the walk's first candidate is this answer (optimize's cache); it stops a time limit later
-            cands, _ = candidates(op, HW, k=k, solver="cpsat", time_limit=time_limit,
+            cands, _ = candidates(op, HW, k=2 * k, solver="cpsat", time_limit=time_limit,
                                   deadline=time.time() + time_limit)
-            progs += [x.result.program for x in cands]
+            progs = diverse([first.program, *(x.result.program for x in cands)], k)
         plans: list[Any] = []
         for prog in progs:
             plan = plan_from_program(prog)
@@ -107,6 +107,16 @@ def solve_exact(c: ShapeClass, params: dict[str, Any], time_limit: float = SOLVE
                 "predicted_us": round(first.predicted_us, 3), "seconds": round(time.perf_counter() - t0, 2)}
     except PtsolveError as e:
         return {"params": params, "error": str(e).splitlines()[0][:300], "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def diverse(progs: list[Any], k: int) -> list[Any]:
+    """Up to ``k`` of ``progs`` (best predicted first), other kernel structures before ring-depth twins: a race slot
+    spent on the first choice's tiling at another ring depth measured within noise of it (bench study peers,
+    14e0e0f), where another tile or warpgroup count can measure 10-30% apart."""
+    shape = [tuple(sorted((n, v) for n, v in p.graph.tiling.items() if n != "depth")) for p in progs]
+    first = [i for i in range(len(progs)) if shape[i] not in shape[:i]]
+    rest = [i for i in range(len(progs)) if i not in first]
+    return [progs[i] for i in sorted((first + rest)[:k])]
 
 
 def write_entry(path: Path, entry: dict[str, Any]) -> None:

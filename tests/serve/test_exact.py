@@ -280,3 +280,17 @@ def test_nothing_is_timed_while_a_graph_is_captured(fresh, monkeypatch):
     monkeypatch.setattr(exact, "_us", lambda *a: pytest.fail("timed during a capture"))
     ck = ClassKernel(serve.gemm_class("fp16"), None, None, None)
     assert exact.race(serve.gemm_class("fp16"), SKINNY, ck, lambda k: None, _Out) == (None, False)
+
+
+def test_candidates_are_other_structures_before_ring_depth_twins():
+    """The race's slots go to other tilings before the same tiling at another ring depth; the model's order is kept
+    and twins fill what structures leave."""
+    import types
+
+    def prog(**t):
+        return types.SimpleNamespace(graph=types.SimpleNamespace(tiling=t))
+    a2, a3 = prog(BM=128, BN=128, depth=2), prog(BM=128, BN=128, depth=3)
+    b2, c2 = prog(BM=128, BN=64, depth=2), prog(BM=192, BN=128, depth=2)
+    assert exact.diverse([a2, a3, b2, c2], 3) == [a2, b2, c2]
+    assert exact.diverse([a2, a3, b2], 3) == [a2, a3, b2]
+    assert exact.diverse([a2, a3], 1) == [a2]
