@@ -183,14 +183,20 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                                  softmax_scale: float) -> torch.Tensor:
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, None)
+
+
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
+            max_k: int, causal: bool, scale: float, lse: torch.Tensor | None) -> torch.Tensor:
+    """Varlen attention's output, and the rows' log-sum-exp into ``lse`` where given (+inf where no key is seen)."""
     out = q.new_empty(q.shape)
-    if out.numel() == 0 or cu_seqlens_q.shape[0] < 2:
-        return out
-    if max_seqlen_k == 0 or k.shape[0] == 0:
-        return out.zero_()
-    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
-                               softmax_scale, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                               max(1, max_seqlen_q), max_seqlen_k)
+    empty = out.numel() == 0 or cu_q.shape[0] < 2
+    if empty or max_k == 0 or k.shape[0] == 0:
+        if lse is not None:
+            lse.fill_(math.inf)
+        return out if empty else out.zero_()
+    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), scale,
+                               cu_q.contiguous(), cu_k.contiguous(), max(1, max_q), max_k, lse=lse)
     return out
 
 
@@ -212,16 +218,8 @@ def _flash_attention_varlen_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.
                                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                                      softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention and the rows' log-sum-exp, float32 [H, total_q] (FlashAttention-3's layout)."""
-    out = q.new_empty(q.shape)
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    if out.numel() == 0 or cu_seqlens_q.shape[0] < 2:
-        return out, lse.fill_(math.inf)
-    if max_seqlen_k == 0 or k.shape[0] == 0:
-        return out.zero_(), lse.fill_(math.inf)
-    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
-                               softmax_scale, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                               max(1, max_seqlen_q), max_seqlen_k, lse=lse)
-    return out, lse
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, lse), lse
 
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,

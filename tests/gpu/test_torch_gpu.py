@@ -161,6 +161,13 @@ def test_fake_impls_opcheck(torch, pt):
     cuk = torch.tensor([0, 30, 80], dtype=torch.int32, device="cuda")
     torch.library.opcheck(torch.ops.ptsolve.flash_attention_varlen.default,
                           (q[0], k[0], k[0].clone(), cu, cuk, 60, 50, True, 0.125))
+    torch.library.opcheck(torch.ops.ptsolve.flash_attention_lse.default, (q, k, k.clone(), True, 0.125))
+    torch.library.opcheck(torch.ops.ptsolve.flash_attention_varlen_lse.default,
+                          (q[0], k[0], k[0].clone(), cu, cuk, 60, 50, True, 0.125))
+    f = torch.compile(lambda q, k: pt.flash_attention(q, k, k, causal=True, return_lse=True), fullgraph=True)
+    o, lse = f(q, k)
+    o2, lse2 = pt.flash_attention(q, k, k, causal=True, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
     a, b = (torch.randn(n, 16, device="cuda", dtype=torch.bfloat16) for n in (40, 24))
     torch.library.opcheck(torch.ops.ptsolve.gemm.default, (a, b))
 
