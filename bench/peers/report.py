@@ -191,6 +191,10 @@ def report(res: dict[str, Any]) -> str:
             s = summary(rs, p)
             if s["measured"]:
                 lines.append("  " + _line(f"{p} / ptsolve", s))
+        dims = sorted({r["shape"]["head_dim"] for r in rs if "head_dim" in r["shape"]})
+        for d in dims if len(dims) > 1 else ():  # FlashAttention's head dims apart (issue 36's speed criterion)
+            lines.append("  " + _line(f"head_dim {d}, fastest peer / ptsolve",
+                                      summary([r for r in rs if r["shape"].get("head_dim") == d])))
         ex = [r["exact_us"] / r["ptsolve_us"] for r in rs if r.get("exact_us") and r.get("ptsolve_us")]
         if ex:
             lines.append(f"  - exact / ptsolve: geomean {geomean(ex):.3f}, min {min(ex):.3f} over {len(ex)} rows")
