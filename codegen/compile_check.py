@@ -64,6 +64,23 @@ def check_cuda(program: Any, hw: Hardware, generic: bool = False) -> KernelCheck
                        time.perf_counter() - t0, target="sm_90a")
 
 
+def cuda_buildable(graph: Any) -> str | None:
+    """Why the CUDA generator builds no schedule of ``graph``'s tiling (its operator's ``tiling_check``), or None;
+    the search asks before it solves a tiling, so a tiling the generator refuses costs no solve."""
+    from .cuda.skeleton import REGISTRY
+
+    opk = REGISTRY.get(graph.op)
+    if opk is None or opk.tiling_check is None:
+        return None
+    try:
+        opk.tiling_check(graph.params, graph.tiling)
+    except UnsupportedOperatorError:
+        return None  # about the operator, not this tiling: the first compile check says so (scope "operator")
+    except CodegenError as e:
+        return f"the CUDA generator cannot build it: {e}"
+    return None
+
+
 def check_cuda_generic(program: Any, hw: Hardware) -> KernelCheck:
     """``check_cuda`` of the schedule's shape-generic build (``ptsolve.optimize(kernel_check=...)``: the serving
     layer's exact-shape solves)."""
@@ -93,3 +110,8 @@ def check_hip(program: Any, hw: Hardware) -> KernelCheck:
                                 f"{rep.scratch_bytes} bytes of scratch per lane" if rep.scratch_bytes else "") if x)
     return KernelCheck("rejected" if why else "ok", why, rep.name, rep.vgpr + rep.agpr, spill, False,
                        time.perf_counter() - t0, target="gfx942")
+
+
+# the tilings the generator cannot build, asked before the search solves them (ptsolve.search)
+check_cuda.buildable = cuda_buildable  # type: ignore[attr-defined]
+check_cuda_generic.buildable = cuda_buildable  # type: ignore[attr-defined]

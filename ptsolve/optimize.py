@@ -76,7 +76,7 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     t0 = time.perf_counter()
     kw = dict(solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
               decoupled=decoupled, fix=fix, progress=progress, deterministic=deterministic,
-              verify=None if chk is None else (lambda p: chk(p, hwt)))
+              verify=None if chk is None else (lambda p: chk(p, hwt)), buildable=getattr(chk, "buildable", None))
     res = search(op, hwt, **kw)
     if compile_check and chk is None:
         res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "

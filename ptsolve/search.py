@@ -172,6 +172,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
            exclude: tuple[dict[str, int], ...] = (), verify: Callable[[SProgram], KernelCheck] | None = None,
+           buildable: Callable[[STaskGraph], str | None] | None = None,
            deterministic: bool = False) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds bounds the whole
     search, compile checks included; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings.
@@ -205,7 +206,7 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
     hw = load(hw)
     t0 = time.perf_counter()
-    s = _Search(op, hw, solver, time_limit, placement, executor, jobs, deterministic, progress, verify, t0)
+    s = _Search(op, hw, solver, time_limit, placement, executor, jobs, deterministic, progress, verify, t0, buildable)
     s.collect(_graphs(op, hw, fix, exclude))
     if not s.cands:
         if not s.reasons and exclude:  # every tiling was excluded by the caller
@@ -312,7 +313,8 @@ class _Search:
 
     def __init__(self, op: Operator | STaskGraph, hw: Hardware, solver: str, time_limit: float, placement: str,
                  executor: str, jobs: int | None, deterministic: bool, progress: Callable[[str], None] | None,
-                 verify: Callable[[SProgram], KernelCheck] | None, t0: float) -> None:
+                 verify: Callable[[SProgram], KernelCheck] | None, t0: float,
+                 buildable: Callable[[STaskGraph], str | None] | None = None) -> None:
         self.hw, self.solver, self.time_limit, self.placement = hw, solver, time_limit, placement
         self.executor, self.jobs, self.deterministic, self.verify = executor, max(1, jobs or os.cpu_count() or 1), \
             deterministic, verify
@@ -321,6 +323,7 @@ class _Search:
         # an operator's declared issue orders (FlashAttention-3's) are a tiling's next schedule when CP-SAT's is refused
         self.declared = solver == "cpsat" and not self.graph and op.spec.orders is not None
         self.say = progress or (lambda s: None)
+        self.buildable = buildable if verify is not None else None
         wall = not deterministic
         self.deadline = t0 + time_limit if wall else math.inf
         self.solve_deadline = t0 + time_limit * (VERIFY_SHARE if verify is not None else 1.0) if wall else math.inf
@@ -352,6 +355,12 @@ class _Search:
         register estimate is asked of the compiler when it could beat the rest."""
         hw, over = self.hw, []
         for g in graphs:
+            # a tiling the code generator cannot build is out before any solve (the checker's ``buildable``; a
+            # graph given as the problem is answered as it is, with the compiler's verdict)
+            unbuilt = self.buildable(g) if self.buildable and not self.graph else None
+            if unbuilt:
+                self.reasons.append(f"{g.tiling}: {unbuilt}")
+                continue
             why = fits(g, hw)
             if why and self.verify is not None and fits(g, hw, registers=False) is None:
                 over.append((_prepare(g, hw, self.placement, registers=False), why))

@@ -172,9 +172,15 @@ def candidates(op: Operator, hw: str | Hardware, k: int = 5, solver: str = "cpsa
     if first is not None and (c := _check_of(first)).status not in ("rejected", "unsupported"):
         pool.add(first, c)
         say(f"optimize's answer {first.tiling} {first.program.policy}: {first.predicted_us:.1f} µs predicted")
+    from .optimize import checker  # the one optimize asks, read now (tests replace it there)
+    unbuilt = getattr(checker(hw) if check else None, "buildable", None) or (lambda g: None)
     for lb, _, g in bounded:
         if len(pool.found) >= k and lb >= sorted(r.objective for r in pool.found)[k - 1]:
             break
+        why = unbuilt(g)
+        if why:  # the code generator builds no schedule of it: not solved (optimize's search skips it too)
+            rejected.append((dict(g.tiling), f"unsupported: {why}"))
+            continue
         if pool.found and deadline is not None and not deterministic and time.time() > deadline:
             say(f"the time limit ran out with {len(pool.found)} candidate(s)")
             break

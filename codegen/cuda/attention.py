@@ -37,6 +37,12 @@ def check_tile(op: str, ir: KernelIR) -> None:
     if D % 16 or not 64 <= D <= 256 or (op != "flash_attention" and D not in (64, 128)):
         what = "a multiple of 16 from 64 to 256" if op == "flash_attention" else "64 or 128"
         raise UnsupportedOperatorError(f"{op}: the CUDA generator supports head_dim {what}, got {D}")
+    tile_rows(op, p, t)
+
+
+def tile_rows(op: str, p: Mapping[str, Any], t: Mapping[str, int]) -> None:
+    """CodegenError unless each consumer warpgroup owns one 64-row M tile (the bodies index rows as 64g + ...): the
+    tilings of two M tiles per warpgroup, which MI300X's generator builds, are not this one's."""
     if t["BM"] != 64 * t["groups"]:
         raise CodegenError(f"{op}: BM={t['BM']} must be 64 query rows per consumer warpgroup")
 
@@ -297,4 +303,5 @@ REGISTRY["flash_attention"] = OpKernel(
     # a query block that sees no key is stored as zeros and skipped (T <= 0), so every tile that runs has T >= 1
     tiles=_tiles, decls=_decls, body=_body, early={"rowsum": "exp2"}, min_trips=1,
     info=lambda ir: {"score_buffers": [_copies(ir, "s", g) for g in range(ir.groups)]},
-    sizes=sizes, size_params=SIZE_PARAMS, fill_bytes=_fill_bytes)
+    sizes=sizes, size_params=SIZE_PARAMS, fill_bytes=_fill_bytes,
+    tiling_check=lambda p, t: tile_rows("flash_attention", p, t))

@@ -94,6 +94,9 @@ class OpKernel:
     # (ir, load task) -> a C++ expression of the bytes its fill delivers where that is the launch's (a generic
     # flash_decode's query box), else None: the KernelIR ring's bytes
     fill_bytes: Callable[[KernelIR, str], str | None] = lambda ir, task: None
+    # (operator parameters, tiling) -> CodegenError where no schedule of that tiling can be built, asked before the
+    # search solves it (compile_check.cuda_buildable); None: only a schedule's emission tells
+    tiling_check: Callable[[Mapping[str, Any], Mapping[str, int]], None] | None = None
 
 
 def size_decls(ir: KernelIR, opk: OpKernel) -> str:

@@ -182,3 +182,33 @@ def test_a_cached_answer_the_compiler_never_saw_is_solved_again(tmp_path, monkey
     assert asked and not r1.cached and r1.kernel_check["status"] == "ok"
     r2 = run(lambda p, hw: pytest.fail("a checked answer is served from the cache"))
     assert r2.cached and r2.kernel_check["status"] == "ok"
+
+
+def test_a_tiling_the_generator_cannot_build_is_never_solved(monkeypatch):
+    """A checker's ``buildable`` refuses tilings before the search: none of them is solved, asked of the compiler or
+    returned (the CUDA generator's one-M-tile-per-warpgroup rule is such a refusal)."""
+    asked = []
+
+    def chk(p, hw):
+        asked.append(dict(p.graph.tiling))
+        return KernelCheck("ok", kernel="k")
+    chk.buildable = lambda g: "two M tiles per warpgroup" if g.tiling["BM"] != 64 * g.tiling["groups"] else None
+    op = ptsolve.ops.flash_attention(batch=2, heads=32, kv_heads=8, seq=4096, head_dim=128, causal=True)
+    r = _opt(op, "h200", "cpsat", chk, monkeypatch)
+    assert r.tiling["BM"] == 64 * r.tiling["groups"] and r.kernel_check["status"] == "ok"
+    assert asked and all(t["BM"] == 64 * t["groups"] for t in asked) and not r.rejected
+    # without the rule the model's first choice here is a tiling of two M tiles per warpgroup: the rule is what moved it
+    free = _opt(op, "h200", "cpsat", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
+    assert free.tiling["BM"] != 64 * free.tiling["groups"]
+
+
+def test_the_cuda_generators_tiling_rule():
+    from codegen.compile_check import cuda_buildable
+
+    op = ptsolve.ops.flash_attention(batch=2, heads=32, kv_heads=8, seq=4096, head_dim=128)
+    g = {k: op.graph(t, load("h200")) for k, t in (("two", {"BM": 256, "BN": 128, "depth": 2, "groups": 2}),
+                                                   ("one", {"BM": 128, "BN": 128, "depth": 2, "groups": 2}))}
+    assert "64 query rows per consumer warpgroup" in cuda_buildable(g["two"]) and cuda_buildable(g["one"]) is None
+    # about the operator, not the tiling: left to the first compile check (scope "operator")
+    bad = ptsolve.ops.flash_attention(batch=2, heads=32, kv_heads=8, seq=4096, head_dim=48)
+    assert cuda_buildable(bad.graph({"BM": 128, "BN": 128, "depth": 2, "groups": 2}, load("h200"))) is None
