@@ -229,8 +229,7 @@ def _body(t: Task) -> str:
         lines = ["  const uint32_t sv = smem_u32(v_cur);", "  wg_fence();"]
         for kk in range(BN // 16):
             lines.append(f"  wgmma_rs_n{head_cols(D)}_{PTXTYPE[dt]}_t1(o, {P}[{kk}], make_desc(sv + {kk * 16 * 128}, "
-                         "BN * 128, "
-                         "1024));")
+                         "BN * 128, 1024));")
         return "\n".join([*lines, "  wg_commit();"])
     if b == "normalize":
         return "\n".join([
@@ -284,7 +283,7 @@ def _fill_bytes(ir: KernelIR, task: str) -> str | None:
     cols = head_cols(p["head_dim"])
     if cols == p["head_dim"]:
         return None
-    return str(({"load_q": t["BM"]}.get(task) or t["BN"]) * cols * DTYPE_BYTES[p["dtype"]])
+    return str((t["BM"] if task == "load_q" else t["BN"]) * cols * DTYPE_BYTES[p["dtype"]])
 
 
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:

@@ -85,10 +85,8 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     if not varlen and not with_lse and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
         params = {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2], "seq_q": q.shape[1],
                   "seq_kv": k.shape[1], "head_dim": c.head_dim, "causal": c.causal, "dtype": c.dtype}
-        ck, final = exact.exact_kernel(c, params)
-        if ck is not None:  # kept only where it measures faster than the class's kernel on this GPU
-            ck, final = exact.race(c, params, ck, lambda x: _attention_launch(q, k, v, c, x, scale, None, None, 0, 0),
-                                   lambda: q.new_empty(q.shape))
+        ck, final = exact.serving(c, params, lambda x: _attention_launch(q, k, v, c, x, scale, None, None, 0, 0),
+                                  lambda: q.new_empty(q.shape))
     ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k)
     return prepared.keep(key, ln, final)
 

@@ -267,6 +267,13 @@ def race(c: ShapeClass, params: dict[str, Any], ck: ClassKernel, launch: Any, sc
     return _RACED[key], True
 
 
+def serving(c: ShapeClass, params: dict[str, Any], launch: Any, scratch: Any) -> tuple[ClassKernel | None, bool]:
+    """The exact-shape kernel a call of ``params`` runs (``exact_kernel``, kept only where ``race`` measures it faster
+    than the class's on this GPU), or None for the class's; and whether that is final."""
+    ck, final = exact_kernel(c, params)
+    return race(c, params, ck, launch, scratch) if ck is not None else (None, final)
+
+
 def worker(arg: str) -> int:
     """``python3 -m ptsolve.serve exact JSON``: one shape's solve, its entry written where JSON's ``out`` says."""
     d = json.loads(arg)
