@@ -174,10 +174,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
            exclude: tuple[dict[str, int], ...] = (), verify: Callable[[SProgram], KernelCheck] | None = None,
            buildable: Callable[[STaskGraph], str | None] | None = None,
            deterministic: bool = False) -> Result:
-    """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` in seconds bounds the
-    solves (the compiler's checks of the answer may run past it); ``fix`` keeps only the tilings with those key values;
-    ``exclude`` drops tilings; ``buildable`` (the checker's: why the code generator builds no schedule of a graph's
-    tiling, or None) drops tilings before they are solved.
+    """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` (s) bounds the solves, not
+    the answer's compile checks; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings, and
+    ``buildable`` (the checker's: why the code generator builds no schedule of a tiling, or None) before any solve.
     A graph instead of an operator is scheduled as it is.
 
     ``verify`` (the compiler in the loop, ptsolve.kernelcheck): the answer is the best schedule whose kernel the
