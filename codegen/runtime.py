@@ -17,6 +17,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,7 @@ class Loaded:
         addrs = []
         ptrs: dict[str, Any] = {}
         tmaps: dict[str, tuple[int, Any]] = {}
+        slots: dict[str, tuple[int, str]] = {}
         try:
             for i, (kind, name, fmt) in enumerate(self._spec):
                 if fmt is None:  # tmap
@@ -228,20 +230,22 @@ class Loaded:
                     addrs.append(tm.getPtr())
                     continue
                 struct.pack_into(fmt, buf, 8 * i, values[name])
+                slots[name] = (8 * i, fmt)
                 addrs.append(base + 8 * i)
                 if kind == "ptr":
                     ptrs[name] = ctypes.c_uint64.from_buffer(buf, 8 * i)
         except KeyError as e:
             raise DeviceError(f"launch of {self.ks.name} needs a value for {e.args[0]!r}") from None
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
-        gx = persistent_grid(grid, self.sms, self.ks.cluster) if self.ks.persistent_tiles else grid
-        if not 1 <= gx < 1 << 31:
-            raise DeviceError(f"{self.ks.name}: a grid of {gx} CTAs; the shape has no tile or too many")
         if out and out not in ptrs and out not in tmaps:
             raise DeviceError(f"{self.ks.name} has no pointer or tensor map argument {out!r} to re-point per call")
-        return Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (gx, 1, 1), self.ks.block,
-                      self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
-                      ptrs.get(out) if out else None, (arr, tmaps), out if out in tmaps else "")
+        ln = Launch(driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, self.func, (1, 1, 1), self.ks.block,
+                    self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
+                    ptrs.get(out) if out else None, (arr, tmaps), out if out in tmaps else "")
+        ln.slots, ln.buf = slots, buf
+        ln.cap = (self.sms, self.ks.cluster) if self.ks.persistent_tiles else None
+        ln.regrid(grid)
+        return ln
 
     def _pack(self, ptrs: dict[str, int]) -> list[Any]:
         """Kernel-parameter storage: [objects to keep alive ..., the void* array]."""
@@ -275,7 +279,7 @@ class Launch:
     layout."""
 
     __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head",
-                 "_maps", "_at", "out_map")
+                 "_maps", "_at", "out_map", "slots", "buf", "cap")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                  smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None,
@@ -287,20 +291,44 @@ class Launch:
         self._maps = maps  # (the parameter address array, tensor map name -> (its index there, its spec))
         self._at: dict[str, tuple[int, Any]] = {}  # tensor map name -> (the address it describes now, the map)
         self.out_map = out_map  # the tensor map argument a call's ``out`` re-encodes ("": out is a pointer)
+        self.slots: dict[str, tuple[int, str]] = {}  # scalar argument -> (byte offset in buf, struct format)
+        self.buf: Any = None
+        self.cap: tuple[int, int] | None = None  # a persistent kernel's (SMs, cluster): its grid is capped there
 
-    def repoint(self, name: str, ptr: int) -> None:
-        """Point tensor map argument ``name`` at ``ptr`` (a tensor of the layout the map was prepared for) from the
-        next call on: the map of that address (``tensor_map``, cached) replaces it in the parameters. A launch a CUDA
-        graph captured keeps the address it had then."""
+    def repoint(self, name: str, ptr: int, spec: Any = None) -> None:
+        """Point tensor map argument ``name`` at ``ptr`` from the next call on: a tensor of the layout the map was
+        prepared for (its map cached, ``tensor_map``), or of layout ``spec`` (a TensorMapSpec of another shape or
+        strides: encoded in place, into 128 bytes this launch keeps for the argument, since such calls come from a
+        growing tensor whose maps never repeat; cuLaunchKernel copies the parameters, so the next encode cannot reach
+        a launch made before). A launch a CUDA graph captured keeps the map it had then."""
         at = self._at.get(name)
-        if at is not None and at[0] == ptr:
+        if at is not None and at[0] == ptr and (spec is None or at[2] == spec):
             return
         if self._maps is None or name not in self._maps[1]:
             raise DeviceError(f"{self.name} has no tensor map argument {name!r} to re-point")
-        i, spec = self._maps[1][name]
-        tm = tensor_map(spec, ptr)
+        i, base = self._maps[1][name]
+        if spec is None:
+            tm = tensor_map(base, ptr)
+        else:
+            tm = at[1] if at is not None and isinstance(at[1], MapSlot) else MapSlot()
+            tm.encode(spec, ptr)
         self._maps[0][i] = tm.getPtr()
-        self._at[name] = (ptr, tm)  # held: the cache of maps may drop it
+        self._at[name] = (ptr, tm, base if spec is None else spec)  # held: the cache of maps may drop it
+
+    def set(self, values: Mapping[str, Any]) -> None:
+        """Write scalar arguments (``i32`` / ``f32`` / ``ptr`` by name) for the calls from now on; KeyError for a
+        name the kernel does not take."""
+        for name, v in values.items():
+            off, fmt = self.slots[name]
+            struct.pack_into(fmt, self.buf, off, v)
+
+    def regrid(self, tiles: int) -> None:
+        """Launch ``tiles`` CTAs from the next call on (a persistent kernel at most one per SM, whole clusters)."""
+        gx = persistent_grid(tiles, *self.cap) if self.cap else tiles
+        if not 1 <= gx < 1 << 31:
+            raise DeviceError(f"{self.name}: a grid of {gx} CTAs; the shape has no tile or too many")
+        self.grid = (gx, 1, 1)
+        self._head = (self.func, *self.grid, *self.block, self.smem)
 
     def __call__(self, stream: int, out: int | None = None) -> None:
         """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named
@@ -360,6 +388,68 @@ def encode_tensor_map(spec: Any, ptr: int) -> Any:
         [driver.cuuint32_t(1)] * rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({spec.tensor})")
+
+
+class MapSlot:
+    """A CUtensorMap's 128 bytes (64-byte aligned, as the driver requires) encoded in place through libcuda itself
+    (ctypes): a growing tensor's map re-encoded per call without cuda-python's per-argument objects (~4.8 us a map
+    through cuda-python on an H200 host; bench study models)."""
+
+    __slots__ = ("_raw", "addr")
+    _ENC: list[Any] = []  # libcuda's cuTensorMapEncodeTiled, its argument types set
+    _ARGS: dict[Any, tuple[Any, ...]] = {}  # spec -> its encode arguments but the map and the address
+
+    def __init__(self) -> None:
+        self._raw = ctypes.create_string_buffer(128 + 64)
+        self.addr = (ctypes.addressof(self._raw) + 63) & ~63
+
+    def getPtr(self) -> int:  # noqa: N802 (cuda-python's CUtensorMap spelling: both kinds sit in a launch's maps)
+        return self.addr
+
+    def encode(self, spec: Any, ptr: int) -> None:
+        """Encode ``spec`` over global memory at ``ptr`` into this slot (``encode_tensor_map``'s arguments)."""
+        if ptr % 16:
+            raise DeviceError(f"tensor {spec.tensor!r} must be 16-byte aligned for TMA")
+        got = self._ARGS.get(spec)
+        a = got[0] if got is not None else self._args(spec)
+        err = self._encoder()(self.addr, a[0], a[1], ctypes.c_void_p(ptr), *a[2:])
+        if err:
+            _check((_drv().CUresult(err),), f"cuTensorMapEncodeTiled({spec.tensor})")
+
+    @classmethod
+    def _encoder(cls) -> Any:
+        if not cls._ENC:
+            c = ctypes
+            f = c.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+            f.restype = c.c_int
+            f.argtypes = [c.c_void_p, c.c_int, c.c_uint32, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p,
+                          c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int]
+            cls._ENC.append(f)
+        return cls._ENC[0]
+
+    _ENUMS: dict[str, Any] = {}  # the driver's enum values encode_tensor_map uses, as ints
+
+    @classmethod
+    def _args(cls, spec: Any) -> tuple[Any, ...]:
+        e = cls._ENUMS
+        if not e:
+            d = _drv()
+            T, S = d.CUtensorMapDataType, d.CUtensorMapSwizzle
+            e.update(fp16=int(T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16), bf16=int(T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
+                     fp32=int(T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32), sw128=int(S.CU_TENSOR_MAP_SWIZZLE_128B),
+                     sw0=int(S.CU_TENSOR_MAP_SWIZZLE_NONE),
+                     tail=(int(d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE), 0,
+                           int(d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                           int(d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)))
+        rank = len(spec.dims)
+        arrs = ((ctypes.c_uint64 * rank)(*spec.dims), (ctypes.c_uint64 * max(1, rank - 1))(*spec.strides_bytes),
+                (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*[1] * rank))
+        il, _, l2, oob = e["tail"]
+        a = (e[spec.dtype], rank, *(ctypes.addressof(x) for x in arrs), il, e[f"sw{spec.swizzle}"], l2, oob)
+        if len(cls._ARGS) >= 4096:
+            cls._ARGS.clear()
+        cls._ARGS[spec] = (a, arrs)  # the arrays held while their addresses are
+        return a
 
 
 _LOADED: dict[str, Loaded] = {}

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .errors import DeviceError, ShapeError
+from .errors import DeviceError, PtsolveError, ShapeError
 
 __all__ = ["flash_attention", "flash_attention_varlen", "flash_attention_kvcache", "gemm", "mamba_chunk_scan",
            "mamba_chunk_state", "register_transformers", "hf_attention"]
@@ -150,33 +150,76 @@ def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
 
 def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                           softmax_scale: float) -> torch.Tensor:
-    key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           q.dtype, k.dtype, v.dtype, causal, softmax_scale)
-    ln = _FAST.get(key)
-    if ln is not None:  # the dispatcher's warm path (torch.ops.ptsolve.flash_attention, a compiled graph)
+    out = _flash_attention_warm(q, k, v, causal, softmax_scale)
+    return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale)
+
+
+def _fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
+    """A kept launch's key (``_FAST``): the inputs' addresses, shapes, strides, dtypes and the scalars as given."""
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            q.dtype, k.dtype, v.dtype, causal, scale)
+
+
+def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          scale: Any) -> torch.Tensor | None:
+    """The output of a call that needs no preparing, else None: a decode step of a growing cache whose family is
+    kept (``_GROW``: its launch re-targeted to the new keys; looked up first, since a decode step's inputs are new
+    every step), or inputs whose launch is kept (``_FAST``). ``scale`` as the caller gave it (the keys hold the
+    user's argument)."""
+    fam = _GROW.get(_grow_key(q, k, v, causal, scale))
+    if fam is not None and k.shape == v.shape and _ready(q) and _ready(k) and _ready(v):
         out = _empty_like(q, memory_format=_CF)
-        ln(_raw_stream(q.get_device()), out.data_ptr())
-        return out
-    return _flash_attention_cold(q, k, v, causal, softmax_scale, key)
+        if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
+            return out
+    ln = _FAST.get(_fast_key(q, k, v, causal, scale))
+    if ln is None:
+        return None
+    out = _empty_like(q, memory_format=_CF)
+    ln(_raw_stream(q.get_device()), out.data_ptr())
+    return out
+
+
+def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
+    """A decode family's key: the inputs but the keys' count, addresses and strides (``serve.DecodeFamily``)."""
+    return (q.shape, q.stride(), k.shape[0], k.shape[2:], q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+            v.get_device(), causal, scale)
+
+
+def _ready(x: torch.Tensor) -> bool:
+    """Can a tensor map describe ``x`` as it is (``_tma_ready``'s condition)?"""
+    st = x.stride()
+    return st[-1] == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s % 8 == 0 for s in st[:-1])
 
 
 def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                          key: tuple[Any, ...]) -> torch.Tensor:
-    """A call whose launch is not kept yet: prepare it, launch it, keep it under ``key`` where the inputs went to
-    the kernel as they are (no copy)."""
+                          given: Any) -> torch.Tensor:
+    """A call whose launch is not kept yet: prepare it, launch it, keep it (``_FAST``, or a decode step's family,
+    ``_GROW``) where the inputs went to the kernel as they are (no copy); ``given``: the scale as the caller gave
+    it (the keys')."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
     if k.shape[1] == 0:
         return out.zero_()  # no key at all: every row is zeros
     q2, k2, v2 = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    if _decodes(q, k, causal) and q2 is q and k2 is k and v2 is v:
+        # a decode step: its launch becomes a family's that later steps of a growing cache re-target (a new launch
+        # per step cost ~120 us of host time, more than the kernel at short caches)
+        if len(_GROW) >= 4096:
+            _GROW.clear()
+        fam = _GROW[_grow_key(q, k, v, causal, given)] = _gen().DecodeFamily(q, k, v, _decode_class(q, k, causal),
+                                                                               scale)
+        if not fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
+            raise PtsolveError(f"a decode family refused the call that made it: q {tuple(q.shape)}, k "
+                               f"{tuple(k.shape)}")
+        return out
     if _decodes(q, k, causal):
         ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale)
     else:
         ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v:
-        _fast_put(key, ln)
+        _fast_put(_fast_key(q, k, v, causal, given), ln)
     return out
 
 
@@ -456,6 +499,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 # an output template where the output's shape is not an input's) of inputs that were checked and that the kernel took
 # as they are; a hit allocates the output and launches: ~1 µs of Python besides the allocation and cuLaunchKernel
 _FAST: dict[tuple[Any, ...], Any] = {}
+_GROW: dict[tuple[Any, ...], Any] = {}  # _grow_key -> serve.DecodeFamily
 
 
 def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
@@ -483,18 +527,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             return torch.ops.ptsolve.flash_attention_lse(q, k, v, causal, scale)
         return _flash_attention_lse_cuda(q, k, v, causal, scale)
     if not _compiling():
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
-               v.stride(), q.dtype, k.dtype, v.dtype, causal, softmax_scale)
-        ln = _FAST.get(key)
-        if ln is not None:
-            out = _empty_like(q, memory_format=_CF)
-            ln(_raw_stream(q.get_device()), out.data_ptr())
+        out = _flash_attention_warm(q, k, v, causal, softmax_scale)
+        if out is not None:
             return out
     causal = bool(causal)
     scale = _check_attention(q, k, v, 4, causal, softmax_scale)
     if _compiling():
         return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
-    return _flash_attention_cold(q, k, v, causal, scale, key)
+    return _flash_attention_cold(q, k, v, causal, scale, softmax_scale)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

@@ -426,12 +426,24 @@ def maps(p: Mapping[str, Any], t: Mapping[str, int], strides: Mapping[str, tuple
     gbox, sbox = packing(p, t["BM"])
     st = {"q": (SQ * H * D, H * D, D), "k": (SKV * Hkv * D, Hkv * D, D), "v": (SKV * Hkv * D, Hkv * D, D)}
     st |= strides or {}
-    kv = {n: TensorMapSpec(n, dt, (D, Hkv, SKV, B), (st[n][2] * e, st[n][1] * e, st[n][0] * e), (64, 1, t["BN"], 1))
-          for n in ("k", "v")}
+    kv = {n: kv_map(p, t, n, st[n]) for n in ("k", "v")}
     sb, ss, sh = st["q"]
     # q as (d, head in group, kv head, position, batch): one box is a packed query tile
     return (TensorMapSpec("q", dt, (D, G, Hkv, SQ, B), (sh * e, G * sh * e, ss * e, sb * e), (64, gbox, 1, sbox, 1)),
             kv["k"], kv["v"])
+
+
+def kv_map(p: Mapping[str, Any], t: Mapping[str, int], name: str, strides: tuple[int, int, int]) -> TensorMapSpec:
+    """``maps``' map of k or v (``name``) [B, Skv, Hkv, D] with element ``strides`` (batch, position, head)."""
+    e = 2
+    return TensorMapSpec(name, p["dtype"], (p["head_dim"], p["kv_heads"], p["seq_kv"], p["batch"]),
+                         (strides[2] * e, strides[1] * e, strides[0] * e), (64, 1, t["BN"], 1))
+
+
+def sizes_at(sz: Mapping[str, int], skv: int) -> dict[str, int]:
+    """``sizes`` of the same shape with ``skv`` keys, from ``sz`` of a key count in the same BN-wide key block
+    (the sizes depend on the key count only through its key blocks, but SKV itself: tests/codegen)."""
+    return dict(sz, SKV=skv)
 
 
 def generic_workspace(p: Mapping[str, Any], sz: Mapping[str, int]) -> dict[str, int]:

@@ -30,8 +30,9 @@ from .gemm import gemm_class, gemm_launch  # isort: skip
 from .mamba2 import (MAMBA_OPS, chunk_scan, chunk_scan_launch, chunk_state, chunk_state_launch,  # isort: skip
                      mamba_class, mamba_params)
 from .attention import GQA_BUCKETS, HEAD_DIMS, attention_class, attention_launch, gqa_bucket  # isort: skip
-from .decode import (DECODE_HEAD_DIMS, DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECODE_REPLAY_TRIPS, decode_bucketed,  # isort: skip
-                     decode_class, decode_launch, decode_pick, decode_retime, decode_splits, decode_variants)
+from .decode import (DECODE_HEAD_DIMS, DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECODE_REPLAY_TRIPS,  # isort: skip
+                     DecodeFamily, decode_bucketed, decode_class, decode_launch, decode_pick, decode_retime,
+                     decode_splits, decode_variants)
 from .build import build_table  # noqa: E402
 from .classes import DTYPES, HW, OpClasses, ShapeClass, class_fix, classes, register, representative  # noqa: E402
 from .kernels import ClassKernel, compile_class, kernel  # noqa: E402
@@ -39,7 +40,7 @@ from .prepared import current_stream  # noqa: E402
 from .table import TABLE, class_program, load_table, schedule, solve, solvers_installed, table_path  # noqa: E402
 
 __all__ = ["DECODE_HEAD_DIMS", "DECODE_MAX_SEQ_Q", "DECODE_REPLAY_TRIPS", "DECODE_REP_SPLITS", "DTYPES",
-           "GQA_BUCKETS", "HEAD_DIMS", "HW",
+           "GQA_BUCKETS", "HEAD_DIMS", "HW", "DecodeFamily",
            "MAMBA_OPS", "TABLE", "ClassKernel", "OpClasses", "ShapeClass", "attention_class",
            "attention_launch", "build_table", "chunk_scan", "chunk_scan_launch", "chunk_state", "chunk_state_launch",
            "class_fix", "class_program", "classes", "compile_class", "current_stream", "decode_bucketed",

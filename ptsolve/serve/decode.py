@@ -202,6 +202,14 @@ def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: 
 
 
 def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any) -> Any:
+    return _decode_prepare(q, k, v, c, scale, seqlens)[0]
+
+
+def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0
+                    ) -> tuple[Any, dict[str, Any], dict[str, int], int]:
+    """(the prepared launch, the shape's parameters, the tiling with its pieces, the loaded module's SMs) of decode
+    class ``c`` on these inputs; ``bound``: the longest cache the launch may later be re-targeted to (its indices
+    checked there too)."""
     from codegen.cuda import decode as cd
 
     (B, sq, H, D), skv, Hkv = q.shape, k.shape[1], k.shape[2]
@@ -213,7 +221,7 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens:
     ck = kernel(v_)
     mod = ck.module()
     t = dict(ck.ir.tiling, splits=splits)
-    err = cd.index_error(p, t)
+    err = cd.index_error(dict(p, seq_kv=max(skv, bound)), t)
     if err:
         raise ShapeError(err + ": split the batch")
     sz = cd.sizes(p, t, mod.sms)
@@ -221,4 +229,58 @@ def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens:
     ws = {n: prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
             "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
-    return mod.prepare(vals, maps, cd.grid(sz), out="o")
+    return mod.prepare(vals, maps, cd.grid(sz), out="o"), p, t, mod.sms
+
+
+def _bucket_blocks(blocks: int) -> tuple[int, int]:
+    """The key-block counts (first, last) that share ``blocks``' ``_kv_bucket``."""
+    hi = _kv_bucket(blocks)
+    lo = blocks
+    while lo > 1 and _kv_bucket(lo - 1) == hi:
+        lo -= 1
+    return lo, hi
+
+
+class DecodeFamily:
+    """One decode launch that follows a growing cache: dense decode calls whose inputs differ from the family's
+    first call only in the keys' count, the tensors' addresses and the keys' strides (transformers' dynamic cache
+    makes new K/V tensors, one key longer, at every step), while the count stays in the first call's
+    ``_kv_bucket`` (so the binary and pieces ``decode_pick`` chose stay the ones it would choose). A call re-targets
+    the one prepared launch: the sizes and tensor maps of a new key count (computed once per count: a model's layers
+    share them), the maps of the new addresses, then launches. The caller keys families by everything else (shapes
+    but the keys', dtypes, strides of q, scale) and checks the tensors are TMA-ready."""
+
+    __slots__ = ("ln", "p", "t", "sms", "bn", "lo", "hi", "skv", "strides", "specs", "sz")
+
+    def __init__(self, q: Any, k: Any, v: Any, c: ShapeClass, scale: float):
+        self.bn = class_program(c).graph.tiling["BN"]  # decode_bucketed's blocks: the class's, not its variants'
+        self.lo, self.hi = _bucket_blocks(-(-k.shape[1] // self.bn))
+        self.ln, self.p, self.t, self.sms = _decode_prepare(q, k, v, c, scale, None, bound=self.hi * self.bn)
+        self.skv, self.strides, self.specs, self.sz = k.shape[1], (k.stride(), v.stride()), None, {}
+
+    def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:
+        """Launch on these inputs (``stream`` a raw handle, ``out`` the output's address); False, launching nothing,
+        where their key count is outside the family's bucket or shorter than the queries."""
+        from codegen.cuda import decode as cd
+
+        skv = k.shape[1]
+        if not self.lo <= -(-skv // self.bn) <= self.hi or skv < q.shape[1]:
+            return False
+        ln, strides = self.ln, (k.stride(), v.stride())
+        if skv != self.skv or strides != self.strides or self.specs is None:
+            p, t = dict(self.p, seq_kv=skv), self.t
+            if self.sz and -(-skv // t["BN"]) == -(-self.skv // t["BN"]):
+                ln.set({"SKV": skv})  # the same key blocks: the other sizes stay (cd.sizes_at)
+                self.sz = cd.sizes_at(self.sz, skv)
+            else:
+                sz = cd.sizes(p, t, self.sms)
+                ln.set({n: x for n, x in sz.items() if self.sz.get(n) != x and n in ln.slots})
+                ln.regrid(cd.grid(sz))
+                self.sz = sz
+            self.specs = (cd.kv_map(p, t, "k", strides[0][:3]), cd.kv_map(p, t, "v", strides[1][:3]))
+            self.skv, self.strides = skv, strides
+        ln.repoint("q", q.data_ptr())
+        ln.repoint("k", k.data_ptr(), self.specs[0])
+        ln.repoint("v", v.data_ptr(), self.specs[1])
+        ln(stream, out)
+        return True

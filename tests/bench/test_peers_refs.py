@@ -7,13 +7,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from bench.decode import decode_bench  # noqa: E402
 from bench.peers import run  # noqa: E402
 from codegen.harness import attention_ref  # noqa: E402
 
 
 @pytest.mark.parametrize("sq,skv,causal", [(5, 9, True), (9, 9, False), (7, 7, True)])
 def test_attention_refs_match_the_harness_reference_in_chunks(monkeypatch, sq, skv, causal):
-    monkeypatch.setattr(run, "REF_CHUNK", sq * skv * 2)  # two heads a chunk: four chunks of eight heads
+    monkeypatch.setattr(decode_bench, "REF_CHUNK", sq * skv * 2)  # two heads a chunk: four chunks of eight heads
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, sq, 8, 64, generator=g).half()
     k, v = (torch.randn(2, skv, 2, 64, generator=g).half() for _ in range(2))

@@ -9,6 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import examples
 
 import ptsolve
@@ -370,3 +372,21 @@ def test_merge_tail_grows_with_the_queued_merge_ctas() -> None:
         assert all(a[1] <= b[1] for a, b in zip(seen, seen[1:]))
 
     check()
+
+
+@given(st.integers(1, 8), st.sampled_from([(32, 8), (14, 2), (71, 1), (12, 12), (28, 4)]), st.integers(1, 16),
+       st.integers(1, 200_000), st.booleans(), st.sampled_from([64, 128]), st.sampled_from([64, 128, 176]),
+       st.integers(1, 64), st.integers(0, 10_000))
+@settings(max_examples=300, deadline=None)
+def test_generic_sizes_move_with_key_blocks_only(B, heads, sq, skv, causal, D, BN, splits, delta):
+    """A decode family re-targets its launch to a longer cache by writing SKV alone while the keys stay in their
+    BN-wide block (``sizes_at``): every other size of the generic kernel depends on the key count only through its
+    blocks. The sizes of any count in the block equal ``sizes_at`` of the block's first count."""
+    from codegen.cuda.decode import sizes, sizes_at
+    H, Hkv = heads
+    first = (skv - 1) // BN * BN + 1  # the block's first count
+    other = min(first + delta % BN, first + BN - 1)
+    p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": first, "head_dim": D, "causal": causal,
+         "dtype": "fp16"}
+    t = {"BM": 64, "BN": BN, "groups": 1 if H // Hkv * sq <= 64 else 2, "splits": splits}
+    assert sizes(dict(p, seq_kv=other), t) == sizes_at(sizes(p, t), other)

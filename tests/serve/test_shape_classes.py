@@ -263,6 +263,17 @@ def test_kv_bucket_steps_a_fifth_at_most():
     assert len({serve.decode._kv_bucket(n) for n in range(1, 5000)}) < 60
 
 
+@given(st.integers(1, 1 << 20))
+def test_bucket_blocks_is_the_whole_bucket(n):
+    """A decode family's range of key blocks (``_bucket_blocks``) is exactly the blocks sharing n's bucket: the
+    family re-targets its launch within it and nowhere else (decode_pick's choice is the same inside)."""
+    lo, hi = serve.decode._bucket_blocks(n)
+    kb = serve.decode._kv_bucket
+    assert lo <= n <= hi and kb(lo) == kb(hi) == kb(n) == hi
+    assert lo == 1 or kb(lo - 1) != hi
+    assert kb(hi + 1) != hi
+
+
 def test_decode_pick_chooses_among_the_class_binaries_by_the_model():
     """A one-warpgroup d64 decode class has a second binary, two CTAs per SM (its own solved program, 64-wide key
     blocks, no spills in half the register file); d128 classes and two-warpgroup ones do not. ``decode_pick`` takes

@@ -135,9 +135,14 @@ class _FakeModule:
             log["launches"].append((gx, log["maps"][at[out]] if by_map else ptrs[out].value))
             return (0,)
         log["maps"] = (ctypes.c_void_p * len(maps))(*[16 * (i + 1) for i in range(len(maps))])
-        return runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (arr,),
-                              ctypes.addressof(arr), self.ks.name, ptrs, ptrs.get(out),
-                              (log["maps"], {m.tensor: (i, m) for i, m in enumerate(maps)}), out if by_map else "")
+        ln = runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (arr,),
+                            ctypes.addressof(arr), self.ks.name, ptrs, ptrs.get(out),
+                            (log["maps"], {m.tensor: (i, m) for i, m in enumerate(maps)}), out if by_map else "")
+        scalars = [(n, runtime._SCALAR[k]) for k, n in (a.split(":") for a in self.ks.args) if k in runtime._SCALAR]
+        ln.buf = ctypes.create_string_buffer(8 * max(1, len(scalars)))
+        ln.slots = {n: (8 * i, f) for i, (n, f) in enumerate(scalars)}
+        ln.set({n: values[n] for n, _ in scalars})
+        return ln
 
 
 @pytest.fixture()
@@ -146,6 +151,7 @@ def fake_gpu(pt, monkeypatch):
     from codegen import runtime
     from ptsolve import serve
     log = {"prepared": 0, "launches": []}
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")  # the class kernels' launches (an exact answer's would be Provisional)
     monkeypatch.setattr(serve.ClassKernel, "module", lambda self: _FakeModule(self.ks, log))
     monkeypatch.setattr(runtime, "_cu_stream", lambda h: h)
     monkeypatch.setattr(serve.prepared, "current_stream", lambda dev: 0)
@@ -212,6 +218,43 @@ def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
     pt.flash_attention_kvcache(qs[0], kc, kc, lens.clone())
     pt.flash_attention_kvcache(qs[0], kc.clone(), kc, lens)
     assert log["prepared"] == 3 and log["maps"][0] == qs[0].data_ptr()
+
+
+def test_decode_family_follows_a_growing_cache(pt, fake_gpu, monkeypatch):
+    """transformers' dynamic cache: each step's K/V are new tensors one key longer. One launch per bucket of key
+    counts is prepared (a ``DecodeFamily``), and every step re-targets it: the key count (SKV) and the grid of that
+    count's sizes, k's and v's maps encoded for the step's tensors (their count and strides), q re-pointed; the
+    output each step's own."""
+    import struct
+
+    from codegen import runtime
+    from codegen.cuda import decode as cd
+    from ptsolve import serve
+    log, enc = fake_gpu, []
+    monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: enc.append((spec, ptr)))
+    monkeypatch.setattr(pt, "_GROW", {})
+    B, H, Hkv, D = 2, 16, 4, 128
+    k = torch.randn(B, Hkv, 1000, D, dtype=torch.float16)
+    steps = []
+    for n in range(1001, 1300, 3):
+        k = torch.cat([k, torch.randn(B, Hkv, 3 if n > 1001 else 1, D, dtype=torch.float16)], dim=2)
+        q = torch.randn(B, H, 1, D, dtype=torch.float16).transpose(1, 2)
+        kt, vt = k.transpose(1, 2), k.transpose(1, 2)
+        out = pt.flash_attention(q, kt, vt, causal=True)
+        fam = next(iter(pt._GROW.values()))
+        p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": 1, "seq_kv": k.shape[2], "head_dim": D,
+             "causal": True, "dtype": "fp16"}
+        off, fmt = fam.ln.slots["SKV"]
+        assert struct.unpack_from(fmt, fam.ln.buf, off)[0] == k.shape[2]
+        assert fam.ln.grid[0] == cd.grid(cd.sizes(p, fam.t, 132)) == log["launches"][-1][0]
+        assert log["launches"][-1][1] == out.data_ptr()
+        if len(steps) and log["prepared"] == steps[-1]:  # re-targeted: both maps encoded for this step's tensors
+            spec = cd.kv_map(p, fam.t, "k", kt.stride()[:3])
+            assert enc[-2:] == [(spec, kt.data_ptr()), (cd.kv_map(p, fam.t, "v", kt.stride()[:3]), vt.data_ptr())]
+        steps.append(log["prepared"])
+    c = pt._decode_class(q, kt, True)
+    buckets = {serve.decode_bucketed(c, dict(p, seq_kv=n))["seq_kv"] for n in range(1001, 1300, 3)}
+    assert log["prepared"] == len(buckets) >= 2 and len(log["launches"]) == len(steps)
 
 
 def test_mamba_warm_path_and_conversions(pt, fake_gpu):
