@@ -729,8 +729,8 @@ def _search_commands(sub: Any, fmt: type) -> None:
         q.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH",
                        help=f"hardware: {', '.join(known())}, or the path of a .json table")
         q.add_argument("--time-limit", type=_seconds, default=30.0 if q is o else WHOLE[q is c],
-                       help="wall-clock seconds for the whole command, compile checks included; the answers it "
-                            "cut short say TIME_LIMIT" + ("" if q is o else " (what is not reached by then is listed "
+                       help="wall-clock seconds for the solves; the compile check of each answer runs to its end "
+                            "past it (an answer is never served unchecked); the answers it cut short say TIME_LIMIT" + ("" if q is o else " (what is not reached by then is listed "
                                                             "as such); each search also keeps to --search-limit"))
         q.add_argument("--no-cache", action="store_true", help="ignore and do not fill the schedule cache")
         q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")

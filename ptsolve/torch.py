@@ -650,6 +650,8 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                              "top-left causal attention, which leaves the last queries more keys than ptsolve's "
                              "bottom-right mask; pass the mask")
         return flash_attention(q, k, v, causal=causal, softmax_scale=scaling), None
+    if _compiling():
+        return _hf_compiled(q, k, v, attention_mask, causal, scaling), None
     got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0])
     if got is None:
         raise ShapeError(f"attn_implementation='ptsolve': the model's attention mask {tuple(attention_mask.shape)} "
@@ -672,6 +674,47 @@ _MASKS: dict[tuple[int, bool, int], tuple[Any, Any]] = {}
 _LENS: dict[tuple[str, int], list[Any]] = {}  # (device, batch) -> [the buffer, the mask whose lengths it holds]
 
 
+def _mask_shaped(mask: Any, sq: int, skv: int, batch: int) -> bool:
+    """Is ``mask`` a tensor of transformers' attention-mask shape [batch or 1, 1, Sq, Skv]?"""
+    return (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[0] in (1, batch)
+            and mask.shape[1] == 1 and tuple(mask.shape[-2:]) == (sq, skv))
+
+
+def _mask_prefix(mask: torch.Tensor, causal: bool, sq: int, skv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: (n, ok) of a transformers mask [batch or 1, 1, Sq, Skv] (bool, True attends, or additive
+    float, 0 attends): n the keys its last query position sees per sequence, ok whether the mask is the kernel's on
+    each sequence's first n keys (key j seen by query i iff j < n and, with ``causal``, j <= i + n - Sq)."""
+    keep = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]  # [batch or 1, Sq, Skv]
+    n = keep[:, -1].sum(-1)  # the last query position sees every key of its sequence
+    i = torch.arange(sq, device=mask.device)[:, None]
+    j = torch.arange(skv, device=mask.device)[None, :]
+    edge = n[:, None, None] - (sq - 1 - i)[None] if causal else n[:, None, None]
+    return n, (keep == (j[None] < edge)).all()
+
+
+def _hf_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+    """``hf_attention`` with a mask inside a compiled graph (torch.compile, e.g. ``mode="reduce-overhead"`` over a
+    static cache's decode steps): the lengths come from the mask on the device, with no host synchronisation and so
+    no graph break, and the step runs ``flash_attention_kvcache`` on the whole cache (at most DECODE_MAX_SEQ_Q
+    positions). The mask's shape is checked while tracing; that it is the causal mask on each sequence's first keys
+    (``_mask_lengths``' check, which needs the host) is checked on the device, and a step whose mask is not (a padded
+    batch) returns NaN rather than a wrong answer."""
+    sq, skv, batch = q.shape[1], k.shape[1], q.shape[0]
+    if not _mask_shaped(mask, sq, skv, batch):
+        raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: an attention mask of shape "
+                         f"{tuple(getattr(mask, 'shape', ()))}; ptsolve takes transformers' [batch, 1, {sq}, {skv}] "
+                         "mask of a causal model")
+    if sq > _gen().DECODE_MAX_SEQ_Q:
+        raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: a {sq}-position step against a masked "
+                         f"(static) cache; compiled steps take at most {_gen().DECODE_MAX_SEQ_Q} positions (run the "
+                         "prefill eagerly, as transformers' generate does)")
+    n, ok = _mask_prefix(mask, causal, sq, skv)
+    out = flash_attention_kvcache(q, k, v, n.to(torch.int32).expand(batch).contiguous(), causal=causal,
+                                  softmax_scale=scale)
+    return torch.where(ok, out, torch.full_like(out, math.nan))
+
+
 def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int) -> tuple[torch.Tensor, list[int]] | None:
     """Is a transformers attention mask ([batch or 1, 1, Sq, Skv]; bool, True attends, or additive float, 0 attends)
     the kernel's mask on each sequence's first n_b keys: key j seen by query i iff j < n_b and, with ``causal``,
@@ -681,18 +724,12 @@ def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int) -> tup
     by identity through a weak reference. The tensor is one buffer per (device, batch), filled with the lengths of the
     mask last asked about, so the launches that read it stay the same from step to step (``flash_attention_kvcache``'s
     kept launch); a buffer filled by another mask since is filled again (a device copy, in stream order)."""
-    if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[0] not in (1, batch)
-            or mask.shape[1] != 1 or tuple(mask.shape[-2:]) != (sq, skv)):
+    if not _mask_shaped(mask, sq, skv, batch):
         return None
     key = (id(mask), causal, batch)
     hit = _MASKS.get(key)
     if hit is None or hit[0]() is not mask:
-        keep = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]  # [batch or 1, Sq, Skv]
-        n = keep[:, -1].sum(-1)  # the last query position sees every key of its sequence
-        i = torch.arange(sq, device=mask.device)[:, None]
-        j = torch.arange(skv, device=mask.device)[None, :]
-        edge = n[:, None, None] - (sq - 1 - i)[None] if causal else n[:, None, None]
-        ok = (keep == (j[None] < edge)).all()
+        n, ok = _mask_prefix(mask, causal, sq, skv)
         got = torch.cat([ok.view(1).to(torch.int64), n.to(torch.int64)]).tolist()  # the one synchronisation
         lens = got[1:] * (batch // len(got[1:]))
         out = (n.to(torch.int32).expand(batch).contiguous(), lens) if got[0] else None

@@ -311,6 +311,35 @@ def test_transformers_llama_static_cache(torch, pt):
         assert prepared[1:] == [prepared[0]] * (len(prepared) - 1), prepared  # one launch per layer, kept
 
 
+def test_transformers_llama_compiled_static_cache(torch, pt):
+    """``torch.compile(mode="reduce-overhead", fullgraph=True)`` over a static cache's decode steps with
+    ``attn_implementation="ptsolve"`` (the prefill eager, as transformers' generate runs it): no graph break (the
+    lengths read from the mask on the device), the steps replayed as CUDA graphs, each step's logits within twice
+    SDPA's error of a float32 model."""
+    cfg, m32, m16, ids, steps = _llama_pair(torch)  # skips without transformers
+    from transformers import StaticCache
+    name = pt.register_transformers()
+    torch._dynamo.reset()
+
+    def run(model, impl, compiled):
+        _use(model, impl)
+        cache = StaticCache(config=cfg, max_cache_len=512)
+        logits = [model(ids, past_key_values=cache, use_cache=True).logits[:, -1].float()]
+        fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if compiled else model.forward
+        for i in range(steps.shape[1]):
+            torch.compiler.cudagraph_mark_step_begin()
+            pos = torch.tensor([ids.shape[1] + i], device="cuda")
+            out = fwd(steps[:, i:i + 1].clone(), past_key_values=cache, use_cache=True, cache_position=pos)
+            logits.append(out.logits[:, -1].float().clone())
+        return torch.stack(logits)
+
+    with torch.no_grad():
+        ref, sdpa = run(m32, "sdpa", False), run(m16, "sdpa", False)
+        ours = run(m16, name, True)
+    e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
+    assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
+
+
 @pytest.mark.parametrize("B,Sq,cap,H,Hkv,D,causal,dt", [
     (40, 1, 700, 32, 8, 128, False, "fp16"),   # 320 one-piece tiles: the persistent binary deals them over the SMs
     (24, 3, 900, 14, 2, 64, True, "bf16"),     # d64, causal, 3 positions x 7 heads: three binaries

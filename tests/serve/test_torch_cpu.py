@@ -257,6 +257,31 @@ def test_decode_family_follows_a_growing_cache(pt, fake_gpu, monkeypatch):
     assert log["prepared"] == len(buckets) >= 2 and len(log["launches"]) == len(steps)
 
 
+def test_compiled_hf_attention_reads_lengths_on_the_device(pt, monkeypatch):
+    """``hf_attention`` inside a compiled graph (``_hf_compiled``): a static cache's mask gives each sequence's length
+    without a host synchronisation and the step runs ``flash_attention_kvcache`` on them; a mask that is not the
+    causal mask on each sequence's first keys (left padding) turns the output into NaN, not a wrong answer; a prefill
+    longer than the decode kernel takes is a ShapeError naming the fix."""
+    from ptsolve.errors import ShapeError
+    got = []
+    monkeypatch.setattr(pt, "flash_attention_kvcache",
+                        lambda q, k, v, lens, causal, softmax_scale: got.append(lens.tolist()) or torch.ones_like(q))
+    B, H, Hkv, D, sq, cap = 2, 8, 2, 64, 2, 40
+    q, kv = torch.zeros(B, sq, H, D), torch.zeros(B, cap, Hkv, D)
+    lens = torch.tensor([17, 30])
+    i, j = torch.arange(sq)[:, None], torch.arange(cap)[None, :]
+    mask = (j[None] <= (i[None] + lens[:, None, None] - sq))[:, None]  # bool, True attends: [B, 1, Sq, cap]
+    out = pt._hf_compiled(q, kv, kv, mask, True, None)
+    assert got == [[17, 30]] and not out.isnan().any()
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    assert not pt._hf_compiled(q, kv, kv, additive, True, None).isnan().any() and got[-1] == [17, 30]
+    padded = mask.clone()
+    padded[1, :, :, :3] = False  # the second sequence left-padded by 3
+    assert pt._hf_compiled(q, kv, kv, padded, True, None).isnan().all()
+    with pytest.raises(ShapeError, match="prefill eagerly"):
+        pt._hf_compiled(torch.zeros(B, 17, H, D), kv, kv, torch.ones(B, 1, 17, cap, dtype=torch.bool), True, None)
+
+
 def test_mamba_warm_path_and_conversions(pt, fake_gpu):
     """Mamba2's chunk ops: a repeated call reuses the launch; float32 states (mamba_ssm's) are converted per call
     and not kept; a new batch or seq at the same addresses is a new launch of the same class kernel."""
