@@ -492,6 +492,21 @@ def emit_cached(plan: Any) -> KernelSource:
 _WORKSPACE: dict[tuple[int, str, str], Any] = {}
 
 
+_HELD: list[Any] = []  # device buffers of zeroed(): never freed, launches and captured CUDA graphs point into them
+
+
+def zeroed(nbytes: int, stream: int) -> int:
+    """The address of a new device buffer of ``nbytes`` (at least 16) on the current context, zero-filled in order on
+    ``stream`` (a raw handle) and held for the process. From the driver, not torch's allocator: a buffer first asked
+    for inside a CUDA-graph pool (the warm-up run of torch.compile's ``reduce-overhead``) would otherwise belong to
+    that pool, which refuses allocations its graph's outputs do not account for."""
+    d = _drv()
+    ptr = _check(d.cuMemAlloc(max(16, nbytes)), "cuMemAlloc")
+    _HELD.append(ptr)
+    _check(d.cuMemsetD8Async(ptr, 0, max(16, nbytes), _cu_stream(stream)), "cuMemsetD8Async")
+    return int(ptr)
+
+
 def workspace_ptrs(ks: KernelSource) -> dict[str, int]:
     """Device pointers of the scratch buffers ``ks.info["workspace"]`` names ({tensor: bytes}; e.g. split-K's fp32
     partial tiles and its per-tile arrival counters), zero-filled once per (device, kernel) and kept: the kernels
@@ -503,6 +518,6 @@ def workspace_ptrs(ks: KernelSource) -> dict[str, int]:
     for name, nbytes in sorted(ks.info.get("workspace", {}).items()):
         key = (torch.cuda.current_device(), ks.name, name)
         if key not in _WORKSPACE:
-            _WORKSPACE[key] = torch.zeros(max(16, nbytes), dtype=torch.uint8, device="cuda")
-        out[name] = _WORKSPACE[key].data_ptr()
+            _WORKSPACE[key] = zeroed(nbytes, torch.cuda.current_stream().cuda_stream)
+        out[name] = _WORKSPACE[key]
     return out

@@ -729,9 +729,10 @@ def _search_commands(sub: Any, fmt: type) -> None:
         q.add_argument("--hw", default=DEFAULT_HW, metavar="NAME|PATH",
                        help=f"hardware: {', '.join(known())}, or the path of a .json table")
         q.add_argument("--time-limit", type=_seconds, default=30.0 if q is o else WHOLE[q is c],
-                       help="wall-clock seconds for the solves; the compile check of each answer runs to its end "
-                            "past it (an answer is never served unchecked); the answers it cut short say TIME_LIMIT" + ("" if q is o else " (what is not reached by then is listed "
-                                                            "as such); each search also keeps to --search-limit"))
+                       help=("wall-clock seconds for the solves; the compile check of the answer runs to its end "
+                             "past it (no answer is served unchecked); an answer it cut short says TIME_LIMIT"
+                             if q is o else "wall-clock seconds for the whole command (what is not reached by then is "
+                             "listed as such); each search keeps to --search-limit, its compile checks past it"))
         q.add_argument("--no-cache", action="store_true", help="ignore and do not fill the schedule cache")
         q.add_argument("--jobs", type=_positive_int, default=None, help="parallel solves (default: all cores)")
         q.add_argument("--out", default=None, metavar="DIR",

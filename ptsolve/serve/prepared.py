@@ -56,17 +56,21 @@ def current_stream(device: int) -> int:
     return _STREAM[0](device)
 
 
-_SCRATCH: dict[tuple[int, str, str], list[Any]] = {}
+_SCRATCH: dict[tuple[int, str, str], list[tuple[int, int]]] = {}
 
 
 def scratch(device: Any, kernel_name: str, name: str, nbytes: int) -> int:
     """A zero-filled device buffer of at least ``nbytes`` for scratch ``name`` of a kernel, shared by its launches
     (the kernel leaves its counters at zero). Grown by allocating a larger one; the smaller ones are kept, since a
-    prepared launch (or a captured CUDA graph) may still point into them."""
+    prepared launch (or a captured CUDA graph) may still point into them. From the driver (``runtime.zeroed``), not
+    torch's allocator: a first launch inside torch.compile's CUDA-graph warm-up must not leave a buffer in its pool."""
     import torch
 
+    from codegen.runtime import zeroed
+
     held = _SCRATCH.setdefault((device.index or 0, kernel_name, name), [])
-    if not held or held[-1].numel() < nbytes:
-        held.append(torch.zeros(max(nbytes, 2 * held[-1].numel() if held else 0, 1 << 12), dtype=torch.uint8,
-                                device=device))
-    return held[-1].data_ptr()
+    if not held or held[-1][1] < nbytes:
+        size = max(nbytes, 2 * held[-1][1] if held else 0, 1 << 12)
+        with torch.cuda.device(device):
+            held.append((zeroed(size, current_stream(device.index or 0)), size))
+    return held[-1][0]

@@ -333,9 +333,12 @@ def test_transformers_llama_compiled_static_cache(torch, pt):
             logits.append(out.logits[:, -1].float().clone())
         return torch.stack(logits)
 
+    from torch._dynamo.utils import counters
     with torch.no_grad():
         ref, sdpa = run(m32, "sdpa", False), run(m16, "sdpa", False)
+        counters.clear()
         ours = run(m16, name, True)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])  # the steps ran as CUDA graphs
     e_ours, e_sdpa = (ours - ref).abs().max().item(), (sdpa - ref).abs().max().item()
     assert e_ours <= 2 * e_sdpa + 1e-2, (e_ours, e_sdpa)
 
