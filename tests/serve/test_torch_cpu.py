@@ -159,6 +159,7 @@ def fake_gpu(pt, monkeypatch):
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
     monkeypatch.setattr(serve.prepared, "LAUNCHES", {})
+    monkeypatch.setattr(serve.prepared, "scratch", lambda device, kernel, name, nbytes: 1 << 20)  # driver memory
 
     class _Map:  # a tensor map: its address in the parameters stands for the address it describes
         def __init__(self, spec, ptr):
