@@ -96,9 +96,7 @@ def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: in
 def _tma_ready(x: torch.Tensor) -> torch.Tensor:
     """``x`` when the tensor maps can describe it (last dim contiguous, other strides multiples of 16 bytes,
     16-byte aligned), else a contiguous copy."""
-    if x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s % 8 == 0 for s in x.stride()[:-1]):
-        return x
-    return x.contiguous()
+    return x if _ready(x) else x.contiguous()
 
 
 # ---------------------------------------------------------------------------------------------- the ops
@@ -202,7 +200,8 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     if k.shape[1] == 0:
         return out.zero_()  # no key at all: every row is zeros
     q2, k2, v2 = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    if _decodes(q, k, causal) and q2 is q and k2 is k and v2 is v:
+    dec = _decodes(q, k, causal)
+    if dec and q2 is q and k2 is k and v2 is v:
         # a decode step: its launch becomes a family's that later steps of a growing cache re-target (a new launch
         # per step cost ~120 us of host time, more than the kernel at short caches)
         if len(_GROW) >= 4096:
@@ -213,7 +212,7 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
             raise PtsolveError(f"a decode family refused the call that made it: q {tuple(q.shape)}, k "
                                f"{tuple(k.shape)}")
         return out
-    if _decodes(q, k, causal):
+    if dec:
         ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale)
     else:
         ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)

@@ -69,7 +69,7 @@ def main(out: Path) -> None:
 
 
 def parts(q, caches) -> dict:
-    """µs per call of each step of a cold decode launch (``ptsolve.serve.decode._decode_launch``), each timed alone."""
+    """µs per call of each step of a cold decode launch (``ptsolve.serve.decode._decode_prepare``), each timed alone."""
     import math
     import time as t
 

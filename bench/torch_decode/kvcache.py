@@ -113,7 +113,7 @@ def _pieces_one(H: int, D: int, B: int, S: int) -> dict[str, Any]:
     for s in split_counts(p, t["BM"], t["BN"]):
         serve.decode_pick = lambda c_, p_, s=s: (c, s)  # class c's binary with s pieces, whatever the model says
         try:
-            lns = [serve.decode._decode_launch(*x, c, 1 / math.sqrt(D), None) for x in sets]
+            lns = [serve.decode._decode_prepare(*x, c, 1 / math.sqrt(D), None)[0] for x in sets]
         finally:
             serve.decode_pick = chosen
         outs = [torch.empty_like(x[0]) for x in sets]

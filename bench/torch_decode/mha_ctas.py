@@ -82,7 +82,7 @@ def run(out: Path) -> None:
                     continue
                 serve.decode_splits = lambda c_, p_, s=s: s  # _KERNELS[c]: this variant
                 try:
-                    lns = [serve.decode._decode_launch(*x, c, 0.125, None) for x in sets]
+                    lns = [serve.decode._decode_prepare(*x, c, 0.125, None)[0] for x in sets]
                 finally:
                     serve.decode_splits = chosen
                 outs = [torch.empty_like(x[0]) for x in sets]

@@ -89,7 +89,7 @@ def run(out: Path, wg: bool = False, before: str = "device") -> None:
         for tag, pick in cands.items():
             serve.decode_pick = lambda c_, p_, pick=pick: pick  # this binary and piece count, whatever the model says
             try:
-                lns = [serve.decode._decode_launch(*x[:3], c, scale, None) for x in sets]
+                lns = [serve.decode._decode_prepare(*x[:3], c, scale, None)[0] for x in sets]
             finally:
                 serve.decode_pick = chosen
             lns[0](serve.current_stream(0), sets[0][3].data_ptr())

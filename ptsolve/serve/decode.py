@@ -198,11 +198,7 @@ def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: 
     key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            scale, 0 if seqlens is None else seqlens.data_ptr())
     ln = prepared.LAUNCHES.get(key)
-    return ln if ln is not None else prepared.keep(key, _decode_launch(q, k, v, c, scale, seqlens))
-
-
-def _decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any) -> Any:
-    return _decode_prepare(q, k, v, c, scale, seqlens)[0]
+    return ln if ln is not None else prepared.keep(key, _decode_prepare(q, k, v, c, scale, seqlens)[0])
 
 
 def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0
