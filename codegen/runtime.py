@@ -392,8 +392,7 @@ def encode_tensor_map(spec: Any, ptr: int) -> Any:
 
 class MapSlot:
     """A CUtensorMap's 128 bytes (64-byte aligned, as the driver requires) encoded in place through libcuda itself
-    (ctypes): a growing tensor's map re-encoded per call without cuda-python's per-argument objects (~4.8 us a map
-    through cuda-python on an H200 host; bench study models)."""
+    (ctypes): a growing tensor's map re-encoded per call without building cuda-python's per-argument objects."""
 
     __slots__ = ("_raw", "addr")
     _ENC: list[Any] = []  # libcuda's cuTensorMapEncodeTiled, its argument types set

@@ -203,7 +203,7 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     dec = _decodes(q, k, causal)
     if dec and q2 is q and k2 is k and v2 is v:
         # a decode step: its launch becomes a family's that later steps of a growing cache re-target (a new launch
-        # per step cost ~120 us of host time, more than the kernel at short caches)
+        # per step cost 125-247 us of host time, more than the kernel at short caches: bench study torch_decode)
         if len(_GROW) >= 4096:
             _GROW.clear()
         fam = _GROW[_grow_key(q, k, v, causal, given)] = _gen().DecodeFamily(q, k, v, _decode_class(q, k, causal),
