@@ -289,7 +289,8 @@ class Launch:
         self.ptrs, self.out = ptrs, out
         self._head = (func, *grid, *block, smem)  # cuLaunchKernel's arguments before the stream
         self._maps = maps  # (the parameter address array, tensor map name -> (its index there, its spec))
-        self._at: dict[str, tuple[int, Any]] = {}  # tensor map name -> (the address it describes now, the map)
+        # tensor map name -> (the address it describes now, the map, its spec)
+        self._at: dict[str, tuple[int, Any, Any]] = {}
         self.out_map = out_map  # the tensor map argument a call's ``out`` re-encodes ("": out is a pointer)
         self.slots: dict[str, tuple[int, str]] = {}  # scalar argument -> (byte offset in buf, struct format)
         self.buf: Any = None
@@ -376,18 +377,25 @@ def encode_tensor_map(spec: Any, ptr: int) -> Any:
     driver = _drv()
     if ptr % 16:
         raise DeviceError(f"tensor {spec.tensor!r} must be 16-byte aligned for TMA")
-    dt = {"fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-          "bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-          "fp32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[spec.dtype]
-    sw = {128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-          0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[spec.swizzle]
+    dt, il, sw, l2, oob = _map_modes(spec)
     rank = len(spec.dims)
     return _check(driver.cuTensorMapEncodeTiled(
         dt, rank, ptr, [driver.cuuint64_t(x) for x in spec.dims],
         [driver.cuuint64_t(x) for x in spec.strides_bytes], [driver.cuuint32_t(x) for x in spec.box],
-        [driver.cuuint32_t(1)] * rank, driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({spec.tensor})")
+        [driver.cuuint32_t(1)] * rank, il, sw, l2, oob), f"cuTensorMapEncodeTiled({spec.tensor})")
+
+
+def _map_modes(spec: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The driver's (data type, interleave, swizzle, L2 promotion, out-of-bounds fill) of ``spec``'s map: the one
+    choice both encoders (``encode_tensor_map``, ``MapSlot``) make."""
+    d = _drv()
+    T, S = d.CUtensorMapDataType, d.CUtensorMapSwizzle
+    dt = {"fp16": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "bf16": T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          "fp32": T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[spec.dtype]
+    sw = {128: S.CU_TENSOR_MAP_SWIZZLE_128B, 0: S.CU_TENSOR_MAP_SWIZZLE_NONE}[spec.swizzle]
+    return (dt, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+            d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
 
 
 class MapSlot:
@@ -426,25 +434,18 @@ class MapSlot:
             cls._ENC.append(f)
         return cls._ENC[0]
 
-    _ENUMS: dict[str, Any] = {}  # the driver's enum values encode_tensor_map uses, as ints
+    _MODES: dict[tuple[str, int], tuple[int, ...]] = {}  # (dtype, swizzle) -> _map_modes as ints, once
 
     @classmethod
     def _args(cls, spec: Any) -> tuple[Any, ...]:
-        e = cls._ENUMS
-        if not e:
-            d = _drv()
-            T, S = d.CUtensorMapDataType, d.CUtensorMapSwizzle
-            e.update(fp16=int(T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16), bf16=int(T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
-                     fp32=int(T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32), sw128=int(S.CU_TENSOR_MAP_SWIZZLE_128B),
-                     sw0=int(S.CU_TENSOR_MAP_SWIZZLE_NONE),
-                     tail=(int(d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE), 0,
-                           int(d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
-                           int(d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)))
+        modes = cls._MODES.get((spec.dtype, spec.swizzle))
+        if modes is None:
+            modes = cls._MODES[(spec.dtype, spec.swizzle)] = tuple(int(x) for x in _map_modes(spec))
+        dt, il, sw, l2, oob = modes
         rank = len(spec.dims)
         arrs = ((ctypes.c_uint64 * rank)(*spec.dims), (ctypes.c_uint64 * max(1, rank - 1))(*spec.strides_bytes),
                 (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*[1] * rank))
-        il, _, l2, oob = e["tail"]
-        a = (e[spec.dtype], rank, *(ctypes.addressof(x) for x in arrs), il, e[f"sw{spec.swizzle}"], l2, oob)
+        a = (dt, rank, *(ctypes.addressof(x) for x in arrs), il, sw, l2, oob)
         if len(cls._ARGS) >= 4096:
             cls._ARGS.clear()
         cls._ARGS[spec] = (a, arrs)  # the arrays held while their addresses are
