@@ -23,6 +23,7 @@ STUDIES: dict[str, str] = {
     "decode_tune": "Measured selection for decode shapes (select, pick, confirm)",
     "depth_tie": "The ring-depth tie-break per operator, and GEMM's measured selection",
     "fa3_order_model": "How the cost model ranks the hand FA3 order against its free optimum (CPU)",
+    "fa_interface": "FlashAttention's interface feature by feature (softcap, window, seqused, LSE) next to FA4 (GPU)",
     "fa_tune": "Measured selection for the paper attention configurations, FA3 order among the candidates",
     "first_choice": "The exact solver's first choice against the hand FA3-order plan",
     "gemm_heldout": "GEMM on held-out shapes; misaligned K rows",

@@ -7,16 +7,16 @@ from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
-(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``window_size``, ``attention_chunk``, ``softcap``,
-``flash_attn_with_kvcache``'s softmax LSE, ``seqused_q`` / ``seqused_k``, appending ``k`` / ``v`` into the cache,
-rotary embedding,
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, ``flash_attn_with_kvcache``'s
+``window_size``, ``softcap`` and softmax LSE, appending ``k`` / ``v`` into the cache, rotary embedding,
 ``cache_batch_idx``, ``cache_leftpad``, paged KV (``page_table``), varlen queries against a cache, a precomputed
 ``scheduler_metadata``, SMs held back for communication (``sm_margin``) and the backward pass (inputs that require
 grad). ``num_splits``,
 ``pack_gqa`` and ``deterministic`` are FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses
 its own splits and packing, and its forward pass is deterministic, so they are accepted and have no effect.
 What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256 (``flash_attn_with_kvcache``: 64 or 128), fp16
-or bf16, causal masks bottom-right aligned, GQA / MQA.
+or bf16, causal masks bottom-right aligned, GQA / MQA; ``flash_attn_func`` and ``flash_attn_varlen_func`` also take
+``softcap``, ``window_size`` (sliding window, with or without causal) and, varlen, ``seqused_q`` / ``seqused_k``.
 """
 from __future__ import annotations
 
@@ -58,13 +58,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """softmax(q kᵀ · softmax_scale) v as FlashAttention-3's ``flash_attn_func``: q [B, Sq, H, D], k / v
     [B, Skv, Hkv, D] → out [B, Sq, H, D] (``ptsolve.torch.flash_attention``)."""
     _refuse("flash_attn_func", {"qv": qv, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
-                                "window_size": window_size, "attention_chunk": attention_chunk, "softcap": softcap,
-                                "sm_margin": sm_margin})
+                                "attention_chunk": attention_chunk, "sm_margin": sm_margin})
     _no_grad("flash_attn_func", q=q, k=k, v=v)
     from . import torch as pt
 
-    return pt.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                              return_lse=bool(return_attn_probs))
+    return pt.flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=bool(return_attn_probs),
+                              softcap=softcap, window_size=tuple(window_size))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -73,15 +72,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
     """Packed variable-length batches as FlashAttention-3's ``flash_attn_varlen_func``: q [total_q, H, D], k / v
     [total_k, Hkv, D], int32 ``cu_seqlens_*`` [B + 1] (``ptsolve.torch.flash_attention_varlen``)."""
-    _refuse("flash_attn_varlen_func", {"seqused_q": seqused_q, "seqused_k": seqused_k, "qv": qv,
-                                       "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
-                                       "window_size": window_size, "attention_chunk": attention_chunk,
-                                       "softcap": softcap, "sm_margin": sm_margin})
+    _refuse("flash_attn_varlen_func", {"qv": qv, "q_descale": q_descale, "k_descale": k_descale,
+                                       "v_descale": v_descale, "attention_chunk": attention_chunk,
+                                       "sm_margin": sm_margin})
     _no_grad("flash_attn_varlen_func", q=q, k=k, v=v)
     from . import torch as pt
 
     return pt.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                     softmax_scale=softmax_scale, return_lse=bool(return_attn_probs))
+                                     softmax_scale=softmax_scale, return_lse=bool(return_attn_probs),
+                                     seqused_q=seqused_q, seqused_k=seqused_k, softcap=softcap,
+                                     window_size=tuple(window_size))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,

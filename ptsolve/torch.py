@@ -114,6 +114,9 @@ _LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, T
 _LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> (Tensor, Tensor)")
 _LIB.define("flash_attention_varlen_lse(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)")
+_LIB.define("flash_attention_features(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+            "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
+            "float softmax_scale, float softcap, int window_left, int window_right) -> (Tensor, Tensor)")
 _LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
 _LIB.define("mamba_chunk_scan(Tensor cb, Tensor x, Tensor dt, Tensor dA_cumsum, Tensor C, Tensor states) -> Tensor")
 _LIB.define("mamba_chunk_state(Tensor B, Tensor x, Tensor dt, Tensor dA_cumsum) -> Tensor")
@@ -262,6 +265,44 @@ def _flash_attention_varlen_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.
     """Varlen attention and the rows' log-sum-exp, float32 [H, total_q] (FlashAttention-3's layout)."""
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, lse), lse
+
+
+def _flash_attention_features_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
+                                   cu_k: torch.Tensor | None, used_q: torch.Tensor | None, used_k: torch.Tensor | None,
+                                   max_q: int, max_k: int, causal: bool, scale: float, softcap: float, wl: int,
+                                   wr: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense or varlen attention with a softcap, a sliding window or varlen's ``seqused``, and the rows'
+    log-sum-exp: the softcap / window class's prefill kernel at any seq_q (features normalised by the caller)."""
+    varlen = cu_q is not None
+    out = q.new_empty(q.shape) if varlen else _empty_like(q, memory_format=_CF)
+    lse = q.new_empty((q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1]),
+                      dtype=torch.float32)
+    if out.numel() == 0 or (varlen and cu_q.shape[0] < 2):
+        return out, lse
+    if (max_k if varlen else k.shape[1]) == 0 or k.shape[-3] == 0:
+        return out.zero_(), lse.fill_(math.inf)
+    c = _gen().attention_class(_DT[q.dtype], q.shape[-1], causal, q.shape[-2], k.shape[-2], softcap=softcap > 0,
+                               window=(wl, wr) != (-1, -1))
+    vl = {"cu_q": cu_q.contiguous(), "cu_k": cu_k.contiguous(), "max_q": max(1, max_q), "max_k": max_k} \
+        if varlen else {}
+    _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, c, scale, lse=lse, used_q=used_q,
+                               used_k=used_k, softcap=softcap, window=(wl, wr), **vl)
+    return out, lse
+
+
+def _features(name: str, seq_q: int, seq_kv: int, causal: bool, softcap: Any, window_size: Any
+              ) -> tuple[float, int, int]:
+    """(softcap, window_left, window_right) as the kernel takes them: FlashAttention-3's normalisation (causal is
+    a right window of 0; a window that covers every key is none; -1 unbounded), ShapeError for bad values."""
+    from .ops.attention import features
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ShapeError(f"{name}: window_size={window_size!r} must be a pair (left, right) of ints, -1 unbounded"
+                         ) from None
+    f = features({"seq_q": seq_q, "seq_kv": seq_kv, "causal": causal}, softcap=softcap, window_left=left,
+                 window_right=right)
+    return f.get("softcap", 0.0), f.get("window_left", -1), f.get("window_right", -1)
 
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
@@ -438,6 +479,7 @@ _LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
 _LIB.impl("flash_attention_kvcache", _flash_attention_kvcache_cuda, "CUDA")
 _LIB.impl("flash_attention_lse", _flash_attention_lse_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen_lse", _flash_attention_varlen_lse_cuda, "CUDA")
+_LIB.impl("flash_attention_features", _flash_attention_features_cuda, "CUDA")
 _LIB.impl("gemm", _gemm_cuda, "CUDA")
 _LIB.impl("mamba_chunk_scan", _mamba_chunk_scan_cuda, "CUDA")
 _LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
@@ -470,6 +512,15 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
       max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_features", lib=_LIB)
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+      cu_seqlens_k: torch.Tensor | None, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float, softcap: float, window_left: int,
+      window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+    return q.new_empty(q.shape), q.new_empty(lse, dtype=torch.float32)
 
 
 @torch.library.register_fake("ptsolve::gemm", lib=_LIB)
@@ -513,12 +564,24 @@ def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None, return_lse: bool = False) -> Any:
+                    softmax_scale: float | None = None, return_lse: bool = False, softcap: float = 0.0,
+                    window_size: tuple[int, int] = (-1, -1)) -> Any:
     """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
     ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros).
     ``return_lse``: also the rows' softmax log-sum-exp, float32 [B, H, Sq] (natural log of Σ exp(q·k · scale); +inf
     for a row that sees no key), as FlashAttention-3 returns it: ``(out, lse)``, from the class's prefill kernel at
-    any seq_q (the split-KV decode and exact-shape kernels do not write it)."""
+    any seq_q (the split-KV decode and exact-shape kernels do not write it). ``softcap`` > 0: scores become
+    softcap · tanh(q·k · scale / softcap) (Gemma-2's); ``window_size`` (left, right): query i sees keys
+    i + Skv − Sq − left .. i + Skv − Sq + right (-1 unbounded; causal sets right to 0), FlashAttention's sliding
+    window. Either runs the class's prefill kernel built with it, at any seq_q."""
+    if softcap or tuple(window_size) != (-1, -1):
+        causal = bool(causal)
+        scale = _check_attention(q, k, v, 4, causal, softmax_scale)
+        args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale,
+                *_features("flash_attention", q.shape[1], k.shape[1], causal, softcap, window_size))
+        out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
+            _flash_attention_features_cuda(*args)
+        return (out, lse) if return_lse else out
     if return_lse:
         causal = bool(causal)
         scale = _check_attention(q, k, v, 4, causal, softmax_scale)
@@ -538,10 +601,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                           softmax_scale: float | None = None, return_lse: bool = False) -> Any:
+                           softmax_scale: float | None = None, return_lse: bool = False,
+                           seqused_q: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
+                           softcap: float = 0.0, window_size: tuple[int, int] = (-1, -1)) -> Any:
     """Variable-length batches, packed as flash-attn's: q [total_q, H, D], k / v [total_k, Hkv, D], sequence b
     at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones.
-    ``return_lse``: ``(out, lse)`` with the rows' log-sum-exp, float32 [H, total_q] (``flash_attention``'s)."""
+    ``return_lse``: ``(out, lse)`` with the rows' log-sum-exp, float32 [H, total_q] (``flash_attention``'s).
+    ``seqused_q`` / ``seqused_k`` (int32 [B] on the device, FlashAttention-3's): sequence b is only its first
+    seqused[b] rows from cu_seqlens[b] (at most the rows cu_seqlens gives it, not checked on the device); output
+    and log-sum-exp rows past seqused_q are not written, as FlashAttention-3's; keys past seqused_k are never
+    attended to but must be finite (their block is loaded and masked: P = 0 times NaN is NaN). ``softcap``,
+    ``window_size``: ``flash_attention``'s (normalised against ``max_seqlen_*``)."""
     causal = bool(causal)
     scale = _check_attention(q, k, v, 3, causal, softmax_scale)
     for n, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -553,6 +623,17 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                          "must both have batch + 1 entries")
     if min(max_seqlen_q, max_seqlen_k) < 0:
         raise ShapeError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0")
+    B = cu_seqlens_q.shape[0] - 1
+    for n, u in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if u is not None and (u.dtype != torch.int32 or tuple(u.shape) != (B,) or u.device != q.device):
+            raise ShapeError(f"{n} must be a torch.int32 tensor of shape ({B},) on {q.device} (one length per "
+                             f"sequence), got {u.dtype} {tuple(u.shape)} on {u.device}")
+    if softcap or tuple(window_size) != (-1, -1) or seqused_q is not None or seqused_k is not None:
+        fa = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+              scale, *_features("flash_attention_varlen", max_seqlen_q, max_seqlen_k, causal, softcap, window_size))
+        out, lse = torch.ops.ptsolve.flash_attention_features(*fa) if _compiling() else \
+            _flash_attention_features_cuda(*fa)
+        return (out, lse) if return_lse else out
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale)
     if return_lse:
         return torch.ops.ptsolve.flash_attention_varlen_lse(*args) if _compiling() else \
@@ -633,10 +714,16 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     (``_mask_lengths``): all of them (a dynamic cache), or the filled part of a static cache, whose decode steps run
     ``flash_attention_kvcache`` on the whole cache (its addresses fixed: the launch is kept from step to step) and
     whose prefill runs on the filled part. Other masks (a padded batch) are a ShapeError (run padded batches through
-    ``flash_attention_varlen``). No dropout (inference)."""
+    ``flash_attention_varlen``). No dropout (inference). A module's ``softcap`` (Gemma-2's
+    ``attn_logit_softcapping``) and ``sliding_window`` (keys q − sliding_window + 1 .. q, transformers' sliding mask)
+    run ``flash_attention``'s softcap and window; a static cache's decode steps do not take them yet (ShapeError)."""
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    sw = kwargs.get("sliding_window")
+    feat = {"softcap": float(kwargs.get("softcap") or 0.0), "window_size": (int(sw) - 1, -1) if sw else (-1, -1)}
+    asked = [f"{n}={x!r}" for n, x in (("softcap", kwargs.get("softcap")), ("sliding_window", sw)) if x]
+    feat = feat if asked else {}
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if attention_mask is None:
         sq, skv = q.shape[1], k.shape[1]
@@ -648,8 +735,11 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
             raise ShapeError(f"attn_implementation='ptsolve': {sq} queries against {skv} keys with no mask means "
                              "top-left causal attention, which leaves the last queries more keys than ptsolve's "
                              "bottom-right mask; pass the mask")
-        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling), None
+        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling, **feat), None
     if _compiling():
+        if asked:
+            raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: {', '.join(asked)} with a masked "
+                             "(static) cache; ptsolve's kv-cache kernel has no softcap or window yet")
         return _hf_compiled(q, k, v, attention_mask, causal, scaling), None
     got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0])
     if got is None:
@@ -659,14 +749,18 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                          "ones")
     lens, n = got
     if min(n) == k.shape[1]:  # every key: the mask is the one the kernel applies anyway
-        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling), None
+        return flash_attention(q, k, v, causal=causal, softmax_scale=scaling, **feat), None
+    if asked:
+        raise ShapeError(f"attn_implementation='ptsolve': {', '.join(asked)} with a static cache filled to "
+                         f"{sorted(set(n))} of {k.shape[1]} slots: ptsolve's kv-cache kernel has no softcap or window "
+                         "yet; use the dynamic cache")
     if q.shape[1] <= _gen().DECODE_MAX_SEQ_Q:  # a static cache's decode or speculative step: the whole cache
         return flash_attention_kvcache(q, k, v, lens, causal=causal, softmax_scale=scaling), None
     if len(set(n)) > 1:
         raise ShapeError(f"attn_implementation='ptsolve': a {q.shape[1]}-position step against a static cache filled "
                          f"to different lengths {sorted(set(n))}: ptsolve runs such steps (more than "
                          f"{_gen().DECODE_MAX_SEQ_Q} positions) on equal lengths only")
-    return flash_attention(q, k[:, :n[0]], v[:, :n[0]], causal=causal, softmax_scale=scaling), None
+    return flash_attention(q, k[:, :n[0]], v[:, :n[0]], causal=causal, softmax_scale=scaling, **feat), None
 
 
 _MASKS: dict[tuple[int, bool, int], tuple[Any, Any]] = {}

@@ -6,7 +6,7 @@
 # install them into /tmp/site (once per machine), unpack .cubin_peers_pack/cache.tar.xz (prepare's cubins and
 # plans) and run `python -m bench peers run`, writing $OUT/h200.json and h200.md (copy them to results/peers/), the
 # run's log and the install's. Without the wheels the run goes on and the fa4 key is absent from every row.
-# Environment: ONLY, LIMIT (a smoke run: LIMIT=2), BUDGET_S (start no row after this, default 470), RUN_S (the
+# Environment: STUDY (fa_interface: that study instead; PACK / CACHE: its cubin pack and cache folder), ONLY, LIMIT (a smoke run: LIMIT=2), BUDGET_S (start no row after this, default 470), RUN_S (the
 # run's timeout, default 540), ROUNDS, SKIP (candidates not to run, e.g. fa4), COMMIT (the commit the report names).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -38,10 +38,11 @@ if [ -d /tmp/site ]; then
   export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ -f .cubin_peers_pack/cache.tar.xz ]; then
-  python3 -c "import tarfile; tarfile.open('.cubin_peers_pack/cache.tar.xz').extractall('.')"
+PACK=${PACK:-.cubin_peers_pack} CACHE=${CACHE:-.cubin_peers}
+if [ -f "$PACK/cache.tar.xz" ]; then
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall('.')" "$PACK/cache.tar.xz"
 fi
-export PTSOLVE_CACHE_DIR="$PWD/.cubin_peers"
+export PTSOLVE_CACHE_DIR="$PWD/$CACHE"
 # FA4's compiled kernels on disk: a second call on the same machine (a run in parts) compiles none again
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4_cache
 ls "$PTSOLVE_CACHE_DIR/cubin" 2>/dev/null | grep -c cubin | sed 's/^/cubins carried: /'
@@ -50,7 +51,13 @@ if ! python3 -c "import flash_attn.cute as f, importlib.metadata as m; print('fa
   echo "flash_attn.cute does not import (install.log): running without it"
   export PYTHONPATH="$PWD"  # a failed import (a crash even) stays out of the run: fa4 is absent, the report says why
 fi
-export PEERS_COMMAND="bash bench/peers/device.sh (ONLY=${ONLY:-} LIMIT=${LIMIT:-} BUDGET_S=${BUDGET_S:-470})"
+export PEERS_COMMAND="bash bench/peers/device.sh (STUDY=${STUDY:-peers} ONLY=${ONLY:-} LIMIT=${LIMIT:-} BUDGET_S=${BUDGET_S:-470})"
+if [ "${STUDY:-peers}" = fa_interface ]; then  # issue 36's feature x head_dim study, on the same install
+  timeout "${RUN_S:-540}" python3 -m bench fa_interface run --out "$OUT/h200.json" --only "${ONLY:-}" \
+    --budget-s "${BUDGET_S:-470}" --rounds "${ROUNDS:-15}" > "$OUT/run.log" 2>&1
+  echo "run: exit $?"; tail -"${TAIL:-30}" "$OUT/run.log" | cut -c1-300
+  exit 0
+fi
 timeout "${RUN_S:-540}" python3 -m bench peers run --plans .cubin_peers/plans.json --out "$OUT/h200.json" \
   --only "${ONLY:-}" --limit "${LIMIT:-0}" --budget-s "${BUDGET_S:-470}" --rounds "${ROUNDS:-15}" --skip "${SKIP:-}" \
   > "$OUT/run.log" 2>&1

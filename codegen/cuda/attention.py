@@ -7,7 +7,14 @@ as arguments, plus the softmax scale (``SCALE_LOG2`` = scale · log2 e) and opti
 is bottom-right aligned per sequence for any seq_q, seq_kv: a query block that sees no key (seq_q > seq_kv) is
 stored as zeros, as FlashAttention does. With varlen a tile's last K/V block may read the next sequence's rows:
 their scores are masked to -inf, so they count only through P = 0 (finite values assumed). A tile is BM query
-rows of one (batch, head); consumer warpgroup g owns rows 64g..64g+63. Per key block of BN keys: S = Q Kᵀ
+rows of one (batch, head); consumer warpgroup g owns rows 64g..64g+63. A generic build also takes ``used_q`` /
+``used_k`` (int32 [B], FlashAttention's ``seqused_q`` / ``seqused_k``: a varlen sequence's rows that count, from its
+``cu_*`` start; rows past them are neither read as keys nor written). A sliding window (``window_left`` /
+``window_right`` in the parameters; ``WL`` / ``WR``, -1 unbounded) starts a query block's loop at its band's first
+key block ``T0`` and masks the band's edges; a softcap (``softcap``) caps each score in rowmax,
+tanh(s · scale / softcap) through ``SOFTCAP_PRE`` = scale / softcap, the exp2 domain's scale then being softcap ·
+log2 e. Either is built in only where the parameters ask for it.
+Per key block of BN keys: S = Q Kᵀ
 (``mma_qk``: wgmma, both operands in shared memory, K-major), the online softmax in registers in the exp2
 domain (``rowmax``, ``exp2``, ``rowsum``, which packs P into wgmma A fragments, ``rescale`` of O), O += P V
 (``mma_pv``: wgmma with P from registers, V MN-major). Ragged tails: TMA zero-fills out-of-range rows,
@@ -78,13 +85,22 @@ def _dp(ir: KernelIR) -> str:
     return "D" if head_cols(ir.params["head_dim"]) == ir.params["head_dim"] else "DP"
 
 
+def _window(ir: KernelIR) -> bool:
+    return "window_left" in ir.params
+
+
 def _consts(ir: KernelIR) -> str:
     p, t = ir.params, ir.tiling
     D = p["head_dim"]
     dp = "" if _dp(ir) == "D" else f"DP = {head_cols(D)}, "
+    sc = p.get("softcap", 0.0)
+    log2s = math.log2(math.e) * (sc if sc else 1 / math.sqrt(D))
     scale = ("" if ir.generic else
-             f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
-             "  constexpr int* cu_q = nullptr; constexpr int* cu_k = nullptr;\n")
+             f"  constexpr float SCALE_LOG2 = {log2s!r}f;  // log2(e) / sqrt(D), or log2(e) · softcap\n"
+             "  constexpr int* cu_q = nullptr; constexpr int* cu_k = nullptr;\n"
+             "  constexpr int* used_q = nullptr; constexpr int* used_k = nullptr;\n"
+             + (f"  constexpr int WL = {p['window_left']}, WR = {p['window_right']};\n" if _window(ir) else "")
+             + (f"  constexpr float SOFTCAP_PRE = {1 / (math.sqrt(D) * sc)!r}f;\n" if sc else ""))
     return (f"  constexpr int D = {D}, {dp}DCH = {_dp(ir)} / 64, BM = {t['BM']}, BN = {t['BN']};\n"
             f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n" + scale +
             "  const bool VARLEN = cu_q != nullptr; (void)VARLEN;")
@@ -100,18 +116,27 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
     # rows), the output row of its query 0
     seq = ("  const int QR = VARLEN ? cu_q[bz] : 0, KR = VARLEN ? cu_k[bz] : 0, QB = VARLEN ? 0 : bz, "
            "KB = VARLEN ? 0 : bz;\n"
-           "  const int SQB = VARLEN ? cu_q[bz + 1] - QR : SQ, SKVB = VARLEN ? cu_k[bz + 1] - KR : SKV;\n"
+           "  const int SQB = VARLEN ? (used_q != nullptr ? used_q[bz] : cu_q[bz + 1] - QR) : SQ;\n"
+           "  const int SKVB = VARLEN ? (used_k != nullptr ? used_k[bz] : cu_k[bz + 1] - KR) : SKV;\n"
            "  const size_t OROW = (size_t)QB * SQ + QR;\n  (void)OROW; (void)KR; (void)KB; (void)QR;\n")
     # only a generic build meets a query block beyond a shorter sequence or one that sees no key (causal, seq_q >
     # seq_kv: stored as zeros, as FlashAttention's); an exact build needs seq_q <= seq_kv and keeps these branches
     # out of its tile loop (ptxas serialises a persistent kernel's wgmma across them)
     skip = "" if not ir.generic else "  if (m0 >= SQB) skip_ = true;  // varlen: a shorter sequence than the longest\n"
+    # a window's band: the blocks from the first row's first key (T0) to the last row's last; a block none of whose
+    # rows sees a key is stored as zeros, in an exact build too
+    band = "" if not _window(ir) else (
+        "  int T0 = 0;\n"
+        "  if (WL >= 0) { const int lo = m0 + OFF - WL; T0 = lo > 0 ? lo / BN : 0; }\n"
+        "  if (!CAUSAL && WR >= 0) { const int hi = m0 + BM - 1 + OFF + WR; const int lim = hi < 0 ? 0 : hi / BN + 1;"
+        " T = lim < T ? lim : T; }\n"
+        "  T -= T0;\n")
     # where a generic build writes the log-sum-exp of its rows: [B, H, SQ], or [H, total_q] for varlen (FA3's)
     lse = "" if not ir.generic else (
         "  const size_t LSE_B = lse == nullptr ? 0 : VARLEN ? (size_t)hq * cu_q[B_] + QR\n"
         "                                                   : ((size_t)bz * H + hq) * SQ;\n"
         "  (void)LSE_B;\n")
-    zero = "" if not ir.generic else (
+    zero = "" if not (ir.generic or _window(ir)) else (
         "  if (!skip_ && T <= 0) {  // no key for this query block: zeros\n"
         "    if (wg > 0)\n"
         f"      for (int i = threadIdx.x - 128; i < BM * (D / 8); i += {ir.threads - 128}) {{\n"
@@ -119,15 +144,16 @@ def _tiles(ir: KernelIR) -> tuple[int | str, str]:
         "        if (r < SQB) reinterpret_cast<uint4*>(out + ((OROW + r) * H + hq) * D)[i % (D / 8)] = "
         "make_uint4(0u, 0u, 0u, 0u);\n"
         "      }\n"
-        "    if (wg > 0 && lse != nullptr)  // FlashAttention's log-sum-exp of a row that sees no key: +inf\n"
-        f"      for (int r = m0 + threadIdx.x - 128; r < m0 + BM && r < SQB; r += {ir.threads - 128}) "
-        "lse[LSE_B + r] = INFINITY;\n"
+        + ("    if (wg > 0 && lse != nullptr)  // FlashAttention's log-sum-exp of a row that sees no key: +inf\n"
+           f"      for (int r = m0 + threadIdx.x - 128; r < m0 + BM && r < SQB; r += {ir.threads - 128}) "
+           "lse[LSE_B + r] = INFINITY;\n" if ir.generic else "") +
         "    skip_ = true;\n  }")
     return n, (split + seq + "  const int mb = CAUSAL ? (NMB - 1 - mb_) : mb_;\n"
                "  const int m0 = mb * BM, hkv = hq / (H / HKV);\n  (void)hkv;\n" + skip + lse +
                "  const int OFF = SKVB - SQB;  // bottom-right aligned causal mask: query i sees keys <= i + OFF\n"
                "  int T = (SKVB + BN - 1) / BN;  // key blocks this query block visits\n"
-               "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }\n" + zero)
+               "  if (CAUSAL) { const int lim = (m0 + BM + OFF + BN - 1) / BN; T = lim < T ? lim : T; }\n" + band
+               + zero)
 
 
 def _decls(ir: KernelIR, role: Role) -> str:
@@ -159,6 +185,59 @@ def row_max(S: str) -> list[str]:
             "    alpha[hh] = fast_exp2(m_r[hh] - mu);", "    m_r[hh] = mn;", "    muse[hh] = mu;", "  }"]
 
 
+def _mask(S: str) -> list[str]:
+    """Scores past the sequence's keys and above the causal diagonal to -inf (only in a tile that crosses an edge)."""
+    return [
+        "  const int kb = it_ * BN;",
+        "  if (kb + BN > SKVB || (CAUSAL && kb + BN - 1 > m0 + ROW0 + OFF)) {  // the tile crosses a mask edge",
+        # key = kb + 2 (lane & 3) + 8 j + c, row = m0 + ROW0 + 16 w + (lane >> 2) + 8 hh. Each test is one
+        # compare of a per-tile value against a constant (equal constants shared across elements); causal
+        # masks key > row + OFF, which covers key >= SKVB for every row < SQB, the only rows stored. In
+        # key/row form ptxas proved the operands non-negative, compared unsigned and kept two ISETP per
+        # element (65 instead of 35 in FlashAttention's steady loop).
+        "    const int k0 = kb + 2 * (lane & 3), kl = SKVB - k0;",
+        "    const int kr = m0 + ROW0 + w * 16 + (lane >> 2) + OFF - k0; (void)kr; (void)kl;",
+        "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
+        "      for (int hh = 0; hh < 2; ++hh)", "#pragma unroll", "        for (int c = 0; c < 2; ++c) {",
+        "          const int dk = 8 * j + c - 8 * hh;  // key - row, less this thread's kr: a constant",
+        f"          if (CAUSAL ? dk > kr : dk + 8 * hh >= kl) {S}[4 * j + 2 * hh + c] = -INFINITY;",
+        "        }", "  }"]
+
+
+def _window_mask(S: str) -> list[str]:
+    """``_mask`` with a sliding window's band: a key is kept where row + OFF - WL <= key <= row + OFF + RR and key <
+    SKVB (RR: 0 for causal, else WR; -1 edges unbounded); the same per-tile constants, compared once per score."""
+    return [
+        "  const int kb = (T0 + it_) * BN, RR = CAUSAL ? 0 : WR;",
+        "  if (kb + BN > SKVB || (RR >= 0 && kb + BN - 1 > m0 + ROW0 + OFF + RR)",
+        "      || (WL >= 0 && kb < m0 + ROW0 + 63 + OFF - WL)) {  // the tile crosses an edge of the band",
+        "    const int k0 = kb + 2 * (lane & 3), kl = SKVB - k0;",
+        "    const int kr = m0 + ROW0 + w * 16 + (lane >> 2) + OFF - k0;",
+        "    const int kR = RR >= 0 ? kr + RR : (1 << 30), kL = WL >= 0 ? kr - WL : -(1 << 30);",
+        "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
+        "      for (int hh = 0; hh < 2; ++hh)", "#pragma unroll", "        for (int c = 0; c < 2; ++c) {",
+        "          const int dk = 8 * j + c - 8 * hh;  // key - row - OFF, less this thread's kr",
+        f"          if (dk > kR || dk < kL || dk + 8 * hh >= kl) {S}[4 * j + 2 * hh + c] = -INFINITY;",
+        "        }", "  }"]
+
+
+def _softcap(ir: KernelIR, S: str) -> list[str]:
+    """Each score capped, tanh(s · SOFTCAP_PRE), before the mask (a masked score is -inf whatever it was); the
+    softcap itself is in SCALE_LOG2."""
+    if not ir.params.get("softcap"):
+        return []
+    return ["#pragma unroll", "  for (int i = 0; i < BN / 2; ++i)", f"    {S}[i] = fast_tanh({S}[i] * SOFTCAP_PRE);"]
+
+
+TANH = """
+__device__ __forceinline__ float fast_tanh(float x) {  // MUFU.TANH, as FlashAttention's softcap
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+
+
 def _pack(t: Task, S: str) -> list[str]:
     """P (rowsum's register buffer) packed into the wgmma A fragments: the fp32 accumulator layout of S is the
     A-fragment layout once packed in pairs."""
@@ -175,8 +254,9 @@ def _body(t: Task) -> str:
     p, BN = ir.params, ir.tiling["BN"]
     D, dt = p["head_dim"], p["dtype"]
     if b in ("load_q", "load_k", "load_v"):
-        dst, row, rows = {"load_q": ("q_s", "m0", "BM"), "load_k": ("k_cur", "it_ * BN", "BN"),
-                          "load_v": ("v_cur", "it_ * BN", "BN")}[b]
+        kb = "(T0 + it_) * BN" if _window(ir) else "it_ * BN"
+        dst, row, rows = {"load_q": ("q_s", "m0", "BM"), "load_k": ("k_cur", kb, "BN"),
+                          "load_v": ("v_cur", kb, "BN")}[b]
         head, r0, bb = ("hq", "QR", "QB") if b == "load_q" else ("hkv", "KR", "KB")
         return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
                 f"    tma_load_4d({dst} + c * {rows} * 128, &tm_{b[-1]}, fbar_, c * 64, {head}, {r0} + {row}, {bb});")
@@ -194,21 +274,8 @@ def _body(t: Task) -> str:
                          f"make_desc(sk + {c * BN * 128 + off * 32}, 16, 1024){last});")
         return "\n".join([*lines, "  wg_commit();"])
     if b == "rowmax":
-        return "\n".join([
-            f"  fence_regs({S});", "  const int kb = it_ * BN;",
-            "  if (kb + BN > SKVB || (CAUSAL && kb + BN - 1 > m0 + ROW0 + OFF)) {  // the tile crosses a mask edge",
-            # key = kb + 2 (lane & 3) + 8 j + c, row = m0 + ROW0 + 16 w + (lane >> 2) + 8 hh. Each test is one
-            # compare of a per-tile value against a constant (equal constants shared across elements); causal
-            # masks key > row + OFF, which covers key >= SKVB for every row < SQB, the only rows stored. In
-            # key/row form ptxas proved the operands non-negative, compared unsigned and kept two ISETP per
-            # element (65 instead of 35 in FlashAttention's steady loop).
-            "    const int k0 = kb + 2 * (lane & 3), kl = SKVB - k0;",
-            "    const int kr = m0 + ROW0 + w * 16 + (lane >> 2) + OFF - k0; (void)kr; (void)kl;",
-            "#pragma unroll", "    for (int j = 0; j < BN / 8; ++j)", "#pragma unroll",
-            "      for (int hh = 0; hh < 2; ++hh)", "#pragma unroll", "        for (int c = 0; c < 2; ++c) {",
-            "          const int dk = 8 * j + c - 8 * hh;  // key - row, less this thread's kr: a constant",
-            f"          if (CAUSAL ? dk > kr : dk + 8 * hh >= kl) {S}[4 * j + 2 * hh + c] = -INFINITY;",
-            "        }", "  }", *row_max(S)])
+        return "\n".join([f"  fence_regs({S});", *_softcap(ir, S), *(_window_mask(S) if _window(ir) else _mask(S)),
+                          *row_max(S)])
     if b == "exp2":
         return "\n".join([
             "#pragma unroll", "  for (int j = 0; j < BN / 8; ++j)", "#pragma unroll", "    for (int i = 0; i < 4; ++i)",
@@ -290,14 +357,20 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
     out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"),)
     if ir.generic:
         out += (("ptr:cu_q", "const int* __restrict__ cu_q"), ("ptr:cu_k", "const int* __restrict__ cu_k"),
-                ("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:lse", "float* __restrict__ lse"))
+                ("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:lse", "float* __restrict__ lse"),
+                ("ptr:used_q", "const int* __restrict__ used_q"), ("ptr:used_k", "const int* __restrict__ used_k"))
+        if _window(ir):
+            out += (("i32:wl", "const int WL"), ("i32:wr", "const int WR"))
+        if ir.params.get("softcap"):
+            out += (("f32:softcap_pre", "const float SOFTCAP_PRE"),)
     return out
 
 
 REGISTRY["flash_attention"] = OpKernel(
     op="flash_attention", check=_check,
     device=lambda ir: wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(head_cols(ir.params["head_dim"]),
-                                                                                ir.params["dtype"], 1),
+                                                                                ir.params["dtype"], 1)
+    + (TANH if ir.params.get("softcap") else ""),
     consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling), signature=_signature,
     # a query block that sees no key is stored as zeros and skipped (T <= 0), so every tile that runs has T >= 1
     tiles=_tiles, decls=_decls, body=_body, early={"rowsum": "exp2"}, min_trips=1,

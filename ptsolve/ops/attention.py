@@ -1,9 +1,14 @@
-"""FlashAttention forward (GQA, causal, ragged sequence lengths).
+"""FlashAttention forward (GQA, causal, sliding window, softcap, ragged sequence lengths).
 
 One CTA owns BM query rows of one (batch, head); its consumer warpgroups split those rows. The loop
 runs over BN-key blocks: load_k, load_v (producer, TMA, shared by the warpgroups), then per warpgroup
 mma_qk → rowmax → exp2 → rowsum, rescale of O, mma_pv. Causal masking keeps key j ≤ query i
-(bottom-right aligned when seq_q < seq_kv), so CTAs have unequal trip counts.
+(bottom-right aligned when seq_q < seq_kv), so CTAs have unequal trip counts. A sliding window
+(FlashAttention's ``window_size``: ``window_left`` / ``window_right``, -1 unbounded) keeps keys
+i + off - left ≤ j ≤ i + off + right (off = seq_kv - seq_q): a query block visits only the key blocks of its
+band. ``softcap`` > 0 caps the scores, softcap · tanh(s · scale / softcap) (Gemma-2's), a tanh per score that
+rowmax pays on the SFU. Both are parameters only where they ask something, so a graph without them is the
+one it always was.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
+    feats = {k: p.pop(k) for k in ("softcap", "window_left", "window_right") if k in p}
     if "seq" in p:
         s = p.pop("seq")
         clash = {k: p[k] for k in ("seq_q", "seq_kv") if k in p and p[k] != s}
@@ -51,7 +57,32 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     if p["causal"] and p["seq_q"] > p["seq_kv"]:
         raise ShapeError(f"flash_attention: causal with seq_q={p['seq_q']} > seq_kv={p['seq_kv']} leaves query rows "
                          "with no key; use seq_q <= seq_kv")
-    return p
+    return p | features(p, **feats)
+
+
+def features(p: dict[str, Any], softcap: float = 0.0, window_left: int = -1, window_right: int = -1
+             ) -> dict[str, Any]:
+    """The softcap and sliding-window parameters that ask something of shape ``p`` (FlashAttention-3's
+    normalisation: causal is a right window of 0, a window that covers every key is none); ShapeError for a
+    negative or non-finite softcap or a window size below -1."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
+        raise ShapeError(f"flash_attention: softcap={softcap!r} must be a finite number >= 0 (0: no softcap)")
+    for k, v in (("window_left", window_left), ("window_right", window_right)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+            raise ShapeError(f"flash_attention: {k}={v!r} must be an integer >= -1 (-1: unbounded)")
+    left = -1 if window_left >= p["seq_kv"] - 1 else window_left
+    right = -1 if p["causal"] or window_right >= p["seq_q"] - 1 else window_right
+    out: dict[str, Any] = {"softcap": float(softcap)} if softcap else {}
+    return out | ({"window_left": left, "window_right": right} if left >= 0 or right >= 0 else {})
+
+
+def key_band(p: dict[str, Any], row: int) -> tuple[int, int]:
+    """The keys [lo, hi] query ``row`` sees (empty where hi < lo): causal and the window, bottom-right aligned."""
+    off = p["seq_kv"] - p["seq_q"]
+    right = 0 if p["causal"] else p.get("window_right", -1)
+    hi = p["seq_kv"] - 1 if right < 0 else min(p["seq_kv"] - 1, row + off + right)
+    left = p.get("window_left", -1)
+    return (0 if left < 0 else max(0, row + off - left)), hi
 
 
 def _tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
@@ -76,6 +107,9 @@ def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
     """Key blocks each query block visits, for one (batch, head)."""
     sq, skv = p["seq_q"], p["seq_kv"]
     full = cdiv(skv, BN)
+    if "window_left" in p:  # the blocks from the first row's first key to the last row's last
+        return [max(0, key_band(p, min(sq, (i + 1) * BM) - 1)[1] // BN + 1 - key_band(p, i * BM)[0] // BN)
+                for i in range(cdiv(sq, BM))]
     if not p["causal"]:
         return [full] * cdiv(sq, BM)
     off = skv - sq  # query i sees keys 0 .. i + off
@@ -85,6 +119,8 @@ def trip_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
 def kept_pairs(p: dict[str, Any]) -> int:
     """(query, key) pairs attention computes for one (batch, head)."""
     sq, skv = p["seq_q"], p["seq_kv"]
+    if "window_left" in p:
+        return sum(max(0, hi - lo + 1) for lo, hi in (key_band(p, i) for i in range(sq)))
     if not p["causal"]:
         return sq * skv
     off = skv - sq
@@ -106,19 +142,22 @@ def qkv_loads(BM: int, BN: int, D: int, dt: str, q_rows: int, reuse: float, cols
     ]
 
 
-def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool, cols: int | None = None) -> list[STask]:
+def warpgroup_tasks(g: int, r: int, D: int, BN: int, dt: str, out: bool, cols: int | None = None,
+                    softcap: bool = False) -> list[STask]:
     """Consumer warpgroup ``g``'s online-softmax tasks over ``r`` query rows (FlashAttention's and flash_decode's):
     init, S = QKᵀ, rowmax, exp2, rowsum (packs P), rescale, O += PV, normalize; ``out``: normalize writes O to a
     shared-memory buffer for a TMA store. The softmax needs no working set beyond O, S, P and the table's
     reg_overhead: ptxas's demand is that sum (codegen.regfit, bench study regfit). O's accumulator and P·V span
-    ``cols`` head-dim columns (geometry.attention.head_cols, default D)."""
+    ``cols`` head-dim columns (geometry.attention.head_cols, default D). ``softcap``: rowmax first caps each score,
+    a multiply and a tanh on the SFU."""
     s, e, c = f"@{g}", DTYPE_BYTES[dt], cols or D
     return [
         task("init" + s, "vector", phase="pre", tile=(r, D), dtype="fp32", flops=r * D + 2 * r, group=g,
              allocs=(reg("o" + s, r * c * 4), reg("ml" + s, 2 * r * 4))),
         task("mma_qk" + s, "mma", tile=(r, BN, D), dtype=dt, flops=2 * r * BN * D, is_async=True, group=g,
              reads=("q", "k"), frees=("k",), allocs=(reg("s" + s, r * BN * 4),)),
-        task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=r * BN, group=g, reads=("s" + s, "ml" + s)),
+        task("rowmax" + s, "vector", tile=(r, BN), dtype="fp32", flops=(2 if softcap else 1) * r * BN,
+             sfu=r * BN if softcap else 0, group=g, reads=("s" + s, "ml" + s)),
         # exp2(S - m) is computed in place in S; rowsum adds it up and packs it into P (fp16), freeing S, so FA3's
         # order (QK of j issued while P of j-1 waits for PV) holds one S and one P, not two S
         task("exp2" + s, "vector", tile=(r, BN), dtype="fp32", flops=2 * r * BN, sfu=r * BN, group=g,
@@ -159,7 +198,8 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     if BN % 16 or BN > 256:
         raise ShapeError(f"flash_attention tiling: BN={BN} must be a multiple of 16 up to 256")
     e = DTYPE_BYTES[dt]
-    trips = trip_counts(p, BM, BN)
+    # a query block whose rows see no key (a window's band can miss them) still runs its prologue and store
+    trips = [max(1, n) for n in trip_counts(p, BM, BN)]
     group = H // Hkv
     reuse = min(len(trips) * group, sms_of(hw))  # Q blocks of a head and heads of a GQA group reread a K/V tile
     cols = head_cols(D, hw.arch if hw is not None else None)
@@ -168,12 +208,14 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     for g in range(W):
         s = f"@{g}"
         r = rows
-        tasks += [*warpgroup_tasks(g, rows, D, BN, dt, out=True, cols=cols),
+        tasks += [*warpgroup_tasks(g, rows, D, BN, dt, out=True, cols=cols, softcap="softcap" in p),
                   task("store" + s, "store", phase="post", tile=(r, D), dtype=dt, bytes=r * D * e, is_async=True,
                        group=g, reads=("out" + s,))]
         edges += warpgroup_edges(g)
     flops = 4 * B * H * D * kept_pairs(p)
-    name = f"fa_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}_{dt}"
+    feat = (f"_sc{p['softcap']:g}" if "softcap" in p else "") + \
+        (f"_w{p['window_left']}_{p['window_right']}" if "window_left" in p else "")
+    name = f"fa_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}{feat}_{dt}"
     return STaskGraph(name=name, op="flash_attention", params=dict(p), tiling=dict(t), tasks=tuple(tasks),
                       edges=tuple(edges), row=tuple(trips), rows=B * H, useful_flops=flops)
 

@@ -26,28 +26,43 @@ def gqa_bucket(heads: int, kv_heads: int) -> str:
     return next(name for lo, name, _ in reversed(GQA_BUCKETS) if r >= lo)
 
 
-def attention_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int) -> ShapeClass:
-    """The attention class of a shape; ShapeError for a head_dim or dtype the kernels do not cover."""
+def attention_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, softcap: bool = False,
+                    window: bool = False) -> ShapeClass:
+    """The attention class of a shape (``softcap`` / ``window``: the kernel caps scores / has a sliding window);
+    ShapeError for a head_dim or dtype the kernels do not cover."""
     dtype_ok(dtype)
     if head_dim not in HEAD_DIMS:
         raise ShapeError(f"head_dim={head_dim}: ptsolve's attention kernels cover head_dim {HEAD_DIMS}; pad the "
                          "head dimension or use another backend for this layer")
-    return ShapeClass("flash_attention", dtype, int(head_dim), bool(causal), gqa_bucket(heads, kv_heads))
+    return ShapeClass("flash_attention", dtype, int(head_dim), bool(causal), gqa_bucket(heads, kv_heads),
+                      softcap=bool(softcap), window=bool(window))
 
 
 def _key(c: ShapeClass) -> str:
-    return f"{c.op}/{c.dtype}/d{c.head_dim}/{'causal' if c.causal else 'full'}/gqa{c.gqa}"
+    feat = ("/softcap" if c.softcap else "") + ("/window" if c.window else "")
+    return f"{c.op}/{c.dtype}/d{c.head_dim}/{'causal' if c.causal else 'full'}/gqa{c.gqa}{feat}"
+
+
+# what a softcap or window class is solved with: the cap's value changes no cost; a band of a quarter of the
+# representative's keys (Mistral's 4096-key window over 16k) sets the trip counts the schedule is timed on
+REP_SEQ = 4096
+REP_FEATURES = {"softcap": 30.0, "window_left": REP_SEQ // 4}
 
 
 def _representative(c: ShapeClass) -> dict[str, Any]:
     ratio = next(r for _, name, r in GQA_BUCKETS if name == c.gqa)
-    return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": 4096, "seq_kv": 4096, "head_dim": c.head_dim,
-            "causal": c.causal, "dtype": c.dtype}
+    return {"batch": 2, "heads": 32, "kv_heads": 32 // ratio, "seq_q": REP_SEQ, "seq_kv": REP_SEQ,
+            "head_dim": c.head_dim, "causal": c.causal, "dtype": c.dtype} \
+        | ({"softcap": REP_FEATURES["softcap"]} if c.softcap else {}) \
+        | ({"window_left": REP_FEATURES["window_left"], "window_right": -1 if c.causal else REP_SEQ // 4}
+           if c.window else {})
 
 
 def _classes() -> list[ShapeClass]:
-    return [ShapeClass("flash_attention", d, hd, causal, name) for d in DTYPES for hd in HEAD_DIMS
-            for causal in (False, True) for _, name, _ in GQA_BUCKETS]
+    # the plain classes first, then those with a softcap, a window or both (the table's order: plain ones unchanged)
+    return [ShapeClass("flash_attention", d, hd, causal, name, softcap=sc, window=w)
+            for sc, w in ((False, False), (True, False), (False, True), (True, True)) for d in DTYPES
+            for hd in HEAD_DIMS for causal in (False, True) for _, name, _ in GQA_BUCKETS]
 
 
 # no pinned keys: grid or persistent CTAs is the model's choice on the representative (persistent measured faster on
@@ -56,43 +71,53 @@ register("flash_attention", OpClasses(key=_key, representative=_representative, 
 
 
 def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
-              max_q: int = 0, max_k: int = 0, lse: Any = None) -> None:
+              max_q: int = 0, max_k: int = 0, lse: Any = None, **feat: Any) -> None:
     """Launch ``c``'s kernel: dense q [B, Sq, H, D], k/v [B, Skv, Hkv, D], or varlen (``cu_q`` / ``cu_k`` int32
     [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
     q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks). ``lse``: float32
     [B, H, Sq] (varlen [H, Tq]) for the rows' softmax log-sum-exp (natural log, +inf where a row sees no key), or
-    None."""
-    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, lse is not None)
+    None. ``feat``: ``attention_launch``'s features (seqused, softcap, window)."""
+    ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, lse is not None, **feat)
     if lse is not None:
         ln.ptrs["lse"].value = lse.data_ptr()
     ln(prepared.current_stream(q.get_device()), out.data_ptr())
 
 
 def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
-                     max_q: int = 0, max_k: int = 0, with_lse: bool = False) -> Any:
+                     max_q: int = 0, max_k: int = 0, with_lse: bool = False, used_q: Any = None, used_k: Any = None,
+                     softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Any:
     """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
     strides, scalars); call it with the stream and the output's address. ``with_lse``: a launch of the class's
-    kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null."""
+    kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null.
+    ``used_q`` / ``used_k``: varlen's int32 [B] rows that count per sequence (FlashAttention's ``seqused_*``);
+    ``softcap`` (> 0, a softcap class's) and ``window`` ((left, right) keys, -1 unbounded, a window class's)."""
     varlen = cu_q is not None
+    if bool(softcap) != c.softcap or (window != (-1, -1)) != c.window:
+        raise ShapeError(f"attention class {c.key} runs softcap={softcap!r}, window={window!r}: the class and the "
+                         "call must agree on softcap and window (ptsolve.torch chooses the class)")
+    ptr = (lambda x: 0 if x is None else x.data_ptr())  # noqa: E731
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale, cu_q.data_ptr() if varlen else 0, cu_k.data_ptr() if varlen else 0, max_q, max_k, with_lse)
+           scale, ptr(cu_q), ptr(cu_k), max_q, max_k, with_lse, ptr(used_q), ptr(used_k), softcap, window)
     ln = prepared.LAUNCHES.get(key)
     if ln is not None:
         return ln
     ck, final = None, True
     # a dense shape runs the kernel solved and built for it once there is one (``exact``), whose softmax scale is
-    # the default one (a build constant); the log-sum-exp is the generic build's alone
-    if not varlen and not with_lse and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
+    # the default one (a build constant); the log-sum-exp and the features are the generic build's alone
+    if not (varlen or with_lse or c.softcap or c.window) and math.isclose(scale, c.head_dim ** -0.5, rel_tol=1e-9):
         params = {"batch": q.shape[0], "heads": q.shape[2], "kv_heads": k.shape[2], "seq_q": q.shape[1],
                   "seq_kv": k.shape[1], "head_dim": c.head_dim, "causal": c.causal, "dtype": c.dtype}
         ck, final = exact.serving(c, params, lambda x: _attention_launch(q, k, v, c, x, scale, None, None, 0, 0),
                                   lambda: q.new_empty(q.shape))
-    ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k)
+    ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k,
+                           {"used_q": ptr(used_q), "used_k": ptr(used_k), "wl": window[0], "wr": window[1]}
+                           | ({"softcap_pre": scale / softcap, "scale_log2": softcap * math.log2(math.e)}
+                              if softcap else {}))
     return prepared.keep(key, ln, final)
 
 
 def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: float, cu_q: Any, cu_k: Any,
-                      max_q: int, max_k: int) -> Any:
+                      max_q: int, max_k: int, extra: dict[str, Any] | None = None) -> Any:
     from codegen.cuda.attention import sizes, tensor_map
 
     t = ck.ir.tiling
@@ -114,5 +139,5 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: flo
     sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
             "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
-            "scale_log2": scale * math.log2(math.e), "lse": 0, **sz}
+            "scale_log2": scale * math.log2(math.e), "lse": 0, "used_q": 0, "used_k": 0, **(extra or {}), **sz}
     return ck.prepare(vals, maps, sz["NTILES"], out="o")

@@ -19,7 +19,7 @@ DTYPES = ("fp16", "bf16")
 @dataclass(frozen=True)
 class ShapeClass:
     """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
-    ``causal``, ``gqa`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
+    ``causal``, ``gqa``, ``softcap``, ``window`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
 
     op: str
     dtype: str
@@ -31,13 +31,15 @@ class ShapeClass:
     groups: int = 0
     ctas: int = 0  # split-KV decode's resident CTAs per SM where not the default one (``decode_variants``)
     persistent: int = 0  # split-KV decode on persistent CTAs, one piece per query tile (``decode_variants``)
+    softcap: bool = False  # attention's capped scores (the cap's value is a launch argument)
+    window: bool = False  # attention's sliding window (its sizes are launch arguments)
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
-                      self.groups, self.ctas, self.persistent))
+                      self.groups, self.ctas, self.persistent, self.softcap, self.window))
             object.__setattr__(self, "_hash", h)
         return h
 

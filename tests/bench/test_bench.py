@@ -59,3 +59,17 @@ def test_a_study_dispatches_to_its_tools(fake_study, capfd):
     assert "py ['a', '--b']" in out and "py ['x', 'fail']" in out and "sh c d" in out
     assert dispatch(fake_study, ["--help"], default="echo_args") == 0
     assert "Print the arguments.  [default]" in capfd.readouterr().out
+
+
+def test_fa_interface_report_names_wrong_cases_and_fa4s_bar():
+    """The feature x head_dim report: a case outside FlashAttention's rule is named, FA4's ratio is FA4's time over
+    ptsolve's, and the issue's 0.9 bar is counted."""
+    from bench.fa_interface.report import report
+    rows = [{"feature": "softcap", "head_dim": 128, "ok": True, "errs": {"ptsolve": 1e-3}, "ptsolve_us": 100.0,
+             "fa4_us": 80.0, "absent": {}},
+            {"feature": "seqused", "head_dim": 96, "ok": False, "errs": {"ptsolve": 0.5}, "ptsolve_us": 10.0,
+             "absent": {"fa4": "refused: NotImplementedError"}}]
+    md = report({"rows": rows})
+    assert "| softcap | not run | not run | ok, 100 µs, FA4/ptsolve 0.80 |" in md
+    assert "1 of 2; not: seqused/d96" in md and "0 of 1 at >= 0.9" in md
+    assert "- seqused: refused: NotImplementedError" in md

@@ -105,6 +105,10 @@ PLANS = {
     "fa_d80_g2_causal": default_plan("flash_attention", fa(head_dim=80, causal=True, dtype="fp16"), T2 | {"BN": 64}),
     "fa_d192_g2_fa3": fa3_order_plan(fa(head_dim=192), T2 | {"BN": 64}),
     "fa_d256_g2_causal": default_plan("flash_attention", fa(head_dim=256, causal=True), T2 | {"BN": 64}),
+    # a softcap (a tanh per score in rowmax) and a sliding window (the band's first block, its edges masked)
+    "fa_d128_g2_fa3_softcap_window_causal": fa3_order_plan(fa(causal=True, softcap=30.0, window_left=300), T2),
+    "fa_d256_g2_softcap_window": default_plan("flash_attention", fa(head_dim=256, softcap=50.0, window_left=100,
+                                                                    window_right=20), T2 | {"BN": 64}),
     "fa_greedy_turns": GREEDY,
     "fa_cpsat_turns": CPSAT,
     "fa_cpsat_turns_causal_persistent": dataclasses.replace(CPSAT, params=fa(causal=True, batch=8),
@@ -192,6 +196,18 @@ def test_padded_head_dims_expect_the_whole_box(D, cols):
     assert f"wgmma_rs_n{cols}_" in ks.source and (cols == D or f"wgmma_rs_n{D}_" not in ks.source)
     # per warpgroup, the k-steps after the first (the _z one zero-fills), and the device function's definition
     assert ks.source.count("wgmma_ss_n64_bf16(") == 2 * (D // 16 - 1) + 1
+
+
+def test_features_are_built_in_only_where_asked():
+    """A softcap kernel caps scores before the mask (tanh.approx, its value a constant of an exact build); a window
+    kernel starts its loads and mask at the band's first block; a plain kernel has neither, and an exact build of a
+    window stores a block that sees no key as zeros."""
+    plain = emit(fa3_order_plan(fa(causal=True), T2)).source
+    both = emit(fa3_order_plan(fa(causal=True, softcap=30.0, window_left=300), T2)).source
+    assert "fast_tanh" not in plain and "T0" not in plain and "no key for this query block" not in plain
+    assert "tanh.approx.f32" in both and "(T0 + it_) * BN" in both and "no key for this query block" in both
+    assert both.index("fast_tanh(sacc") < both.index("the tile crosses an edge of the band")
+    assert "SOFTCAP_PRE = " in both and "constexpr int WL = 300, WR = -1;" in both
 
 
 def test_cache_hit(compiled, tmp_path, monkeypatch):

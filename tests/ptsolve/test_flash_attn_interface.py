@@ -41,6 +41,9 @@ REFUSED = {"qv": "T", "q_descale": "T", "k_descale": "T", "v_descale": "T", "win
            "seqused_k": "T", "k": "T", "v": "T", "rotary_cos": "T", "rotary_sin": "T", "cache_batch_idx": "T",
            "cache_leftpad": "T", "page_table": "T", "cu_seqlens_q": "T", "cu_seqlens_k_new": "T", "max_seqlen_q": 7,
            "rotary_seqlens": "T", "scheduler_metadata": "T", "return_softmax_lse": True}
+# the ones ptsolve runs in some of the functions (the others still refuse them)
+RUNS = {"flash_attn_func": {"window_size", "softcap"},
+        "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"}}
 KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False}
 
 
@@ -62,7 +65,7 @@ def test_the_signatures_are_fa3s(fn):
 
 
 @pytest.mark.parametrize("fn,name", [(f, n) for f in sorted(FA3) for n, d in FA3[f].items()
-                                     if n in REFUSED and d is not _REQ])
+                                     if n in REFUSED and d is not _REQ and n not in RUNS.get(f, ())])
 def test_what_ptsolve_does_not_do_is_refused_by_name_before_any_work(fn, name):
     args = [_Tensor() for _ in range(POSITIONAL[fn])]
     value = _Tensor() if REFUSED[name] == "T" else REFUSED[name]
@@ -75,10 +78,11 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
     """Defaults (and the idle values spelt out, a list window included) and the knobs reach ptsolve.torch's call."""
     seen = {}
     fake = types.SimpleNamespace(
-        flash_attention=lambda q, k, v, causal, softmax_scale, return_lse: seen.update(f="dense", causal=causal,
-                                                                                         lse=return_lse),
-        flash_attention_varlen=lambda *a, causal, softmax_scale, return_lse: seen.update(f="varlen", n=len(a),
-                                                                                         lse=return_lse),
+        flash_attention=lambda q, k, v, causal, softmax_scale, return_lse, softcap, window_size: seen.update(
+            f="dense", causal=causal, lse=return_lse, softcap=softcap, window=window_size),
+        flash_attention_varlen=lambda *a, causal, softmax_scale, return_lse, seqused_q, seqused_k, softcap,
+        window_size: seen.update(f="varlen", n=len(a), lse=return_lse, softcap=softcap, window=window_size,
+                                 used=(seqused_q, seqused_k)),
         flash_attention_kvcache=lambda q, kc, vc, lens, causal, softmax_scale: seen.update(f="kvcache", lens=lens))
     monkeypatch.setitem(sys.modules, "ptsolve.torch", fake)
     monkeypatch.setattr(sys.modules["ptsolve"], "torch", fake, raising=False)
@@ -95,6 +99,11 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
         assert seen["lse"] is False
         getattr(fai, fn)(*args, causal=True, return_attn_probs=True)
         assert seen["lse"] is True
+        assert seen["softcap"] == 0 and seen["window"] == (-1, -1)  # a list window reaches ptsolve as a tuple
+        getattr(fai, fn)(*args, causal=True, softcap=30.0, window_size=[128, 0],
+                         **({"seqused_q": "uq", "seqused_k": "uk"} if fn == "flash_attn_varlen_func" else {}))
+        assert seen["softcap"] == 30.0 and seen["window"] == (128, 0)
+        assert seen.get("used", ("uq", "uk")) == ("uq", "uk")
 
 
 def test_inputs_that_require_grad_are_refused():

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import examples
 
+import ptsolve
 from codegen.cuda import emit_ir
 from codegen.lower import lower
 from codegen.plan import default_plan, fa3_order_plan
@@ -59,10 +60,11 @@ def test_class_keys():
     assert serve.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
     assert serve.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
     assert serve.decode_class("fp16", 64, True, 32, 8, 16) != serve.decode_class("fp16", 64, False, 32, 8, 16)
-    # gemm, attention (dtype x head_dim x causal x GQA bucket), decode (dtype x head_dim x causal x warpgroups, the
+    # gemm, attention (dtype x head_dim x causal x GQA bucket, plain or with a softcap, a window or both), decode
+    # (dtype x head_dim x causal x warpgroups, the
     # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
     # dtype x d_state x chunk)
-    assert len(keys) == len(set(keys)) == 2 + 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
+    assert len(keys) == len(set(keys)) == 2 + 4 * 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2 * 3
     assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
     for c in serve.classes():  # every class's representative is its own class
         r = serve.representative(c)
@@ -74,7 +76,11 @@ def test_class_keys():
             assert serve.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
                                         r["seq_q"]) == dataclasses.replace(c, ctas=0, persistent=0)
         else:
-            assert serve.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"]) == c
+            assert serve.attention_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
+                                         softcap="softcap" in r, window="window_left" in r) == c
+            # the representative asks for what the class builds in (FlashAttention-3's normalisation keeps it)
+            assert set(ptsolve.ops.make("flash_attention", **r).params) >= ({"softcap"} if c.softcap else set()) | (
+                {"window_left", "window_right"} if c.window else set())
 
 
 @pytest.mark.parametrize("args,words", [
@@ -584,8 +590,9 @@ def test_table_only_takes_several_comma_separated_parts():
     from ptsolve.serve.build import _picked
     keys = [c.key for c in classes()]
     assert all(_picked(k, "") for k in keys)
+    # plain, softcap, window, both
     got = [k for k in keys if _picked(k, "flash_attention/fp16/d128,flash_attention/bf16/d128")]
-    assert len(got) == 12 and all(k.startswith("flash_attention/") and "/d128/" in k for k in got)
+    assert len(got) == 4 * 12 and all(k.startswith("flash_attention/") and "/d128/" in k for k in got)
     assert {k.split("/")[1] for k in got} == {"fp16", "bf16"}
     assert not any(_picked(k, ",") for k in keys)
 

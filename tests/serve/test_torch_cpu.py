@@ -124,6 +124,7 @@ class _FakeModule:
 
         from codegen import runtime
         self.log["prepared"] += 1
+        self.log.setdefault("prepares", []).append((self.ks, values))
         ptrs = {a.split(":")[1]: ctypes.c_uint64(int(values[a.split(":")[1]])) for a in self.ks.args
                 if a.startswith("ptr:")}
         arr = (ctypes.c_void_p * 1)()
@@ -311,3 +312,37 @@ def test_mamba_warm_path_and_conversions(pt, fake_gpu):
     assert log["launches"][-1][0] * 2 == log["launches"][-2][0]  # half the CTAs
     with pytest.raises(ShapeError, match="dt"):
         pt.mamba_chunk_state(C, x, dt[:, :, :1], dA[:, :, :1])
+
+
+def test_softcap_window_and_seqused_reach_the_kernel(pt, fake_gpu):
+    """A softcap or a window runs its class's kernel (built with it) with the values as launch arguments, after
+    FlashAttention-3's normalisation; a window over every key runs the plain kernel; varlen's seqused pointers reach
+    the kernel; bad values are ShapeErrors naming them."""
+    import math
+    log = fake_gpu
+    q, k = torch.randn(1, 64, 4, 128, dtype=torch.float16), torch.randn(1, 200, 2, 128, dtype=torch.float16)
+    out, lse = pt.flash_attention(q, k, k, causal=True, softcap=30.0, window_size=(100, 7), return_lse=True)
+    assert out.shape == q.shape and lse.shape == (1, 4, 64)
+    ks, vals = log["prepares"][-1]
+    assert "fast_tanh" in ks.source and "T0 + it_" in ks.source
+    assert (vals["wl"], vals["wr"]) == (100, -1)  # causal: the right edge is the diagonal
+    assert vals["softcap_pre"] == pytest.approx(128 ** -0.5 / 30) and vals["scale_log2"] == pytest.approx(
+        30 * math.log2(math.e))
+    pt.flash_attention(q, k, k, causal=False, window_size=(-1, 3))
+    ks, vals = log["prepares"][-1]
+    assert "fast_tanh" not in ks.source and "T0 + it_" in ks.source and (vals["wl"], vals["wr"]) == (-1, 3)
+    pt.flash_attention(q, k, k, causal=True, window_size=(199, 0))  # covers every key
+    ks, vals = log["prepares"][-1]
+    assert "T0" not in ks.source and "fast_tanh" not in ks.source
+    cu = torch.tensor([0, 30, 64], dtype=torch.int32)
+    cuk = torch.tensor([0, 100, 200], dtype=torch.int32)
+    used_q, used_k = torch.tensor([20, 34], dtype=torch.int32), torch.tensor([90, 100], dtype=torch.int32)
+    pt.flash_attention_varlen(q[0], k[0], k[0], cu, cuk, 34, 100, seqused_q=used_q, seqused_k=used_k)
+    ks, vals = log["prepares"][-1]
+    assert (vals["used_q"], vals["used_k"]) == (used_q.data_ptr(), used_k.data_ptr()) and "T0" not in ks.source
+    for kw, what in (({"window_size": (3,)}, "window_size=\\(3,\\)"), ({"softcap": -2.0}, "softcap=-2.0"),
+                     ({"window_size": (-3, 0)}, "window_left=-3")):
+        with pytest.raises(ShapeError, match=what):
+            pt.flash_attention(q, k, k, **kw)
+    with pytest.raises(ShapeError, match="seqused_k must be a torch.int32 tensor of shape \\(2,\\)"):
+        pt.flash_attention_varlen(q[0], k[0], k[0], cu, cuk, 34, 100, seqused_k=used_k.long())

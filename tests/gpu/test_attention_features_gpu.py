@@ -1,0 +1,143 @@
+"""GPU tests of attention's features (issue "FlashAttention's interface"): softcap, sliding window (with and without
+causal, seq_q < seq_kv and > seq_kv), varlen's ``seqused_q`` / ``seqused_k``, the log-sum-exp of each, through
+``ptsolve.torch`` and ``ptsolve.flash_attn_interface``. FlashAttention's rule against an fp32 reference: max|out −
+ref| ≤ 2·max|out_lowprec − ref| + 1e-3, out_lowprec the same PyTorch formula in the input dtype; the output's memory
+is NaN-filled before each call, so a row the kernel does not write fails."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
+
+
+def keep_mask(torch, sq, skv, causal, window, device):
+    """FlashAttention-3's mask: query i sees keys i + off - left .. i + off + right (off = skv - sq; causal: right
+    0; -1 unbounded)."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(skv, device=device)[None, :]
+    off, (left, right) = skv - sq, window
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
+    if causal:
+        keep &= j <= i + off
+    if right >= 0:
+        keep &= j <= i + off + right
+    if left >= 0:
+        keep &= j >= i + off - left
+    return keep
+
+
+def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1)):
+    """(out [B, Sq, H, D] in ``dtype``, lse [B, H, Sq] in fp32: +inf where a row sees no key) of q [B, Sq, H, D]."""
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.float().masked_fill(~keep_mask(torch, q.shape[2], k.shape[2], causal, window, q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1).nan_to_num(math.inf, math.inf, math.inf)
+    lse = torch.where(torch.isneginf(torch.logsumexp(s, -1)), math.inf, lse)
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(dtype)
+    return (p @ v).transpose(1, 2), lse
+
+
+def check(torch, out, q, k, v, causal, scale, softcap=0.0, window=(-1, -1), lse=None):
+    r, rl = ref(torch, q, k, v, causal, scale, torch.float32, softcap, window)
+    low = ref(torch, q, k, v, causal, scale, q.dtype, softcap, window)[0].float()
+    err, lerr = (out.float() - r).abs().max().item(), (low - r).abs().max().item()
+    assert not math.isnan(err), "NaN in the output (a row not written?)"
+    assert err <= 2 * lerr + 1e-3, f"max err {err:.3g} > 2 * {lerr:.3g} + 1e-3"
+    if lse is not None:
+        fin = torch.isfinite(rl)
+        assert torch.equal(torch.isfinite(lse), fin), "the rows that see no key differ"
+        assert (lse[fin] - rl[fin]).abs().max().item() < 1e-2
+
+
+def _inputs(torch, B, Sq, Skv, H, Hkv, D, dt, seed):
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(B, s, h, D, device="cuda", dtype=dtype, generator=g)
+                 for s, h in ((Sq, H), (Skv, Hkv), (Skv, Hkv)))
+
+
+CASES = [  # B, Sq, Skv, H, Hkv, D, causal, dt, softcap, window
+    (2, 333, 333, 8, 2, 128, True, "bf16", 30.0, (-1, -1)),
+    (1, 1000, 1000, 8, 4, 256, False, "fp16", 50.0, (-1, -1)),
+    (2, 257, 700, 4, 4, 64, True, "fp16", 20.0, (-1, -1)),
+    (1, 2000, 2000, 8, 2, 128, True, "bf16", 0.0, (256, 0)),         # Mistral's: causal with a left window
+    (2, 300, 1000, 4, 4, 64, False, "fp16", 0.0, (100, 50)),          # both edges, seq_q < seq_kv
+    (1, 300, 100, 4, 2, 128, False, "bf16", 0.0, (10, 10)),           # seq_q > seq_kv: rows that see no key
+    (1, 700, 700, 8, 8, 96, False, "fp16", 0.0, (-1, 64)),            # a right window alone
+    (2, 1500, 1500, 8, 4, 256, True, "bf16", 50.0, (512, 0)),         # Gemma-2's local layers
+    (1, 4, 3000, 8, 2, 128, True, "fp16", 0.0, (1000, -1)),           # a short query: the prefill kernel
+    (1, 4096, 4096, 4, 1, 192, True, "fp16", 30.0, (1024, 0)),
+]
+
+
+@pytest.mark.parametrize("B,Sq,Skv,H,Hkv,D,causal,dt,softcap,window", CASES)
+def test_softcap_and_window(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt, softcap, window):
+    q, k, v = _inputs(torch, B, Sq, Skv, H, Hkv, D, dt, B * 1000 + Sq + Skv)
+    torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # freed: the output's block comes back NaN
+    out, lse = pt.flash_attention(q, k, v, causal=causal, return_lse=True, softcap=softcap, window_size=window)
+    check(torch, out, q, k, v, causal, 1 / math.sqrt(D), softcap, window, lse)
+    again = pt.flash_attention(q, k, v, causal=causal, softcap=softcap, window_size=window)
+    assert torch.equal(again, out)  # without the log-sum-exp: the same kernel, the same numbers
+
+
+def test_a_window_over_every_key_is_no_window(torch, pt):
+    """FlashAttention-3's normalisation: a window that covers every key runs the plain kernel, bit for bit."""
+    q, k, v = _inputs(torch, 1, 500, 800, 4, 2, 128, "bf16", 7)
+    plain = pt.flash_attention(q, k, v, causal=True)
+    assert torch.equal(pt.flash_attention(q, k, v, causal=True, window_size=(799, 5)), plain)
+
+
+@pytest.mark.parametrize("softcap,window,causal", [(0.0, (-1, -1), False), (0.0, (-1, -1), True),
+                                                   (30.0, (128, 0), True), (0.0, (64, 64), False)])
+def test_varlen_seqused(torch, pt, softcap, window, causal):
+    """Packed sequences whose used rows (seqused) are fewer than cu_seqlens gives: each used part is its own
+    attention; padding keys are never attended to (their scores would be huge here) and padding rows never written.
+    The padding must be finite: a block past the used keys is loaded and masked, P = 0 times NaN being NaN."""
+    dtype, H, Hkv, D = torch.bfloat16, 8, 2, 128
+    lq, lk = [300, 17, 1000, 64], [500, 40, 1000, 700]
+    uq, uk = [200, 17, 999, 1], [450, 40, 1, 700]
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(sum(lq), H, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype, generator=g)
+    for b in range(4):  # the unused keys would take all of a row's weight, with values far off
+        k[ck[b] + uk[b]: ck[b + 1]] = 30.0
+        v[ck[b] + uk[b]: ck[b + 1]] = 1000.0
+    used = [torch.tensor(u, dtype=torch.int32, device="cuda") for u in (uq, uk)]
+    out, lse = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal, return_lse=True,
+                                         seqused_q=used[0], seqused_k=used[1], softcap=softcap, window_size=window)
+    for b in range(4):
+        qs, ks = slice(int(cq[b]), int(cq[b]) + uq[b]), slice(int(ck[b]), int(ck[b]) + uk[b])
+        check(torch, out[qs][None], q[qs][None], k[ks][None], v[ks][None], causal, 1 / math.sqrt(D), softcap,
+              window, lse[:, qs][None])
+
+
+def test_fa3_interface_passes_the_features(torch, pt):
+    from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+    q, k, v = _inputs(torch, 2, 600, 600, 8, 4, 128, "fp16", 11)
+    out = flash_attn_func(q, k, v, causal=True, softcap=30.0, window_size=(200, 0))
+    check(torch, out, q, k, v, True, 1 / math.sqrt(128), 30.0, (200, 0))
+    cu = torch.tensor([0, 600, 1200], dtype=torch.int32, device="cuda")
+    used = torch.tensor([600, 300], dtype=torch.int32, device="cuda")
+    o2 = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 600, 600,
+                                seqused_q=used, seqused_k=used, causal=True, softcap=30.0, window_size=(200, 0))
+    assert torch.equal(o2[:600], out[0].reshape(600, 8, 128))
+    check(torch, o2[600:900][None], q[1:, :300], k[1:, :300], v[1:, :300], True, 1 / math.sqrt(128), 30.0, (200, 0))
+
+
+def test_features_under_torch_compile(torch, pt):
+    q, k, v = _inputs(torch, 1, 512, 512, 4, 2, 64, "bf16", 5)
+
+    def f(q, k, v):
+        return pt.flash_attention(q, k, v, causal=True, softcap=20.0, window_size=(128, 0))
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(got, f(q, k, v))
