@@ -349,6 +349,100 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
     return out
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+            interleaved: bool) -> torch.Tensor:
+    """x [B, S, H, D] with its first 2·cos.shape[1] dims rotated at positions pos [B, S] (in float32)."""
+    rd = 2 * cos.shape[1]
+    c, sn = cos[pos.long()].float()[:, :, None], sin[pos.long()].float()[:, :, None]
+    xr = x[..., :rd].float()
+    x1, x2 = (xr[..., 0::2], xr[..., 1::2]) if interleaved else (xr[..., : rd // 2], xr[..., rd // 2:])
+    a, b = x1 * c - x2 * sn, x1 * sn + x2 * c
+    o = torch.stack((a, b), -1).flatten(-2) if interleaved else torch.cat((a, b), -1)
+    return torch.cat((o.to(x.dtype), x[..., rd:]), -1)
+
+
+def _kvcache_append(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
+                    k: torch.Tensor | None, v: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                    interleaved: bool, ro_lens: torch.Tensor | None, batch_idx: torch.Tensor | None,
+                    leftpad: torch.Tensor | None, q_steps: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attention_kvcache``'s rotary and append (see there): (q, rotated where asked; the lengths the
+    attention then sees)."""
+    if (k is None) != (v is None) or (cos is None) != (sin is None):
+        raise ShapeError("flash_attention_kvcache: give k and v together, and rotary_cos and rotary_sin together")
+    if cos is not None and leftpad is not None:
+        raise NotImplementedError("flash_attention_kvcache: rotary_cos with cache_leftpad is not supported by ptsolve "
+                                  "yet (leave cache_leftpad at None)")
+    B, sq = q.shape[0], q.shape[1]
+    if cos is not None:
+        if cos.shape != sin.shape or cos.dim() != 2 or 2 * cos.shape[1] > q.shape[-1] or (2 * cos.shape[1]) % 16:
+            raise ShapeError(f"rotary_cos {tuple(cos.shape)} / rotary_sin {tuple(sin.shape)} must be one [S_ro, R/2] "
+                             f"shape with R a multiple of 16 up to head_dim {q.shape[-1]}")
+        base = (lens if ro_lens is None else ro_lens).to(torch.int64)[:, None]
+        qpos = base + (torch.arange(sq, device=q.device)[None] if q_steps else 0)
+        q = _rotate(q, cos, sin, qpos.expand(B, sq), interleaved)
+    if k is None:
+        return q, lens
+    n = k.shape[1]
+    if k.dim() != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[2:] != k_cache.shape[2:]:
+        raise ShapeError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [{B}, S_new, "
+                         f"{k_cache.shape[2]}, {k_cache.shape[3]}] (the cache's heads and head_dim)")
+    if cos is not None:
+        k = _rotate(k, cos, sin, base + torch.arange(n, device=q.device)[None], interleaved)
+    idx = torch.arange(B, device=q.device) if batch_idx is None else batch_idx.long()
+    pos = lens.long()[:, None] + torch.arange(n, device=q.device)[None]
+    k_cache[idx[:, None].expand(B, n), pos] = k.to(k_cache.dtype)
+    v_cache[idx[:, None].expand(B, n), pos] = v.to(v_cache.dtype)
+    return q, (lens + n).to(torch.int32)
+
+
+def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
+                     softmax_scale: float | None, softcap: float, window_size: Any, return_lse: bool,
+                     batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None) -> Any:
+    """``flash_attention_kvcache``'s checks, then ``_kvcache_packed``."""
+    causal = bool(causal)
+    B = q.shape[0]
+    if batch_idx is None and k_cache.shape[0] != B:
+        raise ShapeError(f"k_cache has {k_cache.shape[0]} sequences for q's {B}; give cache_batch_idx to pick them")
+    # with cache_batch_idx the cache may hold more sequences than q: the checks see one per q sequence
+    kv = (k_cache, v_cache) if batch_idx is None else (k_cache[:1].expand(B, *k_cache.shape[1:]),
+                                                       v_cache[:1].expand(B, *v_cache.shape[1:]))
+    scale = _check_attention(q, *kv, 4, causal, softmax_scale)
+    for n, t in (("cache_seqlens", lens), ("cache_batch_idx", batch_idx), ("cache_leftpad", leftpad)):
+        if t is not None and (t.dtype != torch.int32 or tuple(t.shape) != (B,) or t.device != q.device):
+            raise ShapeError(f"{n} must be a torch.int32 tensor of shape ({B},) on {q.device}, got {t.dtype} "
+                             f"{tuple(t.shape)} on {t.device} (convert with .int())")
+    feat = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, window_size)
+    if q.numel() == 0 or k_cache.shape[1] == 0:
+        out = torch.zeros_like(q, memory_format=_CF)
+        return (out, q.new_full((B, q.shape[2], q.shape[1]), math.inf, dtype=torch.float32)) if return_lse else out
+    out, lse = _kvcache_packed(q, k_cache, v_cache, lens, causal, scale, feat, batch_idx, leftpad)
+    return (out, lse) if return_lse else out
+
+
+def _kvcache_packed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
+                    scale: float, feat: tuple[float, int, int], batch_idx: torch.Tensor | None,
+                    leftpad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A kv-cache call as the varlen kernel runs it, FlashAttention-3's own reduction: q packed [B·Sq, H, D], the
+    cache [B_cache·S, Hkv, D] (a copy where its strides cannot be viewed so), sequence b's keys from row
+    batch_idx[b]·S + leftpad[b], ``lens[b] − leftpad[b]`` of them (``seqused_k``). (out [B, Sq, H, D], lse
+    [B, H, Sq]). Any number of query positions, a softcap and a window; one CTA per (sequence, head, query block):
+    no split-KV, so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel."""
+    B, sq, H, D = q.shape
+    nb, S, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    dev = q.device
+    idx = torch.arange(B, device=dev, dtype=torch.int32) if batch_idx is None else batch_idx.to(torch.int32)
+    pad = 0 if leftpad is None else leftpad.to(torch.int32)
+    start = idx * S + pad
+    cu_k = torch.cat([start, torch.full((1,), nb * S, dtype=torch.int32, device=dev)])  # the last entry is not read
+    cu_q = torch.arange(0, (B + 1) * sq, sq, dtype=torch.int32, device=dev)
+    used_k = (lens.clamp(0, S) - pad).clamp(min=0).to(torch.int32)  # the decode kernel's clamp
+    args = (q.reshape(B * sq, H, D), k_cache.reshape(nb * S, Hkv, D), v_cache.reshape(nb * S, Hkv, D), cu_q, cu_k,
+            None, used_k, sq, S, causal, scale, *feat)
+    out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
+        _flash_attention_features_cuda(*args)
+    return out.view(B, sq, H, D), lse.view(H, B, sq).permute(1, 0, 2)
+
+
 _GEMM_CLASSES: dict[torch.dtype, Any] = {}
 
 
@@ -645,7 +739,13 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 
 def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cache_seqlens: torch.Tensor | int, causal: bool = False,
-                            softmax_scale: float | None = None) -> torch.Tensor:
+                            softmax_scale: float | None = None, softcap: float = 0.0,
+                            window_size: tuple[int, int] = (-1, -1), return_lse: bool = False,
+                            cache_batch_idx: torch.Tensor | None = None,
+                            cache_leftpad: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                            v: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
+                            rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
+                            rotary_seqlens: torch.Tensor | None = None) -> Any:
     """Decode against a preallocated KV cache, as flash-attn's ``flash_attn_with_kvcache`` without appending:
     q [B, Sq, H, D] with Sq <= 16, k_cache / v_cache [B, S_cache, Hkv, D] (any strides with the last dim
     contiguous, e.g. a [B, Hkv, S_cache, D] cache transposed), ``cache_seqlens`` int32 [B] on q's device (or one
@@ -653,9 +753,27 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     none is zeros). ``causal``: bottom-right aligned at that length (query i of Sq sees keys <= i + len − Sq). The
     kernel reads the lengths on the device: write the step's keys into the cache, update ``cache_seqlens`` in place,
     and the same launch (or captured CUDA graph) serves every step. The keys are split across CTAs as for the whole
-    cache (``ptsolve.ops.decode.length_pieces``)."""
+    cache (``ptsolve.ops.decode.length_pieces``). ``softcap``, ``window_size`` (``flash_attention``'s, the window
+    bottom-right at each length), ``return_lse`` (``(out, lse)``, lse float32 [B, H, Sq]), ``cache_batch_idx``
+    (int32 [B]: sequence b reads cache row cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
+    ending at cache_seqlens[b]), more than 16 query positions and head_dim 96, 192, 256 run the varlen kernel on the
+    cache (``_kvcache_packed``: FlashAttention-3's semantics; no split-KV). ``k`` / ``v`` [B, S_new, Hkv, D]: written
+    into the cache at rows cache_seqlens[b] .. + S_new first (the cache is updated in place, ``cache_seqlens`` is
+    not), attention then sees cache_seqlens[b] + S_new keys; ``rotary_cos`` / ``rotary_sin`` [S_ro, R/2]: the new
+    keys, and q, rotated on their first R dims at positions ``rotary_seqlens`` (default cache_seqlens) + i (q all
+    at that position unless causal or windowed), pairs interleaved or halves (``rotary_interleaved``); both in
+    PyTorch on the host's stream before the kernel, as FlashAttention-3's arguments mean."""
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    if k is not None or v is not None or rotary_cos is not None:
+        q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
+                                           rotary_interleaved, rotary_seqlens, cache_batch_idx, cache_leftpad,
+                                           causal or tuple(window_size) != (-1, -1))
+    general = softcap or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
+        or cache_leftpad is not None or k is not None
+    if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
+        return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap, window_size,
+                                return_lse, cache_batch_idx, cache_leftpad)
     if not _compiling():
         key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
         out = _kvcache_warm(q, key)
@@ -663,10 +781,6 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             return out
     causal = bool(causal)
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
-    if q.shape[1] > _gen().DECODE_MAX_SEQ_Q:
-        raise ShapeError(f"flash_attention_kvcache: q has {q.shape[1]} positions; the decode kernel takes at most "
-                         f"{_gen().DECODE_MAX_SEQ_Q} (run longer prefills with flash_attention on the filled part, "
-                         "or flash_attention_varlen)")
     lens = cache_seqlens
     if lens.dtype != torch.int32 or lens.dim() != 1 or lens.shape[0] != q.shape[0] or lens.device != q.device:
         raise ShapeError(f"cache_seqlens must be a torch.int32 tensor of shape ({q.shape[0]},) on {q.device}, got "

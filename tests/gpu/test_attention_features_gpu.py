@@ -141,3 +141,80 @@ def test_features_under_torch_compile(torch, pt):
     torch._dynamo.reset()
     got = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(got, f(q, k, v))
+
+
+KV_CASES = [  # Sq, D, softcap, window, causal, lse
+    (1, 128, 30.0, (-1, -1), True, False),
+    (4, 64, 0.0, (256, 0), True, True),
+    (40, 128, 0.0, (-1, -1), True, True),     # more positions than the decode kernel takes
+    (1, 256, 50.0, (511, 0), True, False),    # Gemma-2's head_dim, softcap and local window
+    (3, 96, 0.0, (-1, -1), False, True),
+]
+
+
+@pytest.mark.parametrize("Sq,D,softcap,window,causal,lse", KV_CASES)
+def test_kvcache_features(torch, pt, Sq, D, softcap, window, causal, lse):
+    """A cache filled to different lengths, through the varlen kernel: each sequence is its own attention over its
+    first cache_seqlens[b] keys (bottom-right causal and window at that length); the LSE is [B, H, Sq]."""
+    B, S, H, Hkv = 3, 2048, 8, 2
+    q, kc, vc = _inputs(torch, B, Sq, S, H, Hkv, D, "bf16", Sq + D)
+    lens = [2048, 1000, 57]
+    got = pt.flash_attention_kvcache(q, kc, vc, torch.tensor(lens, dtype=torch.int32, device="cuda"), causal=causal,
+                                     softcap=softcap, window_size=window, return_lse=lse)
+    out, ls = got if lse else (got, None)
+    for b, n in enumerate(lens):
+        check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], causal, D ** -0.5, softcap, window,
+              None if ls is None else ls[b:b + 1])
+
+
+def _rope(torch, x, cos, sin, pos, interleaved):
+    """RoPE written as complex rotation (interleaved pairs) or halves, positions pos [B, S]: the test's own."""
+    rd = 2 * cos.shape[1]
+    ang = torch.polar(torch.ones_like(cos[pos].float()), torch.atan2(sin[pos].float(), cos[pos].float()))[:, :, None]
+    xr = x[..., :rd].float()
+    if interleaved:
+        z = torch.view_as_complex(xr.reshape(*xr.shape[:-1], rd // 2, 2).contiguous()) * ang
+        r = torch.view_as_real(z).flatten(-2)
+    else:
+        z = torch.complex(xr[..., : rd // 2], xr[..., rd // 2:]) * ang
+        r = torch.cat((z.real, z.imag), -1)
+    return torch.cat((r.to(x.dtype), x[..., rd:]), -1)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_kvcache_append_rotary_batch_idx(torch, pt, interleaved):
+    """FA3's flash_attn_with_kvcache with new keys appended into the cache (rotated), q rotated at its positions,
+    sequences picked from a larger cache by cache_batch_idx: the cache is written in place, the output is attention
+    over each sequence's cache_seqlens[b] + 2 keys."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, NB, S, H, Hkv, D, new = 2, 4, 1024, 8, 2, 128, 2
+    q, kc, vc = _inputs(torch, NB, 2, S, H, Hkv, D, "fp16", 21)
+    q = q[:B]
+    knew, vnew = (x[:B, :new] * 0.5 for x in _inputs(torch, NB, 2, new, Hkv, Hkv, D, "fp16", 22)[1:])
+    ang = torch.arange(S, device="cuda")[:, None] / (10000 ** (torch.arange(32, device="cuda") / 32))[None]
+    cos, sin = ang.cos().half(), ang.sin().half()
+    lens, idx = torch.tensor([700, 5], dtype=torch.int32, device="cuda"), torch.tensor([3, 1], device="cuda",
+                                                                                       dtype=torch.int32)
+    k0, v0 = kc.clone(), vc.clone()
+    out = flash_attn_with_kvcache(q, kc, vc, k=knew, v=vnew, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                  cache_batch_idx=idx, causal=True, rotary_interleaved=interleaved)
+    for b in range(B):
+        n, c = int(lens[b]), int(idx[b])
+        pos = torch.arange(n, n + new, device="cuda")[None]
+        kr = _rope(torch, knew[b:b + 1], cos, sin, pos, interleaved)
+        assert torch.allclose(kc[c, n:n + new].float(), kr[0].float(), atol=1e-2)  # appended in place, rotated
+        assert torch.equal(kc[c, :n], k0[c, :n]) and torch.equal(vc[c, :n], v0[c, :n])
+        assert torch.equal(vc[c, n:n + new], vnew[b])
+        qr = _rope(torch, q[b:b + 1], cos, sin, pos, interleaved)
+        check(torch, out[b:b + 1], qr, kc[c:c + 1, :n + new], vc[c:c + 1, :n + new], True, D ** -0.5)
+    assert torch.equal(kc[0], k0[0]) and torch.equal(kc[2], k0[2])  # rows no sequence picked are untouched
+
+
+def test_kvcache_leftpad(torch, pt):
+    B, S, H, Hkv, D = 2, 1024, 4, 4, 64
+    q, kc, vc = _inputs(torch, B, 1, S, H, Hkv, D, "bf16", 31)
+    lens, pad = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in ([1000, 500], [100, 0]))
+    out = pt.flash_attention_kvcache(q, kc, vc, lens, causal=True, cache_leftpad=pad)
+    for b in range(B):
+        s = slice(int(pad[b]), int(lens[b]))
+        check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, s], vc[b:b + 1, s], True, D ** -0.5)

@@ -43,7 +43,9 @@ REFUSED = {"qv": "T", "q_descale": "T", "k_descale": "T", "v_descale": "T", "win
            "rotary_seqlens": "T", "scheduler_metadata": "T", "return_softmax_lse": True}
 # the ones ptsolve runs in some of the functions (the others still refuse them)
 RUNS = {"flash_attn_func": {"window_size", "softcap"},
-        "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"}}
+        "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"},
+        "flash_attn_with_kvcache": {"window_size", "softcap", "k", "v", "rotary_cos", "rotary_sin", "cache_batch_idx",
+                                    "cache_leftpad", "rotary_seqlens", "return_softmax_lse"}}
 KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False}
 
 
@@ -83,7 +85,8 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
         flash_attention_varlen=lambda *a, causal, softmax_scale, return_lse, seqused_q, seqused_k, softcap,
         window_size: seen.update(f="varlen", n=len(a), lse=return_lse, softcap=softcap, window=window_size,
                                  used=(seqused_q, seqused_k)),
-        flash_attention_kvcache=lambda q, kc, vc, lens, causal, softmax_scale: seen.update(f="kvcache", lens=lens))
+        flash_attention_kvcache=lambda q, kc, vc, lens, causal, softmax_scale, **kw: seen.update(f="kvcache", lens=lens,
+                                                                                                 kw=kw))
     monkeypatch.setitem(sys.modules, "ptsolve.torch", fake)
     monkeypatch.setattr(sys.modules["ptsolve"], "torch", fake, raising=False)
     t = types.SimpleNamespace(shape=(2, 4096, 8, 128), requires_grad=False)
@@ -95,6 +98,12 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
                          "flash_attn_with_kvcache": "kvcache"}[fn]
     if fn == "flash_attn_with_kvcache":
         assert seen["lens"] == 4096  # no cache_seqlens: the whole cache
+        assert seen["kw"]["window_size"] == (-1, -1) and seen["kw"]["return_lse"] is False
+        getattr(fai, fn)(*args, k="K", v="V", rotary_cos="C", rotary_sin="S", cache_batch_idx="I", cache_leftpad="P",
+                         softcap=5.0, window_size=[3, 0], return_softmax_lse=True, rotary_interleaved=False)
+        assert seen["kw"] == {"softcap": 5.0, "window_size": (3, 0), "return_lse": True, "cache_batch_idx": "I",
+                              "cache_leftpad": "P", "k": "K", "v": "V", "rotary_cos": "C", "rotary_sin": "S",
+                              "rotary_interleaved": False, "rotary_seqlens": None}
     else:  # FA3 returns (out, softmax_lse) only where return_attn_probs asks
         assert seen["lse"] is False
         getattr(fai, fn)(*args, causal=True, return_attn_probs=True)

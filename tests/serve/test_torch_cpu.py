@@ -346,3 +346,25 @@ def test_softcap_window_and_seqused_reach_the_kernel(pt, fake_gpu):
             pt.flash_attention(q, k, k, **kw)
     with pytest.raises(ShapeError, match="seqused_k must be a torch.int32 tensor of shape \\(2,\\)"):
         pt.flash_attention_varlen(q[0], k[0], k[0], cu, cuk, 34, 100, seqused_k=used_k.long())
+
+
+def test_kvcache_features_run_the_varlen_kernel_and_append_in_place(pt, fake_gpu):
+    """flash_attention_kvcache with a softcap, the LSE, appended keys and cache_batch_idx: the new keys land in the
+    picked cache rows at cache_seqlens (others untouched), and the call launches the softcap class's varlen kernel
+    with the lengths read on the device (used_k)."""
+    log = fake_gpu
+    q = torch.randn(2, 3, 4, 128, dtype=torch.float16)
+    kc, vc = torch.zeros(3, 64, 2, 128, dtype=torch.float16), torch.zeros(3, 64, 2, 128, dtype=torch.float16)
+    lens, idx = torch.tensor([10, 20], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32)
+    new = torch.ones(2, 2, 2, 128, dtype=torch.float16)
+    out, lse = pt.flash_attention_kvcache(q, kc, vc, lens, causal=True, softcap=10.0, return_lse=True, k=new,
+                                          v=2 * new, cache_batch_idx=idx)
+    assert out.shape == q.shape and lse.shape == (2, 4, 3)
+    assert kc[2, 10:12].eq(1).all() and vc[0, 20:22].eq(2).all() and kc[1].eq(0).all() and kc[2, 12:].eq(0).all()
+    assert lens.tolist() == [10, 20]  # FA3 leaves cache_seqlens to the caller
+    ks, vals = log["prepares"][-1]
+    assert "fast_tanh" in ks.source and vals["used_k"] != 0 and vals["cu_k"] != 0 and vals["used_q"] == 0
+    with pytest.raises(ShapeError, match="3 sequences for q's 2; give cache_batch_idx"):
+        pt.flash_attention_kvcache(q, kc, vc, lens, softcap=10.0)
+    with pytest.raises(ShapeError, match="cache_leftpad must be a torch.int32 tensor of shape \\(2,\\)"):
+        pt.flash_attention_kvcache(q, kc, vc, lens, cache_batch_idx=idx, cache_leftpad=lens.long())
