@@ -830,7 +830,8 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     whose prefill runs on the filled part. Other masks (a padded batch) are a ShapeError (run padded batches through
     ``flash_attention_varlen``). No dropout (inference). A module's ``softcap`` (Gemma-2's
     ``attn_logit_softcapping``) and ``sliding_window`` (keys q − sliding_window + 1 .. q, transformers' sliding mask)
-    run ``flash_attention``'s softcap and window; a static cache's decode steps do not take them yet (ShapeError)."""
+    run ``flash_attention``'s softcap and window (the mask then checked as the sliding one; a static cache's steps
+    through ``flash_attention_kvcache``'s varlen path), except under torch.compile with a mask (ShapeError)."""
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
@@ -855,7 +856,7 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
             raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: {', '.join(asked)} with a masked "
                              "(static) cache; ptsolve's kv-cache kernel has no softcap or window yet")
         return _hf_compiled(q, k, v, attention_mask, causal, scaling), None
-    got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0])
+    got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0], int(sw) - 1 if sw else -1)
     if got is None:
         raise ShapeError(f"attn_implementation='ptsolve': the model's attention mask {tuple(attention_mask.shape)} "
                          "is not the causal mask on each sequence's first keys (a padded batch?); ptsolve's kernels "
@@ -864,12 +865,8 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     lens, n = got
     if min(n) == k.shape[1]:  # every key: the mask is the one the kernel applies anyway
         return flash_attention(q, k, v, causal=causal, softmax_scale=scaling, **feat), None
-    if asked:
-        raise ShapeError(f"attn_implementation='ptsolve': {', '.join(asked)} with a static cache filled to "
-                         f"{sorted(set(n))} of {k.shape[1]} slots: ptsolve's kv-cache kernel has no softcap or window "
-                         "yet; use the dynamic cache")
-    if q.shape[1] <= _gen().DECODE_MAX_SEQ_Q:  # a static cache's decode or speculative step: the whole cache
-        return flash_attention_kvcache(q, k, v, lens, causal=causal, softmax_scale=scaling), None
+    if q.shape[1] <= _gen().DECODE_MAX_SEQ_Q or feat:  # a static cache's decode or speculative step: the whole cache
+        return flash_attention_kvcache(q, k, v, lens, causal=causal, softmax_scale=scaling, **feat), None
     if len(set(n)) > 1:
         raise ShapeError(f"attn_implementation='ptsolve': a {q.shape[1]}-position step against a static cache filled "
                          f"to different lengths {sorted(set(n))}: ptsolve runs such steps (more than "
@@ -887,16 +884,21 @@ def _mask_shaped(mask: Any, sq: int, skv: int, batch: int) -> bool:
             and mask.shape[1] == 1 and tuple(mask.shape[-2:]) == (sq, skv))
 
 
-def _mask_prefix(mask: torch.Tensor, causal: bool, sq: int, skv: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _mask_prefix(mask: torch.Tensor, causal: bool, sq: int, skv: int, left: int = -1
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: (n, ok) of a transformers mask [batch or 1, 1, Sq, Skv] (bool, True attends, or additive
-    float, 0 attends): n the keys its last query position sees per sequence, ok whether the mask is the kernel's on
-    each sequence's first n keys (key j seen by query i iff j < n and, with ``causal``, j <= i + n - Sq)."""
+    float, 0 attends): n one past the last key its last query position sees per sequence, ok whether the mask is
+    the kernel's on each sequence's first n keys (key j seen by query i iff j < n and, with ``causal``,
+    j <= i + n - Sq; with a window ``left`` >= 0 also j >= i + n - Sq - left: transformers' sliding mask)."""
     keep = (mask if mask.dtype == torch.bool else mask == 0)[:, 0]  # [batch or 1, Sq, Skv]
-    n = keep[:, -1].sum(-1)  # the last query position sees every key of its sequence
-    i = torch.arange(sq, device=mask.device)[:, None]
     j = torch.arange(skv, device=mask.device)[None, :]
+    n = (keep[:, -1] * (j + 1)).amax(-1)  # the last query position sees its sequence's last key
+    i = torch.arange(sq, device=mask.device)[:, None]
     edge = n[:, None, None] - (sq - 1 - i)[None] if causal else n[:, None, None]
-    return n, (keep == (j[None] < edge)).all()
+    want = j[None] < edge
+    if left >= 0:
+        want &= j[None] >= n[:, None, None] - (sq - i)[None] - left
+    return n, (keep == want).all()
 
 
 def _hf_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, causal: bool,
@@ -922,7 +924,8 @@ def _hf_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, c
     return torch.where(ok, out, torch.full_like(out, math.nan))
 
 
-def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int) -> tuple[torch.Tensor, list[int]] | None:
+def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int, left: int = -1
+                  ) -> tuple[torch.Tensor, list[int]] | None:
     """Is a transformers attention mask ([batch or 1, 1, Sq, Skv]; bool, True attends, or additive float, 0 attends)
     the kernel's mask on each sequence's first n_b keys: key j seen by query i iff j < n_b and, with ``causal``,
     j <= i + n_b - Sq (n_b = Skv: a dynamic cache's mask; n_b < Skv: a static cache's unfilled slots)? Then the
@@ -930,13 +933,14 @@ def _mask_lengths(mask: Any, causal: bool, sq: int, skv: int, batch: int) -> tup
     per mask object (transformers builds one per forward and every layer passes it: one synchronisation a step), kept
     by identity through a weak reference. The tensor is one buffer per (device, batch), filled with the lengths of the
     mask last asked about, so the launches that read it stay the same from step to step (``flash_attention_kvcache``'s
-    kept launch); a buffer filled by another mask since is filled again (a device copy, in stream order)."""
+    kept launch); a buffer filled by another mask since is filled again (a device copy, in stream order).
+    ``left``: a sliding window's left size (``_mask_prefix``)."""
     if not _mask_shaped(mask, sq, skv, batch):
         return None
-    key = (id(mask), causal, batch)
+    key = (id(mask), causal, batch, left)
     hit = _MASKS.get(key)
     if hit is None or hit[0]() is not mask:
-        n, ok = _mask_prefix(mask, causal, sq, skv)
+        n, ok = _mask_prefix(mask, causal, sq, skv, left)
         got = torch.cat([ok.view(1).to(torch.int64), n.to(torch.int64)]).tolist()  # the one synchronisation
         lens = got[1:] * (batch // len(got[1:]))
         out = (n.to(torch.int32).expand(batch).contiguous(), lens) if got[0] else None

@@ -218,3 +218,38 @@ def test_kvcache_leftpad(torch, pt):
     for b in range(B):
         s = slice(int(pad[b]), int(lens[b]))
         check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, s], vc[b:b + 1, s], True, D ** -0.5)
+
+
+def test_transformers_gemma2_softcap_and_sliding_window(torch, pt):
+    """A Hugging Face Gemma-2 (random weights; every other layer a 64-key sliding window, attention logits capped at
+    50) through ``attn_implementation="ptsolve"``: a 200-token prefill and 4 decode steps with the dynamic cache,
+    the logits within twice the error of the eager bf16 model (which applies softcap and window) against float32."""
+    pytest.importorskip("transformers")
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    cfg = Gemma2Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=64,
+                       attn_logit_softcapping=50.0, final_logit_softcapping=None, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    m32 = Gemma2ForCausalLM(cfg).cuda().eval()
+    m16 = Gemma2ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    m16.load_state_dict(m32.state_dict())
+    ids = torch.randint(0, 1000, (2, 200), device="cuda")
+    steps = torch.randint(0, 1000, (2, 4), device="cuda")
+    name = pt.register_transformers()
+
+    def run(model, impl):
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(impl)
+        else:
+            model.config._attn_implementation = impl
+        out = model(ids, use_cache=True)
+        cache, logits = out.past_key_values, [out.logits[:, -1].float()]
+        for i in range(steps.shape[1]):
+            out = model(steps[:, i:i + 1], past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, logits + [out.logits[:, -1].float()]
+        return torch.stack(logits)
+
+    with torch.no_grad():
+        ref, eager, ours = run(m32, "eager"), run(m16, "eager"), run(m16, name)
+    e_ours, e_eager = (ours - ref).abs().max().item(), (eager - ref).abs().max().item()
+    assert e_ours <= 2 * e_eager + 1e-2, (e_ours, e_eager)

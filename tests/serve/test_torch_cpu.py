@@ -368,3 +368,23 @@ def test_kvcache_features_run_the_varlen_kernel_and_append_in_place(pt, fake_gpu
         pt.flash_attention_kvcache(q, kc, vc, lens, softcap=10.0)
     with pytest.raises(ShapeError, match="cache_leftpad must be a torch.int32 tensor of shape \\(2,\\)"):
         pt.flash_attention_kvcache(q, kc, vc, lens, cache_batch_idx=idx, cache_leftpad=lens.long())
+
+
+def test_hf_sliding_masks_are_checked_as_sliding(pt):
+    """transformers' sliding-window mask (key j seen by query i iff p - W < j <= p, p = i's position, bottom-right on
+    each sequence's n keys) is the kernel's with window (W - 1, 0); the plain causal check refuses it, and a mask
+    whose window differs is refused."""
+    sq, skv, W = 4, 9, 3
+    j = torch.arange(skv)[None, :]
+
+    def sliding(n, w=W):  # the mask of a sequence filled to n keys of skv slots
+        p = torch.arange(sq)[:, None] + n - sq
+        return (j <= p) & (j > p - w)
+    full = sliding(skv).expand(2, 1, sq, skv)
+    assert pt._mask_lengths(full, True, sq, skv, 2, left=W - 1)[1] == [9, 9]
+    assert pt._mask_lengths(full, True, sq, skv, 2) is None
+    assert pt._mask_lengths(full, True, sq, skv, 2, left=W) is None
+    static = torch.stack([sliding(9), sliding(6)])[:, None]  # a static cache filled to 9 and 6 of its slots
+    lens, n = pt._mask_lengths(static, True, sq, skv, 2, left=W - 1)
+    assert n == [9, 6] and lens.tolist() == [9, 6]
+    assert pt._mask_lengths(torch.stack([sliding(9), sliding(6, W + 1)])[:, None], True, sq, skv, 2, left=W - 1) is None
