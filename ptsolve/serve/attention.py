@@ -95,9 +95,8 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     if bool(softcap) != c.softcap or (window != (-1, -1)) != c.window:
         raise ShapeError(f"attention class {c.key} runs softcap={softcap!r}, window={window!r}: the class and the "
                          "call must agree on softcap and window (ptsolve.torch chooses the class)")
-    ptr = (lambda x: 0 if x is None else x.data_ptr())  # noqa: E731
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale, ptr(cu_q), ptr(cu_k), max_q, max_k, with_lse, ptr(used_q), ptr(used_k), softcap, window)
+           scale, _ptr(cu_q), _ptr(cu_k), max_q, max_k, with_lse, _ptr(used_q), _ptr(used_k), softcap, window)
     ln = prepared.LAUNCHES.get(key)
     if ln is not None:
         return ln
@@ -110,10 +109,15 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
         ck, final = exact.serving(c, params, lambda x: _attention_launch(q, k, v, c, x, scale, None, None, 0, 0),
                                   lambda: q.new_empty(q.shape))
     ln = _attention_launch(q, k, v, c, ck or kernel(c), scale, cu_q, cu_k, max_q, max_k,
-                           {"used_q": ptr(used_q), "used_k": ptr(used_k), "wl": window[0], "wr": window[1]}
+                           {"used_q": _ptr(used_q), "used_k": _ptr(used_k), "wl": window[0], "wr": window[1]}
                            | ({"softcap_pre": scale / softcap, "scale_log2": softcap * math.log2(math.e)}
                               if softcap else {}))
     return prepared.keep(key, ln, final)
+
+
+def _ptr(x: Any) -> int:
+    """A tensor's address, 0 for an absent one (a null pointer argument)."""
+    return 0 if x is None else x.data_ptr()
 
 
 def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: float, cu_q: Any, cu_k: Any,
@@ -138,6 +142,6 @@ def _attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, ck: Any, scale: flo
                  for n, (rows, nb, st) in lay.items())
     sz = sizes({"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv}, t)
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0,
-            "cu_q": cu_q.data_ptr() if cu_q is not None else 0, "cu_k": cu_k.data_ptr() if cu_k is not None else 0,
+            "cu_q": _ptr(cu_q), "cu_k": _ptr(cu_k),
             "scale_log2": scale * math.log2(math.e), "lse": 0, "used_q": 0, "used_k": 0, **(extra or {}), **sz}
     return ck.prepare(vals, maps, sz["NTILES"], out="o")
