@@ -7,6 +7,7 @@ check costs a hash lookup.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -31,18 +32,36 @@ def _serialised(source: str) -> str:
     return "ptxas serialises the wgmma pipeline (C751x)" + where
 
 
+def _cuda_source(program: Any, hw: Hardware, generic: bool) -> Any:
+    """The KernelSource nvcc compiles for ``program`` (the exact-shape build, or the shape-generic one)."""
+    from .cuda import emit, emit_ir
+    from .lower import lower
+    from .plan import plan_from_program
+
+    return emit_ir(lower(plan_from_program(program), hw, generic=True)) if generic else emit(program, hw)
+
+
+def cuda_kernel_key(program: Any, hw: Hardware, generic: bool = False) -> str | None:
+    """What ``check_cuda`` compiles, as a key: the sha256 of the kernel source and nvcc flags (its verdict is a
+    function of them alone), or None where the generator refuses the program (the check says why). Schedules that
+    differ only in start times often emit one kernel (CP-SAT's optimum and its polished twin: the same loop orders),
+    and the search asks the compiler once per key (ptsolve.kernelcheck)."""
+    try:
+        ks = _cuda_source(program, hw, generic)
+    except CodegenError:
+        return None
+    return hashlib.sha256((ks.source + "\0" + " ".join(ks.flags)).encode()).hexdigest()
+
+
 def check_cuda(program: Any, hw: Hardware, generic: bool = False) -> KernelCheck:
     """nvcc sm_90a: ok when ptxas reports no spill, no serialised wgmma and setmaxnreg honoured (C7507).
     ``generic``: the shape-generic build of the schedule (sizes as kernel arguments: the serving layer's), whose
     trip counts are unknown to ptxas and may meet its limits where the exact-shape build does not."""
-    from .cuda import emit, emit_ir
-    from .lower import lower
-    from .plan import plan_from_program
     from .runtime import compile_kernel, nvcc_path
 
     t0 = time.perf_counter()
     try:
-        ks = emit_ir(lower(plan_from_program(program), hw, generic=True)) if generic else emit(program, hw)
+        ks = _cuda_source(program, hw, generic)
     except CodegenError as e:
         return _unsupported(e, "sm_90a", t0)
     try:
@@ -115,3 +134,6 @@ def check_hip(program: Any, hw: Hardware) -> KernelCheck:
 # the tilings the generator cannot build, asked before the search solves them (ptsolve.search)
 check_cuda.buildable = cuda_buildable  # type: ignore[attr-defined]
 check_cuda_generic.buildable = cuda_buildable  # type: ignore[attr-defined]
+# the kernel a schedule becomes: the search compiles each once (ptsolve.kernelcheck.kernel_key)
+check_cuda.kernel_key = cuda_kernel_key  # type: ignore[attr-defined]
+check_cuda_generic.kernel_key = lambda program, hw: cuda_kernel_key(program, hw, generic=True)  # type: ignore[attr-defined]

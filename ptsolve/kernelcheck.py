@@ -6,6 +6,10 @@ table's ``arch``, e.g. ``sm_90a``); ``checker(hw)`` finds it. A checker lowers a
 kernel and says whether the compiler accepted it as the schedule assumes (no register spills, no serialised
 tensor-core pipeline). Without a registered checker, or without the compiler, the answer is "not compile-checked":
 never a guess.
+
+A checker may carry two optional attributes: ``buildable(graph)`` (why the generator builds no schedule of a tiling,
+or None: asked before the search solves it) and ``kernel_key(program, hw)`` (a string naming the kernel the program
+becomes, or None: programs with one key get one verdict, so the search compiles that kernel once; ``kernel_key``).
 """
 from __future__ import annotations
 
@@ -62,6 +66,12 @@ def _plugin(group: str, hw: Hardware) -> Any:
         if ep.name == hw.arch:
             return ep.load()
     return None
+
+
+def kernel_key(chk: Any, hw: Hardware) -> Callable[[Any], str | None] | None:
+    """``chk``'s ``kernel_key`` bound to ``hw`` (program -> key or None), or None where the checker has none."""
+    key = getattr(chk, "kernel_key", None)
+    return None if key is None else (lambda program: key(program, hw))
 
 
 def checker(hw: Hardware) -> Checker | None:

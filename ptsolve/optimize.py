@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -13,7 +14,7 @@ from .cost import check_grain
 from .errors import PtsolveError
 from .hw import DEFAULT_HW, Hardware, load
 from .ir import STaskGraph
-from .kernelcheck import Checker, KernelCheck, checker
+from .kernelcheck import Checker, KernelCheck, checker, kernel_key
 from .opspec import Operator
 from .result import Result
 from .search import check_args, search
@@ -76,17 +77,34 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
     t0 = time.perf_counter()
     kw = dict(solver=solver, time_limit=time_limit, placement=placement, executor=executor, jobs=jobs,
               decoupled=decoupled, fix=fix, progress=progress, deterministic=deterministic,
-              verify=None if chk is None else (lambda p: chk(p, hwt)), buildable=getattr(chk, "buildable", None))
-    res = search(op, hwt, **kw)
-    if compile_check and chk is None:
-        res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
-                                                    f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
-    left = time_limit - (time.perf_counter() - t0)
-    if replay and (deterministic or left >= 1.0):  # the whole call keeps to a wall-clock limit
-        res = _replayed_order(op, hwt, res, chk, kw | ({} if deterministic else {"time_limit": left}))
+              verify=_verifier(chk, hwt), buildable=getattr(chk, "buildable", None))
+    ahead = _Ahead(op, hwt, kw, t0) if replay else None
+    try:
+        res = search(op, hwt, **kw, spare=ahead if ahead and ahead.useful() else None)
+        if compile_check and chk is None:
+            res = replace(res, kernel_check=KernelCheck("not compile-checked", f"no code generator registered for "
+                                                        f"{hwt.arch} (ptsolve.kernelcheck)").to_dict())
+        left = time_limit - (time.perf_counter() - t0)
+        if ahead and (deterministic or left >= 1.0):  # the whole call keeps to a wall-clock limit
+            ahead.wait(res.tiling)
+            res = _replayed_order(op, hwt, res, chk, kw | ({} if deterministic else {"time_limit": left}))
+    finally:
+        if ahead:
+            ahead.cancel()
     if cache:
         cache_mod.put(k, time_limit, res)
     return res
+
+
+def _verifier(chk: Checker | None, hw: Hardware) -> Callable[[Any], KernelCheck] | None:
+    """search's ``verify``: ``chk`` on ``hw``, with the checker's ``kernel_key`` (ptsolve.kernelcheck) if it has one."""
+    if chk is None:
+        return None
+
+    def verify(p: Any) -> KernelCheck:
+        return chk(p, hw)
+    verify.kernel_key = kernel_key(chk, hw)  # type: ignore[attr-defined]
+    return verify
 
 
 def compile_check_default() -> bool:
@@ -104,10 +122,7 @@ def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any
     the compiler rejects it too."""
     if kw.get("solver") != "cpsat" or op.spec.orders is None:
         return None
-    g = op.graph(dict(tiling), hw)
-    # the same tiling comes back (compare's decoupled column, tune's walk): its pinned solves are done once per process
-    key = (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), kw.get("placement"), chk,
-           kw.get("deterministic") and float(kw["time_limit"]))
+    g, key = _declared_key(op, hw, tiling, chk, kw)
     if key not in _DECLARED:
         try:
             alt = search(g, hw, **(kw | {"solver": "cpsat-orders", "fix": None}))
@@ -121,7 +136,78 @@ def _declared_order(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any
     return _DECLARED[key]
 
 
+def _declared_key(op: Operator, hw: Hardware, tiling: dict[str, int], chk: Any,
+                  kw: dict[str, Any]) -> tuple[STaskGraph, tuple]:
+    """(the tiling's graph, its key in _DECLARED): the same tiling comes back (compare's decoupled column, tune's
+    walk, optimize's spare-core solve), so its pinned solves are done once per process."""
+    g = op.graph(dict(tiling), hw)
+    return g, (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), kw.get("placement"), chk,
+               kw.get("deterministic") and float(kw["time_limit"]))
+
+
 _DECLARED: dict[tuple, Result | None] = {}
+
+
+class _Ahead:
+    """optimize's work for a core the compiler leaves idle (search's ``spare``): while a candidate answer's lone
+    compile check runs, the declared-order solve of its tiling that _replayed_order asks for once the search is done
+    (1-2 s of CP-SAT on 2 cores: most of a cold attention call's time after its compile checks). It runs in a thread
+    of its own (CP-SAT releases the GIL) into _DECLARED, so it changes no answer: _replayed_order finds the same
+    Result there, or solves it itself where the candidate was refused and its solve cancelled."""
+
+    def __init__(self, op: Operator | STaskGraph, hw: Hardware, kw: dict[str, Any], t0: float) -> None:
+        self.op, self.hw, self.kw, self.t0 = op, hw, kw, t0
+        self.runs: dict[tuple, tuple[threading.Thread, threading.Event]] = {}
+
+    def useful(self) -> bool:
+        """Whether _replayed_order will ask for a declared-order solve at all (and the compiler is in the loop)."""
+        return not isinstance(self.op, STaskGraph) and self.kw.get("solver") == "cpsat" and \
+            self.op.spec.orders is not None and self.kw.get("verify") is not None
+
+    def __call__(self, prog: Any) -> Callable[[], None]:
+        """Start the declared-order solve of ``prog``'s tiling (unless known or running, or _replayed_order would not
+        ask for it: ``prog`` is of the declared orders already, or no time is left); what cancels it."""
+        kw = self._kw()
+        if prog.policy.startswith("cpsat-orders") or (not kw.get("deterministic") and kw["time_limit"] < 1.0):
+            return lambda: None
+        g, key = _declared_key(self.op, self.hw, prog.graph.tiling, None, kw)  # type: ignore[arg-type]
+        if key in _DECLARED or (key in self.runs and not self.runs[key][1].is_set()):  # a cancelled one starts again
+            return lambda: None
+        stop = threading.Event()
+        th = threading.Thread(target=self._solve, args=(dict(prog.graph.tiling), kw, stop), daemon=True)
+        self.runs[key] = (th, stop)
+        th.start()
+        return stop.set
+
+    def _kw(self) -> dict[str, Any]:
+        """_replayed_order's arguments, less the progress lines (this thread's would interleave the search's)."""
+        left = {} if self.kw.get("deterministic") else \
+            {"time_limit": self.kw["time_limit"] - (time.perf_counter() - self.t0)}
+        return self.kw | {"verify": None, "progress": None} | left
+
+    def _solve(self, tiling: dict[str, int], kw: dict[str, Any], stop: threading.Event) -> None:
+        from .policies.orders import Stopped, stopping
+        try:
+            with stopping(stop):
+                _declared_order(self.op, self.hw, tiling, None, kw)  # type: ignore[arg-type]
+        except Stopped:
+            pass
+
+    def wait(self, tiling: dict[str, int]) -> None:
+        """Let a solve of ``tiling`` that still runs finish (it is the one _replayed_order asks for); cancel the
+        others."""
+        if not self.runs:
+            return
+        _, key = _declared_key(self.op, self.hw, tiling, None, self._kw())  # type: ignore[arg-type]
+        for k, (th, stop) in self.runs.items():
+            if k == key and not stop.is_set():
+                th.join()
+            else:
+                stop.set()
+
+    def cancel(self) -> None:
+        for _, stop in self.runs.values():
+            stop.set()
 
 
 ORDER_CHOICE = "orders=replay"  # in optimize's cache key: answers before _replayed_order are not served

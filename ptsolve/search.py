@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +28,7 @@ from .kernelcheck import KernelCheck
 from .opspec import Operator
 from .policies import SOLVERS
 from .policies import greedy as greedy_mod
-from .policies.model import Problem, build, fits, tiling_tie
+from .policies.model import Problem, build, ends_lower_bound, fits, lower_bound, tiling_tie
 from .pools import terminate
 from .program import SProgram
 from .provenance import stamp
@@ -37,24 +38,6 @@ from .simulate import claimed, replay
 from .validate import check_valid, register_excess
 
 EXECUTORS = arguments.EXECUTORS
-
-
-def ends_lower_bound(P: Problem) -> tuple[int, int]:
-    """Lower bounds on (pre, last) of every schedule (Problem.ends), grains: the longest path through the
-    zero-distance precedences to each task plus its own duration, over the prologue / the other tasks."""
-    order = P.graph.topo_order()
-    est = dict.fromkeys(order, 0)
-    for t in order:
-        for u, v, d, lat in P.prec:
-            if u == t and d == 0:
-                est[v] = max(est[v], est[t] + lat)
-    pre = max((est[t] + P.end(t) for t in order if P.phase[t] == "pre"), default=0)
-    return pre, max(est[t] + P.end(t) for t in order if P.phase[t] != "pre")
-
-
-def lower_bound(P: Problem) -> int:
-    """No schedule of this tiling beats this many kernel cycles."""
-    return P.objective(P.ii_lb, *ends_lower_bound(P)) * P.grain
 
 
 def latency_lower_bound(P: Problem) -> int:
@@ -73,9 +56,11 @@ def replays(p: SProgram, hw: Hardware) -> bool:
 
 
 def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None, ii_max: int | None,
-              workers: int = 1, det_time: float | None = None) -> tuple[SProgram | None, dict[str, Any]]:
+              workers: int = 1, det_time: float | None = None,
+              start: int | None = None) -> tuple[SProgram | None, dict[str, Any]]:
     """Run one policy on one tiling's problem; ``det_time`` (CP-SAT deterministic time) instead of ``time_limit``
-    seconds makes the solve reproducible (solvers in DETERMINISTIC only)."""
+    seconds makes the solve reproducible (solvers in DETERMINISTIC only). ``start`` (kernel cycles, cpsat-orders
+    only): where its ladder of cutoffs starts, e.g. the tiling's proven optimum (policies.orders.solve's ``bound``)."""
     if solver == "greedy":
         return greedy_mod.solve(P)
     if solver == "cpsat":
@@ -91,16 +76,17 @@ def solve_one(P: Problem, solver: str, time_limit: float, hint: SProgram | None,
         return exhaustive.solve(P, time_limit=None if det_time is not None else time_limit)
     if solver == "cpsat-orders":
         from .policies import orders
-        return orders.solve(P, time_limit=time_limit, num_workers=workers, det_time=det_time)
+        return orders.solve(P, time_limit=time_limit, num_workers=workers, det_time=det_time, bound=start)
     raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS} (milp-highs, milp-cbc pick the backend)")
 
 
 def _worker(graph_json: str, hw: Hardware, solver: str, time_limit: float, placement: str,
             hint_json: str | None, ii_max: int | None, registers: bool = True,
-            det_time: float | None = None) -> tuple[str | None, dict[str, Any]]:
+            det_time: float | None = None, start: int | None = None) -> tuple[str | None, dict[str, Any]]:
     P = build(STaskGraph.from_json(graph_json), hw, placement, registers=registers)
     hint = SProgram.from_json(hint_json) if hint_json else None
-    prog, st = solve_one(P, solver, time_limit, hint, ii_max, **({} if det_time is None else {"det_time": det_time}))
+    kw = {k: v for k, v in (("det_time", det_time), ("start", start)) if v is not None}
+    prog, st = solve_one(P, solver, time_limit, hint, ii_max, **kw)
     return (prog.to_json() if prog else None), st
 
 
@@ -172,8 +158,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
            placement: str = "even", executor: str = "process", jobs: int | None = None, decoupled: bool = False,
            fix: dict[str, int] | None = None, progress: Callable[[str], None] | None = None,
            exclude: tuple[dict[str, int], ...] = (), verify: Callable[[SProgram], KernelCheck] | None = None,
-           buildable: Callable[[STaskGraph], str | None] | None = None,
-           deterministic: bool = False) -> Result:
+           buildable: Callable[[STaskGraph], str | None] | None = None, deterministic: bool = False,
+           spare: Callable[[SProgram], Callable[[], None]] | None = None) -> Result:
     """Find the best (tiling, schedule) of ``op`` on ``hw`` with ``solver``; ``time_limit`` (s) bounds the solves, not
     the answer's compile checks; ``fix`` keeps only the tilings with those key values; ``exclude`` drops tilings, and
     ``buildable`` (the checker's: why the code generator builds no schedule of a tiling, or None) before any solve.
@@ -188,8 +174,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     searched too when it could beat the tilings that fit and the compiler builds its greedy schedule. With a wall-clock
     limit the solves stop at VERIFY_SHARE of it, keeping the rest for compile checks, which the limit never cuts
     short: the answer is always one the compiler was asked about (the checks of refused schedules' successors may
-    run past the limit). A verdict about the operator itself (scope "operator": no
-    generator builds these parameters) stops the checks: the model's answer comes back with that verdict.
+    run past the limit). A verdict about the operator itself (scope "operator": no generator builds these parameters)
+    stops the checks: the model's answer comes back with that verdict. ``spare``: the caller's work (_Search._check).
 
     ``deterministic``: a reproducible search, the same Result program, status and bound on any machine load and with
     any ``executor`` and ``jobs``. ``time_limit`` is then not wall-clock: the search spends at most ``time_limit``
@@ -205,9 +191,9 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     the answer unchecked; FEASIBLE otherwise (greedy, which proves nothing, an exact back-end whose proof did not
     survive re-checking, or a better-predicted schedule the compiler refused)."""
     check_args(hw, solver, time_limit, placement, executor, jobs, fix, deterministic)
-    hw = load(hw)
-    t0 = time.perf_counter()
-    s = _Search(op, hw, solver, time_limit, placement, executor, jobs, deterministic, progress, verify, t0, buildable)
+    hw, t0 = load(hw), time.perf_counter()
+    s = _Search(op, hw, solver, time_limit, placement, executor, jobs, deterministic, progress, verify, t0, buildable,
+                spare)
     s.collect(_graphs(op, hw, fix, exclude))
     if not s.cands:
         if not s.reasons and exclude:  # every tiling was excluded by the caller
@@ -277,6 +263,9 @@ class _Cand:
     greedy: SProgram
     g_obj: int
     g_lat: int
+    # the free optimum (kernel cycles) once a solve of this process has proven it (the _Cand is memoised, _PREPARED):
+    # where cpsat-orders' ladder of cutoffs starts on this tiling (optimize's declared order, after the search)
+    opt: int | None = None
 
     @property
     def tiling(self) -> dict[str, int]:
@@ -292,20 +281,47 @@ class _Cand:
 _PREPARED: OrderedDict[tuple, _Cand] = OrderedDict()
 
 
-def _prepare(g: STaskGraph, hw: Hardware, placement: str, registers: bool = True) -> _Cand:
-    """A tiling's Problem, lower bounds and greedy schedule, from the process's memo when it has them."""
-    key = (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), placement, registers, check_grain())
+def _prepare(g: STaskGraph, hw: Hardware, placement: str, registers: bool = True, key: tuple | None = None) -> _Cand:
+    """A tiling's Problem, lower bounds and greedy schedule, from the process's memo when it has them (``key``: its
+    memo key, when the caller has it)."""
+    key = key or _key(g, hw, placement, registers)
     c = _PREPARED.get(key)
     if c is not None:
         _PREPARED.move_to_end(key)
         return c
-    P = build(g, hw, placement, registers=registers)
-    gp = greedy_mod.solve(P)[0]
-    c = _Cand(P, lower_bound(P), latency_lower_bound(P), gp, *claimed(gp, hw))
+    c = _build_cand(g, hw, placement, registers)
     _PREPARED[key] = c
     if len(_PREPARED) > 2048:
         _PREPARED.popitem(last=False)
     return c
+
+
+def _build_cand(g: STaskGraph, hw: Hardware, placement: str, registers: bool) -> _Cand:
+    P = build(g, hw, placement, registers=registers)
+    gp = greedy_mod.solve(P)[0]
+    return _Cand(P, lower_bound(P), latency_lower_bound(P), gp, *claimed(gp, hw))
+
+
+def _prepare_many(items: list[tuple[STaskGraph, bool]], hw: Hardware, placement: str,
+                  pool: Callable[[], Any]) -> list[_Cand]:
+    """``_prepare`` of each (graph, register estimate), in order; the ones the memo lacks on the process pool
+    ``pool()`` returns (None: here) when there are several: each is a function of its graph alone, so where it is
+    built changes nothing, and a cold search spends a second of its 2-core budget on them (greedy's list
+    schedules)."""
+    keys = [_key(g, hw, placement, r) for g, r in items]
+    missing = [i for i, k in enumerate(keys) if k not in _PREPARED]
+    ex = pool() if len(missing) > 1 else None
+    if isinstance(ex, ProcessPoolExecutor):
+        futs = {i: ex.submit(_build_cand, items[i][0], hw, placement, items[i][1]) for i in missing}
+        for i, f in futs.items():  # in order: the memo's eviction order does not depend on the pool
+            _PREPARED[keys[i]] = f.result()
+            if len(_PREPARED) > 2048:
+                _PREPARED.popitem(last=False)
+    return [_prepare(g, hw, placement, r, k) for (g, r), k in zip(items, keys)]
+
+
+def _key(g: STaskGraph, hw: Hardware, placement: str, registers: bool) -> tuple:
+    return (g.to_json(), json.dumps(hw.to_dict(), sort_keys=True, default=str), placement, registers, check_grain())
 
 
 class _Search:
@@ -315,7 +331,8 @@ class _Search:
     def __init__(self, op: Operator | STaskGraph, hw: Hardware, solver: str, time_limit: float, placement: str,
                  executor: str, jobs: int | None, deterministic: bool, progress: Callable[[str], None] | None,
                  verify: Callable[[SProgram], KernelCheck] | None, t0: float,
-                 buildable: Callable[[STaskGraph], str | None] | None = None) -> None:
+                 buildable: Callable[[STaskGraph], str | None] | None = None,
+                 spare: Callable[[SProgram], Callable[[], None]] | None = None) -> None:
         self.hw, self.solver, self.time_limit, self.placement = hw, solver, time_limit, placement
         self.executor, self.jobs, self.deterministic, self.verify = executor, max(1, jobs or os.cpu_count() or 1), \
             deterministic, verify
@@ -347,14 +364,17 @@ class _Search:
         self.n_solved = 0
         self.det: float | None = None
         self.pool: Any = None
-        self.vpool: ThreadPoolExecutor | None = None
-        self.verdicts: dict[str, Any] = {}
+        self.vpool: _Compiles | None = None
+        self.verdicts: dict[str, Any] = {}  # per kernel (_ask), the compiler's verdict as a future
+        self.kernels: dict[int, tuple[SProgram, str]] = {}  # per program asked about, its kernel's key
+        # the caller's work for a candidate answer while a lone compile check of it leaves a slot idle (_check)
+        self.spare = spare
 
     # ------------------------------------------------------------------ the tilings
     def collect(self, graphs: list[STaskGraph]) -> None:
         """Every graph that fits becomes a candidate with its bounds and greedy schedule; one that fits but for the
         register estimate is asked of the compiler when it could beat the rest."""
-        hw, over = self.hw, []
+        hw, fit, over = self.hw, [], []
         for g in graphs:
             # a tiling the code generator cannot build is out before any solve (the checker's ``buildable``; a
             # graph given as the problem is answered as it is, with the compiler's verdict)
@@ -364,13 +384,18 @@ class _Search:
                 continue
             why = fits(g, hw)
             if why and self.verify is not None and fits(g, hw, registers=False) is None:
-                over.append((_prepare(g, hw, self.placement, registers=False), why))
+                over.append((g, why))
             elif why:
                 self.reasons.append(f"{g.tiling}: {why}")
             else:
-                self._add(_prepare(g, hw, self.placement))
+                fit.append(g)
+        items = [(g, True) for g in fit] + [(g, False) for g, _ in over]
+        cands = _prepare_many(items, hw, self.placement,
+                              lambda: self._pool(len(items)) if self.executor == "process" else None)
+        for c in cands[:len(fit)]:
+            self._add(c)
         best_greedy = min((c.g_obj for c in self.cands.values()), default=math.inf)
-        for c, why in sorted(over, key=lambda x: (x[0].lb, x[0].key)):
+        for c, why in sorted(zip(cands[len(fit):], (w for _, w in over)), key=lambda x: (x[0].lb, x[0].key)):
             if c.lb > best_greedy:  # cannot win: not worth a compile
                 self.reasons.append(f"{c.tiling}: {why}")
                 continue
@@ -402,9 +427,16 @@ class _Search:
 
     # ------------------------------------------------------------------ the solves
     def _pool(self, n: int) -> Any:
+        """The pool for ``n`` solves (None: solve here). A process pool's workers are forked with CP-SAT already
+        imported: each would otherwise import it before its first solve (0.4 s of a cold search on 2 cores)."""
         if self.pool is None and self.executor == "ray":
             self.pool = _RayPool()
         elif self.pool is None and self.executor == "process" and self.jobs > 1 and n > 1:
+            if self.solver in ("cpsat", "cpsat-orders"):
+                try:
+                    import ortools.sat.python.cp_model  # noqa: F401
+                except ImportError:  # the solve says so (policies.cpsat)
+                    pass
             self.pool = ProcessPoolExecutor(max_workers=self.jobs)
         return self.pool
 
@@ -429,8 +461,9 @@ class _Search:
                     continue
                 left = self.time_limit if self.deterministic else max(0.2, self.solve_deadline - time.perf_counter())
                 # no cut-off at the incumbent: CP-SAT proves "no better than X" far slower than "optimum is Y"
+                # a deterministic search's solves depend on nothing an earlier search of the process left behind
                 args = (c.P.graph.to_json(), self.hw, self.solver, left, self.placement, c.greedy.to_json(), None,
-                        k not in self.compiled, self.det)
+                        k not in self.compiled, self.det, None if self.deterministic else c.opt)
                 running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
             if not running:
                 break
@@ -462,6 +495,8 @@ class _Search:
         b = (obj if status == "OPTIMAL" and obj is not None else inc if status == "INFEASIBLE" else
              max(c.lb, st.get("bound") or 0) if status == "TIME_LIMIT" else c.lb)
         self.own[k] = b
+        if status == "OPTIMAL" and obj is not None and self.solver != "cpsat-orders":
+            c.opt = obj
         self.limited.discard(k)
         if status == "TIME_LIMIT":
             self.limited.add(k)
@@ -519,26 +554,75 @@ class _Search:
                     self.late_drops.add(k)
                 self._drop(k)  # past the model's register estimate, only the compiler's yes admits it: none to be had
                 continue
+            if self.verify is not None and self.unbuildable is None and self.jobs > 1:
+                self._ask(prog)  # the compiler starts on the solver's schedule while it is polished and deepened
             final = self._finish(k, prog, status, fix, exclude)
             if self.verify is None or self.unbuildable is not None:
                 return final, status, bound, self.unbuildable
-            variants = (final, prog) if final is not prog else (final,)
-            for v in variants:  # asked side by side: the second verdict is ready if the first is a refusal
-                self._ask(v)
-            for v in variants:
-                kc = self._verdict(v)
-                if kc.refused and kc.scope == "operator":
-                    self.unbuildable = kc
-                if k in self.over and not kc.ok and not (kc.refused and kc.scope == "schedule"):
-                    break  # no compiler's yes to be had (none here, or the operator is refused): the estimate stands
-                if not kc.refused or kc.scope == "operator" or self.graph:  # a graph's verdict is reported as it is
-                    return v, status, bound, kc
-                self.rejected.append((dict(v.graph.tiling), f"{kc.status}: {kc.reason} ({v.policy} schedule)"))
-                self.say(f"tiling {v.graph.tiling}: the compiler {kc.status} its {v.policy} schedule ({kc.reason})")
-            else:
-                self._next(k)
-                continue
-            self._drop(k)
+            answer = self._check(k, (final, prog) if final is not prog else (final,), status, bound)
+            if answer is not None:
+                return answer
+
+    def _check(self, k: tuple, variants: tuple[SProgram, ...], status: str,
+               bound: int) -> tuple[SProgram, str, int, KernelCheck] | None:
+        """Ask the compiler about tiling ``k``'s candidate answer, ``variants`` (the schedule as returned, then the
+        solver's own): (program, status, bound, verdict) of the first it admits; None where it refuses them (the
+        tiling's next schedule takes their place, or the tiling is out). Where the checks leave one of ``jobs``
+        compile slots idle, the caller's ``spare(schedule)`` starts its work for the candidate (e.g. optimize's
+        declared-order solve of its tiling) and returns what cancels it, called if the compiler refuses it; the
+        work changes no answer."""
+        for v in variants:  # asked side by side: the second verdict is ready if the first is a refusal
+            self._ask(v)
+        cancel = self._idle(k, variants)
+        for v in variants:
+            kc = self._verdict(v)
+            if kc.refused and kc.scope == "operator":
+                self.unbuildable = kc
+            if k in self.over and not kc.ok and not (kc.refused and kc.scope == "schedule"):
+                break  # no compiler's yes to be had (none here, or the operator is refused): the estimate stands
+            if not kc.refused or kc.scope == "operator" or self.graph:  # a graph's verdict is reported as it is
+                return v, status, bound, kc
+            self.rejected.append((dict(v.graph.tiling), f"{kc.status}: {kc.reason} ({v.policy} schedule)"))
+            self.say(f"tiling {v.graph.tiling}: the compiler {kc.status} its {v.policy} schedule ({kc.reason})")
+        else:
+            self._next(k)
+            cancel()
+            return None
+        cancel()
+        self._drop(k)
+        return None
+
+    def _idle(self, k: tuple, variants: tuple[SProgram, ...]) -> Callable[[], None]:
+        """Put a compile slot the checks leave free to use (what cancels that work; a no-op where there is none). Where
+        a refusal is likely, the compiler is asked ahead about the schedule that comes next if it refuses this one:
+        past the model's register estimate (``over``; ptxas refused all 12 such tilings it was asked about in the five
+        held-out attention configurations of issue 34, on h100) or on a tiling it refused a schedule of already
+        (``fallback``); otherwise the caller's ``spare`` work for the candidate starts. Neither changes the answer: a
+        verdict is the same whenever it is asked."""
+        # nothing to overlap once the verdicts are in (with one job the candidate's check holds the only slot)
+        if sum(not f.done() for f in self.verdicts.values()) >= self.jobs or all(self._ask(v).done() for v in variants):
+            return _nothing
+        if k in self.over or k in self.fallback:
+            nxt = self._runner_up(k)
+            if nxt is not None:
+                self._ask(nxt)
+            return _nothing
+        return self.spare(variants[0]) if self.spare is not None else _nothing
+
+    def _runner_up(self, k: tuple) -> SProgram | None:
+        """The best schedule in hand other than tiling ``k``'s candidate (the head of its list), as run() will ask
+        about it once the compiler refuses the candidate; a solve the refusal lets back in may still come first."""
+        best: tuple | None = None
+        for kk, a in self.alts.items():
+            first = next(((obj, lat, p) for obj, lat, p in a[1 if kk == k else 0:] if p is not None), None)
+            if first is not None and (best is None or (first[0], first[1], kk) < best[0]):
+                best = ((first[0], first[1], kk), first[2])
+        if best is None:
+            return None
+        kk, p = best[0][2], best[1]
+        if (kk in self.fallback or kk == k) and p.policy == "greedy":  # as run() labels it (k joins the fallbacks)
+            p = replace(p, policy=f"{self.solver} (greedy's schedule: the compiler refused a better one)")
+        return p
 
     def _finish(self, k: tuple, prog: SProgram, status: str, fix: dict[str, int] | None,
                 exclude: Sequence[dict[str, int]]) -> SProgram:
@@ -569,12 +653,28 @@ class _Search:
         self.out.add(k)
 
     def _declared(self, k: tuple) -> None:
-        """Solve tiling ``k``'s declared-order schedule (policy cpsat-orders), in place of its place-holder."""
+        """Solve tiling ``k``'s declared-order schedule (policy cpsat-orders), in place of its place-holder. It can
+        only matter if it ranks before the best schedule in hand (the rival; other place-holders are not schedules):
+        under the even placement, whose model objective is the claimed one, it is asked only for schedules no slower
+        than the rival (a cutoff CP-SAT refutes in milliseconds where it cannot), and where there are none the
+        place-holder waits at the rival's time + 1, solved again only if it comes first again once the compiler has
+        refused the rival (a lower bound throughout, so the schedules are taken in the same order as if every
+        declared order were solved at once). A deterministic search solves it in full, from its own lower bound: the
+        rival and the refused schedule may differ between a serial and a parallel search (what each pruned), and
+        a solve its budget stops short is not the same under another cutoff."""
         from .policies import orders
-        self.alts[k].pop(0)
+        refused = self.alts[k].pop(0)[0]  # no declared-order schedule beats it: where cpsat-orders' ladder starts
+        rival = min((x[0] for a in self.alts.values() for x in a if x[2] is not None), default=math.inf)
+        cut = int(rival) + 1 if rival < math.inf and self.placement == "even" and not self.deterministic else None
         left = self.time_limit if self.deterministic else max(0.2, self.deadline - time.perf_counter())
-        prog, st = orders.solve(self.cands[k].P, time_limit=left, num_workers=1,
+        prog, st = orders.solve(self.cands[k].P, time_limit=left, num_workers=1, cutoff=cut,
+                                bound=None if self.deterministic else refused,
                                 **({} if self.det is None else {"det_time": self.det}))
+        if prog is None and st.get("refuted"):
+            _insert(self.alts[k], cut, 0, None)  # type: ignore[arg-type]
+            self.say(f"tiling {self.cands[k].tiling}: no declared-order schedule beats the best one in hand ({rival} "
+                     "cycles); it waits behind it")
+            return
         if prog is not None:
             prog = replace(prog, policy="cpsat-orders")
             _insert(self.alts[k], *claimed(prog, self.hw), prog)
@@ -590,20 +690,61 @@ class _Search:
         return self._ask(prog).result()
 
     def _ask(self, prog: SProgram) -> Any:
-        """The compiler's verdict on ``prog``, as a future: asked once per schedule, on up to ``jobs`` threads (the
-        compiler runs as a process of its own, so its runs overlap)."""
-        key = prog.to_json()
+        """The compiler's verdict on ``prog``, as a future: asked once per kernel (``verify``'s ``kernel_key``, e.g.
+        CP-SAT's optimum and its polished twin often emit one kernel; without one, once per schedule), on up to
+        ``jobs`` threads (the compiler runs as a process of its own, so its runs overlap)."""
+        if id(prog) not in self.kernels:  # kept with the program, so that its id is not reused
+            same = getattr(self.verify, "kernel_key", None)
+            self.kernels[id(prog)] = (prog, (same(prog) if same is not None else None) or prog.to_json())
+        key = self.kernels[id(prog)][1]
         if key not in self.verdicts:
             if self.vpool is None:
-                self.vpool = ThreadPoolExecutor(max_workers=self.jobs)
+                self.vpool = _Compiles(self.jobs)
             self.verdicts[key] = self.vpool.submit(self.verify, prog)  # type: ignore[arg-type]
         return self.verdicts[key]
 
     def close(self) -> None:
         if self.vpool is not None:  # a compile still running finishes on its own; nobody waits for it
-            self.vpool.shutdown(wait=False, cancel_futures=True)
+            self.vpool.close()
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True) if not isinstance(self.pool, _RayPool) else self.pool.shutdown()
+
+
+def _nothing() -> None:
+    """No work to cancel."""
+
+
+class _Compiles:
+    """A search's compile checks: at most ``jobs`` at once, each on a daemon thread (the compiler runs as a process
+    of its own, so its runs overlap). A check asked ahead or of a variant the answer did not need may still run when
+    the search returns; nobody waits for it, not even the interpreter's exit (a ThreadPoolExecutor's threads are
+    joined there: a command line's answer waited up to a compile, 1.5-3.5 s, for a verdict nobody read)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.slots = threading.BoundedSemaphore(jobs)
+        self.waiting: list[Future] = []
+        self.closed = False
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
+        fut: Future = Future()
+        self.waiting.append(fut)
+
+        def run() -> None:
+            with self.slots:
+                if self.closed or not fut.set_running_or_notify_cancel():
+                    return
+                try:
+                    fut.set_result(fn(arg))
+                except BaseException as e:  # the waiter (_verdict) raises it
+                    fut.set_exception(e)
+        threading.Thread(target=run, daemon=True).start()
+        return fut
+
+    def close(self) -> None:
+        """Checks not started yet are cancelled; those running finish on their own."""
+        self.closed = True
+        for fut in self.waiting:
+            fut.cancel()
 
 
 def _insert(alts: list[tuple[int, int, SProgram | None]], obj: int, lat: int, prog: SProgram | None) -> None:

@@ -105,6 +105,24 @@ class Problem:
         return tie_key(self.graph.tiling, deep and streams_memory(self.tm, self.phase, self.graph.tiling.ctas))
 
 
+def ends_lower_bound(P: Problem) -> tuple[int, int]:
+    """Lower bounds on (pre, last) of every schedule (Problem.ends), grains: the longest path through the
+    zero-distance precedences to each task plus its own duration, over the prologue / the other tasks."""
+    order = P.graph.topo_order()
+    est = dict.fromkeys(order, 0)
+    for t in order:
+        for u, v, d, lat in P.prec:
+            if u == t and d == 0:
+                est[v] = max(est[v], est[t] + lat)
+    pre = max((est[t] + P.end(t) for t in order if P.phase[t] == "pre"), default=0)
+    return pre, max(est[t] + P.end(t) for t in order if P.phase[t] != "pre")
+
+
+def lower_bound(P: Problem) -> int:
+    """No schedule of this tiling beats this many kernel cycles."""
+    return P.objective(P.ii_lb, *ends_lower_bound(P)) * P.grain
+
+
 def streams_memory(tm: dict[str, Timing], phase: dict[str, str], ctas: int = 1) -> bool:
     """True when the copy engine is the loop's busiest resource: its demand per iteration, for the ``ctas`` CTAs that
     share an SM's units, is at least that of every other unit and of every warp stream (in the unit of ``tm``)."""
