@@ -395,6 +395,13 @@ def _kvcache_append(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return q, (lens + n).to(torch.int32)
 
 
+def _per_sequence(name: str, t: torch.Tensor | None, batch: int, device: torch.device) -> None:
+    """ShapeError unless ``t`` (None: absent) is one int32 value per sequence on ``device``."""
+    if t is not None and (t.dtype != torch.int32 or tuple(t.shape) != (batch,) or t.device != device):
+        raise ShapeError(f"{name} must be a torch.int32 tensor of shape ({batch},) on {device} (one value per "
+                         f"sequence), got {t.dtype} {tuple(t.shape)} on {t.device} (convert with .int())")
+
+
 def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
                      softmax_scale: float | None, softcap: float, window_size: Any, return_lse: bool,
                      batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None) -> Any:
@@ -408,9 +415,7 @@ def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                                        v_cache[:1].expand(B, *v_cache.shape[1:]))
     scale = _check_attention(q, *kv, 4, causal, softmax_scale)
     for n, t in (("cache_seqlens", lens), ("cache_batch_idx", batch_idx), ("cache_leftpad", leftpad)):
-        if t is not None and (t.dtype != torch.int32 or tuple(t.shape) != (B,) or t.device != q.device):
-            raise ShapeError(f"{n} must be a torch.int32 tensor of shape ({B},) on {q.device}, got {t.dtype} "
-                             f"{tuple(t.shape)} on {t.device} (convert with .int())")
+        _per_sequence(n, t, B, q.device)
     feat = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, window_size)
     if q.numel() == 0 or k_cache.shape[1] == 0:
         out = torch.zeros_like(q, memory_format=_CF)
@@ -719,9 +724,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         raise ShapeError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0")
     B = cu_seqlens_q.shape[0] - 1
     for n, u in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
-        if u is not None and (u.dtype != torch.int32 or tuple(u.shape) != (B,) or u.device != q.device):
-            raise ShapeError(f"{n} must be a torch.int32 tensor of shape ({B},) on {q.device} (one length per "
-                             f"sequence), got {u.dtype} {tuple(u.shape)} on {u.device}")
+        _per_sequence(n, u, B, q.device)
     if softcap or tuple(window_size) != (-1, -1) or seqused_q is not None or seqused_k is not None:
         fa = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k), causal,
               scale, *_features("flash_attention_varlen", max_seqlen_q, max_seqlen_k, causal, softcap, window_size))
@@ -782,9 +785,7 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     causal = bool(causal)
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
     lens = cache_seqlens
-    if lens.dtype != torch.int32 or lens.dim() != 1 or lens.shape[0] != q.shape[0] or lens.device != q.device:
-        raise ShapeError(f"cache_seqlens must be a torch.int32 tensor of shape ({q.shape[0]},) on {q.device}, got "
-                         f"{lens.dtype} {tuple(lens.shape)} on {lens.device} (convert with .int())")
+    _per_sequence("cache_seqlens", lens, q.shape[0], q.device)
     if _compiling():
         return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale)
     return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key)

@@ -32,26 +32,14 @@ def cases() -> list[dict[str, Any]]:
     return [{"feature": f, "head_dim": d} for f in FEATURES for d in HEAD_DIMS]
 
 
-def _mask(sq: int, skv: int, causal: bool, window: tuple[int, int], device: Any) -> Any:
-    import torch
-    i, j = torch.arange(sq, device=device)[:, None], torch.arange(skv, device=device)[None, :]
-    off, (left, right) = skv - sq, window
-    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
-    if causal:
-        keep &= j <= i + off
-    if right >= 0:
-        keep &= j <= i + off + right
-    if left >= 0:
-        keep &= j >= i + off - left
-    return keep
-
-
 def reference(q: Any, k: Any, v: Any, causal: bool, softcap: float, window: tuple[int, int], dtype: Any) -> Any:
     """softmax(softcap(q kᵀ / sqrt(D)), masked) v in ``dtype`` (q [B, Sq, H, D]), head by head (memory)."""
     import torch
+
+    from codegen.harness.attention import keep_mask
     outs = []
     rep = q.shape[2] // k.shape[2]
-    keep = _mask(q.shape[1], k.shape[1], causal, window, q.device)
+    keep = keep_mask(q.shape[1], k.shape[1], causal, window, q.device)
     for h in range(q.shape[2]):
         qh, kh, vh = q[:, :, h].to(dtype), k[:, :, h // rep].to(dtype), v[:, :, h // rep].to(dtype)
         s = (qh @ kh.transpose(-1, -2)) * q.shape[-1] ** -0.5

@@ -38,6 +38,23 @@ def run_attention(q: Any, k: Any, v: Any, plan: Any, out: Any = None) -> Any:
 run_decode = run_attention
 
 
+def keep_mask(sq: int, skv: int, causal: bool, window: tuple[int, int], device: Any) -> Any:
+    """FlashAttention-3's mask as a bool [sq, skv] tensor: query i sees keys i + off - left .. i + off + right
+    (off = skv - sq; causal: right 0; -1 unbounded), the reference of the softcap / window tests and study."""
+    import torch
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(skv, device=device)[None, :]
+    off, (left, right) = skv - sq, window
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
+    if causal:
+        keep &= j <= i + off
+    if right >= 0:
+        keep &= j <= i + off + right
+    if left >= 0:
+        keep &= j >= i + off - left
+    return keep
+
+
 def attention_ref(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """float32 reference, q [B,Sq,H,D], k/v [B,Skv,Hkv,D]; causal bottom-right aligned."""
     import torch

@@ -12,22 +12,6 @@ import pytest
 pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
 
 
-def keep_mask(torch, sq, skv, causal, window, device):
-    """FlashAttention-3's mask: query i sees keys i + off - left .. i + off + right (off = skv - sq; causal: right
-    0; -1 unbounded)."""
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(skv, device=device)[None, :]
-    off, (left, right) = skv - sq, window
-    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
-    if causal:
-        keep &= j <= i + off
-    if right >= 0:
-        keep &= j <= i + off + right
-    if left >= 0:
-        keep &= j >= i + off - left
-    return keep
-
-
 def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1)):
     """(out [B, Sq, H, D] in ``dtype``, lse [B, H, Sq] in fp32: +inf where a row sees no key) of q [B, Sq, H, D]."""
     q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
@@ -36,9 +20,10 @@ def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1)):
     s = (q @ k.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    s = s.float().masked_fill(~keep_mask(torch, q.shape[2], k.shape[2], causal, window, q.device), float("-inf"))
-    lse = torch.logsumexp(s, -1).nan_to_num(math.inf, math.inf, math.inf)
-    lse = torch.where(torch.isneginf(torch.logsumexp(s, -1)), math.inf, lse)
+    from codegen.harness.attention import keep_mask
+    s = s.float().masked_fill(~keep_mask(q.shape[2], k.shape[2], causal, window, q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    lse = torch.where(torch.isneginf(lse), math.inf, lse)  # a row that sees no key: +inf, FlashAttention's
     p = torch.softmax(s, -1).nan_to_num(0.0).to(dtype)
     return (p @ v).transpose(1, 2), lse
 
