@@ -400,15 +400,18 @@ def _map_modes(spec: Any) -> tuple[Any, Any, Any, Any, Any]:
 
 class MapSlot:
     """A CUtensorMap's 128 bytes (64-byte aligned, as the driver requires) encoded in place through libcuda itself
-    (ctypes): a growing tensor's map re-encoded per call without building cuda-python's per-argument objects."""
+    (ctypes): a growing tensor's map re-encoded per call without building cuda-python's per-argument objects. The
+    slot keeps its own argument arrays and rewrites only their values (a growing tensor's sizes and strides change
+    every call: arrays built per call cost more than the driver's encode, bench models decode_host)."""
 
-    __slots__ = ("_raw", "addr")
+    __slots__ = ("_raw", "addr", "_arrs", "_head", "_tail", "_mode")
     _ENC: list[Any] = []  # libcuda's cuTensorMapEncodeTiled, its argument types set
-    _ARGS: dict[Any, tuple[Any, ...]] = {}  # spec -> its encode arguments but the map and the address
+    _MODES: dict[tuple[str, int], tuple[int, ...]] = {}  # (dtype, swizzle) -> _map_modes as ints, once
 
     def __init__(self) -> None:
         self._raw = ctypes.create_string_buffer(128 + 64)
         self.addr = (ctypes.addressof(self._raw) + 63) & ~63
+        self._mode: tuple[Any, ...] | None = None  # (dtype, swizzle, box) the arrays were laid out for
 
     def getPtr(self) -> int:  # noqa: N802 (cuda-python's CUtensorMap spelling: both kinds sit in a launch's maps)
         return self.addr
@@ -417,11 +420,26 @@ class MapSlot:
         """Encode ``spec`` over global memory at ``ptr`` into this slot (``encode_tensor_map``'s arguments)."""
         if ptr % 16:
             raise DeviceError(f"tensor {spec.tensor!r} must be 16-byte aligned for TMA")
-        got = self._ARGS.get(spec)
-        a = got[0] if got is not None else self._args(spec)
-        err = self._encoder()(self.addr, a[0], a[1], ctypes.c_void_p(ptr), *a[2:])
+        if self._mode != (spec.dtype, spec.swizzle, spec.box):
+            self._layout(spec)
+        dims, strides = self._arrs[0], self._arrs[1]
+        dims[:] = spec.dims
+        strides[:len(spec.strides_bytes)] = spec.strides_bytes
+        err = self._encoder()(self.addr, *self._head, ptr, *self._tail)
         if err:
             _check((_drv().CUresult(err),), f"cuTensorMapEncodeTiled({spec.tensor})")
+
+    def _layout(self, spec: Any) -> None:
+        modes = self._MODES.get((spec.dtype, spec.swizzle))
+        if modes is None:
+            modes = self._MODES[(spec.dtype, spec.swizzle)] = tuple(int(x) for x in _map_modes(spec))
+        dt, il, sw, l2, oob = modes
+        rank = len(spec.dims)
+        self._arrs = ((ctypes.c_uint64 * rank)(), (ctypes.c_uint64 * max(1, rank - 1))(),
+                      (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*[1] * rank))
+        ad = [ctypes.addressof(x) for x in self._arrs]
+        self._head, self._tail = (dt, rank), (*ad, il, sw, l2, oob)
+        self._mode = (spec.dtype, spec.swizzle, spec.box)
 
     @classmethod
     def _encoder(cls) -> Any:
@@ -433,23 +451,6 @@ class MapSlot:
                           c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int]
             cls._ENC.append(f)
         return cls._ENC[0]
-
-    _MODES: dict[tuple[str, int], tuple[int, ...]] = {}  # (dtype, swizzle) -> _map_modes as ints, once
-
-    @classmethod
-    def _args(cls, spec: Any) -> tuple[Any, ...]:
-        modes = cls._MODES.get((spec.dtype, spec.swizzle))
-        if modes is None:
-            modes = cls._MODES[(spec.dtype, spec.swizzle)] = tuple(int(x) for x in _map_modes(spec))
-        dt, il, sw, l2, oob = modes
-        rank = len(spec.dims)
-        arrs = ((ctypes.c_uint64 * rank)(*spec.dims), (ctypes.c_uint64 * max(1, rank - 1))(*spec.strides_bytes),
-                (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*[1] * rank))
-        a = (dt, rank, *(ctypes.addressof(x) for x in arrs), il, sw, l2, oob)
-        if len(cls._ARGS) >= 4096:
-            cls._ARGS.clear()
-        cls._ARGS[spec] = (a, arrs)  # the arrays held while their addresses are
-        return a
 
 
 _LOADED: dict[str, Loaded] = {}

@@ -75,9 +75,26 @@ def attention_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
     return _gen().attention_class(_dtype(q, "q"), q.shape[-1], causal, q.shape[-2], k.shape[-2])
 
 
+_CHECKED: set[tuple[Any, ...]] = set()  # signatures (dtypes, devices, shapes, rank, causal) that passed the checks
+
+
 def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, causal: bool,
                      softmax_scale: float | None) -> float:
-    """ShapeError / DeviceError for what the kernels cannot take; the softmax scale to use."""
+    """ShapeError / DeviceError for what the kernels cannot take; the softmax scale to use. A signature that passed
+    once is not checked again (a model's prefill calls with new tensors of one signature every layer)."""
+    sig = (q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, q.shape, k.shape, v.shape, rank, causal)
+    if sig not in _CHECKED:
+        _check_signature(q, k, v, rank, causal)
+        if len(_CHECKED) >= 4096:
+            _CHECKED.clear()
+        _CHECKED.add(sig)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ShapeError(f"softmax_scale={softmax_scale!r}: the kernels take a finite scale > 0")
+    return scale
+
+
+def _check_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, causal: bool) -> None:
     _same("flash_attention", {"q": q, "k": k, "v": v})
     what = "[B, S, H, D]" if rank == 4 else "[total, H, D]"
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
@@ -87,10 +104,6 @@ def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: in
     if q.shape[-1] != k.shape[-1] or (rank == 4 and q.shape[0] != k.shape[0]):
         raise ShapeError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head_dim")
     attention_class(q, k, causal)  # head_dim, dtype and GQA are checked there
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    if not scale > 0 or math.isinf(scale):
-        raise ShapeError(f"softmax_scale={softmax_scale!r}: the kernels take a finite scale > 0")
-    return scale
 
 
 def _tma_ready(x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +181,7 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     every step), or inputs whose launch is kept (``_FAST``). ``scale`` as the caller gave it (the keys hold the
     user's argument)."""
     fam = _GROW.get(_grow_key(q, k, v, causal, scale))
-    if fam is not None and k.shape == v.shape and _ready(q) and _ready(k) and _ready(v):
+    if fam is not None and k.shape == v.shape:  # the family checks the tensors are TMA-ready
         out = _empty_like(q, memory_format=_CF)
         if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             return out
@@ -836,10 +849,8 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
-    sw = kwargs.get("sliding_window")
-    feat = {"softcap": float(kwargs.get("softcap") or 0.0), "window_size": (int(sw) - 1, -1) if sw else (-1, -1)}
-    asked = [f"{n}={x!r}" for n, x in (("softcap", kwargs.get("softcap")), ("sliding_window", sw)) if x]
-    feat = feat if asked else {}
+    sw, cap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    feat = {"softcap": float(cap or 0.0), "window_size": (int(sw) - 1, -1) if sw else (-1, -1)} if sw or cap else {}
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if attention_mask is None:
         sq, skv = q.shape[1], k.shape[1]
@@ -853,8 +864,9 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                              "bottom-right mask; pass the mask")
         return flash_attention(q, k, v, causal=causal, softmax_scale=scaling, **feat), None
     if _compiling():
-        if asked:
-            raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: {', '.join(asked)} with a masked "
+        if feat:
+            asked = ", ".join(f"{n}={x!r}" for n, x in (("softcap", cap), ("sliding_window", sw)) if x)
+            raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: {asked} with a masked "
                              "(static) cache; ptsolve's kv-cache kernel has no softcap or window yet")
         return _hf_compiled(q, k, v, attention_mask, causal, scaling), None
     got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0], int(sw) - 1 if sw else -1)

@@ -244,7 +244,7 @@ class DecodeFamily:
     ``_kv_bucket`` (so the binary and pieces ``decode_pick`` chose stay the ones it would choose). A call re-targets
     the one prepared launch: the sizes and tensor maps of a new key count (computed once per count: a model's layers
     share them), the maps of the new addresses, then launches. The caller keys families by everything else (shapes
-    but the keys', dtypes, strides of q, scale) and checks the tensors are TMA-ready."""
+    but the keys', dtypes, strides of q, scale); a call checks the tensors are TMA-ready."""
 
     __slots__ = ("ln", "p", "t", "sms", "bn", "lo", "hi", "skv", "strides", "specs", "sz")
 
@@ -256,14 +256,21 @@ class DecodeFamily:
 
     def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:
         """Launch on these inputs (``stream`` a raw handle, ``out`` the output's address); False, launching nothing,
-        where their key count is outside the family's bucket or shorter than the queries."""
+        where their key count is outside the family's bucket or shorter than the queries, or where a tensor map cannot
+        describe them as they are (misaligned, or strides TMA cannot take: ``torch._ready``'s condition; q's strides
+        are the family's key)."""
         from codegen.cuda import decode as cd
 
         skv = k.shape[1]
         if not self.lo <= -(-skv // self.bn) <= self.hi or skv < q.shape[1]:
             return False
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) % 16:
+            return False
         ln, strides = self.ln, (k.stride(), v.stride())
         if skv != self.skv or strides != self.strides or self.specs is None:
+            if not all(st[-1] == 1 and all(x > 0 and x % 8 == 0 for x in st[:-1]) for st in strides):
+                return False
             p, t = dict(self.p, seq_kv=skv), self.t
             if self.sz and -(-skv // t["BN"]) == -(-self.skv // t["BN"]):
                 ln.set({"SKV": skv})  # the same key blocks: the other sizes stay (cd.sizes_at)
@@ -275,8 +282,8 @@ class DecodeFamily:
                 self.sz = sz
             self.specs = (cd.kv_map(p, t, "k", strides[0][:3]), cd.kv_map(p, t, "v", strides[1][:3]))
             self.skv, self.strides = skv, strides
-        ln.repoint("q", q.data_ptr())
-        ln.repoint("k", k.data_ptr(), self.specs[0])
-        ln.repoint("v", v.data_ptr(), self.specs[1])
+        ln.repoint("q", qp)
+        ln.repoint("k", kp, self.specs[0])
+        ln.repoint("v", vp, self.specs[1])
         ln(stream, out)
         return True

@@ -112,7 +112,9 @@ def test_hf_attention_runs_a_static_cache(pt, monkeypatch):
 
 class _FakeModule:
     """A class kernel's loaded module without a GPU: ``prepare`` counts the launches it prepares and returns a real
-    ``runtime.Launch`` whose driver call records the output address and grid."""
+    ``runtime.Launch`` (its parameter array laid out as the runtime lays it out: a tensor map argument's entry is
+    the fake map's address, which stands for the address it describes) whose driver call records the grid and the
+    output address it finds through the parameters."""
 
     sms = 132
 
@@ -125,24 +127,33 @@ class _FakeModule:
         from codegen import runtime
         self.log["prepared"] += 1
         self.log.setdefault("prepares", []).append((self.ks, values))
-        ptrs = {a.split(":")[1]: ctypes.c_uint64(int(values[a.split(":")[1]])) for a in self.ks.args
-                if a.startswith("ptr:")}
-        arr = (ctypes.c_void_p * 1)()
-        log = self.log
-        at = {m.tensor: i for i, m in enumerate(maps)}
+        args = [a.split(":") for a in self.ks.args]
+        buf = ctypes.create_string_buffer(8 * len(args))
+        spec = {m.tensor: m for m in maps}
+        addrs, slots = [], {}
+        for i, (kind, name) in enumerate(args):
+            if kind == "tmap":
+                addrs.append(int(values[name]) if name != out else 0)
+            else:
+                slots[name] = (8 * i, runtime._SCALAR[kind])
+                addrs.append(ctypes.addressof(buf) + 8 * i)
+        arr = self.log["maps"] = (ctypes.c_void_p * len(addrs))(*addrs)
+        ptrs = {n: ctypes.c_uint64.from_buffer(buf, slots[n][0]) for k, n in args if k == "ptr"}
+        pos = {n: i for i, (_, n) in enumerate(args)}
         by_map = out not in ptrs  # a TMA-store GEMM's C: the output's address is its tensor map's
+        log = self.log
 
-        def launch(func, gx, gy, gz, *rest):
-            log["launches"].append((gx, log["maps"][at[out]] if by_map else ptrs[out].value))
+        def launch(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            got = (ctypes.c_void_p * len(args)).from_address(params)
+            at = got[pos[out]]
+            log["launches"].append((gx, at if by_map else ctypes.c_uint64.from_address(at).value))
             return (0,)
-        log["maps"] = (ctypes.c_void_p * len(maps))(*[16 * (i + 1) for i in range(len(maps))])
-        ln = runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (arr,),
-                            ctypes.addressof(arr), self.ks.name, ptrs, ptrs.get(out),
-                            (log["maps"], {m.tensor: (i, m) for i, m in enumerate(maps)}), out if by_map else "")
-        scalars = [(n, runtime._SCALAR[k]) for k, n in (a.split(":") for a in self.ks.args) if k in runtime._SCALAR]
-        ln.buf = ctypes.create_string_buffer(8 * max(1, len(scalars)))
-        ln.slots = {n: (8 * i, f) for i, (n, f) in enumerate(scalars)}
-        ln.set({n: values[n] for n, _ in scalars})
+        tmaps = {n: (i, spec[n]) for i, (k, n) in enumerate(args) if k == "tmap"}
+        ln = runtime.Launch(launch, 0, 0, (grid, 1, 1), self.ks.block, self.ks.smem_bytes, (buf, arr),
+                            ctypes.addressof(arr), self.ks.name, ptrs, ptrs.get(out), (arr, tmaps),
+                            out if by_map else "")
+        ln.buf, ln.slots = buf, slots
+        ln.set({n: values[n] for n in slots})
         return ln
 
 
@@ -159,6 +170,7 @@ def fake_gpu(pt, monkeypatch):
     monkeypatch.setattr(pt, "_raw_stream", lambda dev: 0)
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
+    monkeypatch.setattr(pt, "_CHECKED", set())  # signatures passed with the device check off: not for other tests
     monkeypatch.setattr(serve.prepared, "LAUNCHES", {})
     monkeypatch.setattr(serve.prepared, "scratch", lambda device, kernel, name, nbytes: 1 << 20)  # driver memory
 
@@ -203,6 +215,30 @@ def test_warm_path_keeps_one_launch_per_pointers_shapes_strides(pt, fake_gpu):
     for _ in range(2):
         assert pt.gemm(ap, w).shape == (3, 5, 72)
     assert len(pt._FAST) == kept and len(log["launches"]) == 14
+
+
+def test_attention_checks_a_signature_once(pt, monkeypatch):
+    """A model's prefill calls with new tensors of one signature every layer: the checks run once per signature
+    (dtypes, devices, shapes, causal), a failing one every time (an error is never remembered)."""
+    from ptsolve.errors import ShapeError
+    calls = []
+    real = pt._check_signature
+    monkeypatch.setattr(pt, "_CHECKED", set())
+    monkeypatch.setattr(pt, "_same", lambda name, xs: None)
+    monkeypatch.setattr(pt, "_check_signature", lambda *a: calls.append(a[3:]) or real(*a))
+    q, k = torch.randn(1, 8, 4, 64, dtype=torch.float16), torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    assert [pt._check_attention(q, k, k, 4, True, s) for s in (None, 0.5, None)] == [0.125, 0.5, 0.125]
+    assert len(calls) == 1
+    pt._check_attention(q, k, k, 4, False, None)
+    pt._check_attention(q[:, :4], k, k, 4, True, None)
+    assert calls == [(4, True), (4, False), (4, True)]
+    bad = torch.randn(1, 8, 4, 40, dtype=torch.float16)
+    for _ in range(2):
+        with pytest.raises(ShapeError, match="head_dim"):
+            pt._check_attention(bad, bad, bad, 4, True, None)
+    with pytest.raises(ShapeError, match="softmax_scale"):
+        pt._check_attention(q, k, k, 4, True, -1.0)
+    assert len(calls) == 5
 
 
 def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
