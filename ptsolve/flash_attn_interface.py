@@ -7,8 +7,7 @@ from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
-(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, paged KV (``page_table``), varlen
-queries against a cache (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``), a precomputed
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, paged KV (``page_table``), a precomputed
 ``scheduler_metadata``, SMs held back for communication (``sm_margin``) and the backward pass (inputs that require
 grad). ``num_splits``,
 ``pack_gqa`` and ``deterministic`` are FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses
@@ -16,7 +15,8 @@ its own splits and packing, and its forward pass is deterministic, so they are a
 What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256, fp16 or bf16, causal masks bottom-right aligned,
 GQA / MQA, ``softcap``, ``window_size`` (sliding window, with or without causal), varlen's ``seqused_q`` /
 ``seqused_k``; ``flash_attn_with_kvcache`` also appends ``k`` / ``v`` (with rotary) and takes ``cache_batch_idx``,
-``cache_leftpad`` and ``return_softmax_lse``: plain decode steps of at most 16 positions at head_dim 64 / 128 run the
+``cache_leftpad``, ``return_softmax_lse`` and varlen queries and new keys (``cu_seqlens_q`` with ``max_seqlen_q``,
+``cu_seqlens_k_new``): plain decode steps of at most 16 positions at head_dim 64 / 128 run the
 split-KV decode kernel, the rest the varlen kernel over the cache (``ptsolve.torch.flash_attention_kvcache``).
 """
 from __future__ import annotations
@@ -92,14 +92,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
                             return_softmax_lse=False):
-    """Attention against a preallocated cache as FlashAttention-3's ``flash_attn_with_kvcache``: q [B, Sq, H, D],
-    k_cache / v_cache [B_cache, S_cache, Hkv, D], ``cache_seqlens`` an int or int32 [B] (None: the whole cache),
-    ``k`` / ``v`` appended into the cache (in place) with ``rotary_cos`` / ``rotary_sin`` applied,
-    ``cache_batch_idx``, ``cache_leftpad``, ``softcap``, ``window_size`` and the LSE
-    (``ptsolve.torch.flash_attention_kvcache``)."""
+    """Attention against a preallocated cache as FlashAttention-3's ``flash_attn_with_kvcache``: q [B, Sq, H, D]
+    (or [total_q, H, D] with ``cu_seqlens_q`` and ``max_seqlen_q``), k_cache / v_cache [B_cache, S_cache, Hkv, D],
+    ``cache_seqlens`` an int or int32 [B] (None: the whole cache), ``k`` / ``v`` appended into the cache (in place;
+    packed by ``cu_seqlens_k_new`` where given) with ``rotary_cos`` / ``rotary_sin`` applied, ``cache_batch_idx``,
+    ``cache_leftpad``, ``softcap``, ``window_size`` and the LSE (``ptsolve.torch.flash_attention_kvcache``)."""
     _refuse("flash_attn_with_kvcache", {
-        "qv": qv, "page_table": page_table, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k_new": cu_seqlens_k_new,
-        "max_seqlen_q": max_seqlen_q, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+        "qv": qv, "page_table": page_table, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
         "attention_chunk": attention_chunk, "scheduler_metadata": scheduler_metadata, "sm_margin": sm_margin})
     _no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
     from . import torch as pt
@@ -110,4 +109,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                                       return_lse=bool(return_softmax_lse), cache_batch_idx=cache_batch_idx,
                                       cache_leftpad=cache_leftpad, k=k, v=v, rotary_cos=rotary_cos,
                                       rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-                                      rotary_seqlens=rotary_seqlens)
+                                      rotary_seqlens=rotary_seqlens, cu_seqlens_q=cu_seqlens_q,
+                                      max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -364,9 +364,9 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
             interleaved: bool) -> torch.Tensor:
-    """x [B, S, H, D] with its first 2·cos.shape[1] dims rotated at positions pos [B, S] (in float32)."""
+    """x [T, H, D] with its first 2·cos.shape[1] dims rotated at positions pos [T] (in float32)."""
     rd = 2 * cos.shape[1]
-    c, sn = cos[pos.long()].float()[:, :, None], sin[pos.long()].float()[:, :, None]
+    c, sn = cos[pos.long()].float()[:, None], sin[pos.long()].float()[:, None]
     xr = x[..., :rd].float()
     x1, x2 = (xr[..., 0::2], xr[..., 1::2]) if interleaved else (xr[..., : rd // 2], xr[..., rd // 2:])
     a, b = x1 * c - x2 * sn, x1 * sn + x2 * c
@@ -374,38 +374,71 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
     return torch.cat((o.to(x.dtype), x[..., rd:]), -1)
 
 
-def _kvcache_append(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor,
-                    k: torch.Tensor | None, v: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                    interleaved: bool, ro_lens: torch.Tensor | None, batch_idx: torch.Tensor | None,
-                    leftpad: torch.Tensor | None, q_steps: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flash_attention_kvcache``'s rotary and append (see there): (q, rotated where asked; the lengths the
-    attention then sees)."""
-    if (k is None) != (v is None) or (cos is None) != (sin is None):
-        raise ShapeError("flash_attention_kvcache: give k and v together, and rotary_cos and rotary_sin together")
+class _Rows(NamedTuple):
+    """A kv-cache call's queries or new keys as packed rows: x [T, H, D], the sequence of each row (int64 [T]), its
+    index within that sequence (int64 [T]), the rows per sequence (int [B] tensor), the cumulative offsets
+    (int32 [B + 1]) and the longest sequence."""
+
+    x: torch.Tensor
+    seq: torch.Tensor
+    idx: torch.Tensor
+    count: torch.Tensor
+    cu: torch.Tensor
+    longest: int
+
+
+def _rows(name: str, x: torch.Tensor, cu: torch.Tensor | None, longest: int | None, batch: int) -> _Rows:
+    """``x`` [B, S, H, D] (``cu`` None), or [T, H, D] packed by ``cu`` (int32 [B + 1], FlashAttention's
+    ``cu_seqlens_*``, read on the device: not checked for order) with ``longest`` rows at most in a sequence."""
+    dev = x.device
+    if cu is None:
+        if x.dim() != 4 or x.shape[0] != batch:
+            raise ShapeError(f"{name} {tuple(x.shape)} must be [{batch}, S, H, D] (or [total, H, D] with its "
+                             "cu_seqlens)")
+        s = x.shape[1]
+        ar = torch.arange(batch * s, device=dev)
+        return _Rows(x.reshape(batch * s, *x.shape[2:]), ar // max(s, 1), ar % max(s, 1),
+                     torch.full((batch,), s, device=dev), torch.arange(batch + 1, dtype=torch.int32, device=dev) * s,
+                     s)
+    if x.dim() != 3 or cu.dtype != torch.int32 or tuple(cu.shape) != (batch + 1,) or cu.device != dev:
+        raise ShapeError(f"{name} {tuple(x.shape)} with its cu_seqlens {cu.dtype} {tuple(cu.shape)} on {cu.device}: "
+                         f"give [total, H, D] rows and int32 ({batch + 1},) offsets on {dev}")
+    if not isinstance(longest, int) or longest < 0:
+        raise ShapeError(f"{name}: max_seqlen_q={longest!r} must be given with cu_seqlens_q, an int >= 0 (the "
+                         "longest query sequence)")
+    count = cu.diff().long()
+    seq = torch.repeat_interleave(torch.arange(batch, device=dev), count, output_size=x.shape[0])
+    return _Rows(x, seq, torch.arange(x.shape[0], device=dev) - cu.long()[seq], count, cu, longest)
+
+
+def _kvcache_append(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, k: _Rows | None,
+                    v: torch.Tensor | None, rope: tuple[Any, ...], batch_idx: torch.Tensor | None,
+                    leftpad: torch.Tensor | None, q_steps: bool) -> tuple[_Rows, torch.Tensor]:
+    """``flash_attention_kvcache``'s rotary and append (see there) on packed rows: (the queries, rotated where
+    asked; the lengths the attention then sees). ``rope``: (cos, sin, interleaved, rotary_seqlens)."""
+    cos, sin, interleaved, ro_lens = rope
+    if (cos is None) != (sin is None):
+        raise ShapeError("flash_attention_kvcache: give rotary_cos and rotary_sin together")
     if cos is not None and leftpad is not None:
         raise NotImplementedError("flash_attention_kvcache: rotary_cos with cache_leftpad is not supported by ptsolve "
                                   "yet (leave cache_leftpad at None)")
-    B, sq = q.shape[0], q.shape[1]
     if cos is not None:
-        if cos.shape != sin.shape or cos.dim() != 2 or 2 * cos.shape[1] > q.shape[-1] or (2 * cos.shape[1]) % 16:
+        if cos.shape != sin.shape or cos.dim() != 2 or 2 * cos.shape[1] > q.x.shape[-1] or (2 * cos.shape[1]) % 16:
             raise ShapeError(f"rotary_cos {tuple(cos.shape)} / rotary_sin {tuple(sin.shape)} must be one [S_ro, R/2] "
-                             f"shape with R a multiple of 16 up to head_dim {q.shape[-1]}")
-        base = (lens if ro_lens is None else ro_lens).to(torch.int64)[:, None]
-        qpos = base + (torch.arange(sq, device=q.device)[None] if q_steps else 0)
-        q = _rotate(q, cos, sin, qpos.expand(B, sq), interleaved)
+                             f"shape with R a multiple of 16 up to head_dim {q.x.shape[-1]}")
+        base = (lens if ro_lens is None else ro_lens).long()
+        q = q._replace(x=_rotate(q.x, cos, sin, base[q.seq] + (q.idx if q_steps else 0), interleaved))
     if k is None:
         return q, lens
-    n = k.shape[1]
-    if k.dim() != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[2:] != k_cache.shape[2:]:
-        raise ShapeError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be [{B}, S_new, "
-                         f"{k_cache.shape[2]}, {k_cache.shape[3]}] (the cache's heads and head_dim)")
-    if cos is not None:
-        k = _rotate(k, cos, sin, base + torch.arange(n, device=q.device)[None], interleaved)
-    idx = torch.arange(B, device=q.device) if batch_idx is None else batch_idx.long()
-    pos = lens.long()[:, None] + torch.arange(n, device=q.device)[None]
-    k_cache[idx[:, None].expand(B, n), pos] = k.to(k_cache.dtype)
-    v_cache[idx[:, None].expand(B, n), pos] = v.to(v_cache.dtype)
-    return q, (lens + n).to(torch.int32)
+    if v is None or k.x.shape != v.shape or k.x.shape[1:] != k_cache.shape[2:]:
+        raise ShapeError(f"k {tuple(k.x.shape)} and v {tuple(getattr(v, 'shape', ()))} must be one shape, with the "
+                         f"cache's heads and head_dim {tuple(k_cache.shape[2:])}")
+    kx = k.x if cos is None else _rotate(k.x, cos, sin, base[k.seq] + k.idx, interleaved)
+    row = k.seq if batch_idx is None else batch_idx.long()[k.seq]
+    pos = lens.long()[k.seq] + k.idx
+    k_cache[row, pos] = kx.to(k_cache.dtype)
+    v_cache[row, pos] = v.to(v_cache.dtype)
+    return q, (lens + k.count).to(torch.int32)
 
 
 def _per_sequence(name: str, t: torch.Tensor | None, batch: int, device: torch.device) -> None:
@@ -415,50 +448,64 @@ def _per_sequence(name: str, t: torch.Tensor | None, batch: int, device: torch.d
                          f"sequence), got {t.dtype} {tuple(t.shape)} on {t.device} (convert with .int())")
 
 
-def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
-                     softmax_scale: float | None, softcap: float, window_size: Any, return_lse: bool,
-                     batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None) -> Any:
-    """``flash_attention_kvcache``'s checks, then ``_kvcache_packed``."""
-    causal = bool(causal)
-    B = q.shape[0]
+def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor | int,
+                     causal: bool, softmax_scale: float | None, feats: tuple[float, Any, bool], new: tuple[Any, ...],
+                     rope: tuple[Any, ...], batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None,
+                     cu_q: torch.Tensor | None, max_q: int | None) -> Any:
+    """``flash_attention_kvcache``'s checks, rotary and append (``_kvcache_append``), then ``_kvcache_packed``.
+    ``feats``: (softcap, window_size, return_lse); ``new``: (k, v, cu_seqlens_k_new); ``rope``: (rotary_cos,
+    rotary_sin, rotary_interleaved, rotary_seqlens)."""
+    causal, (softcap, window_size, return_lse), (k, v, cu_new) = bool(causal), feats, new
+    B = q.shape[0] if cu_q is None else cu_q.shape[0] - 1
+    rows = _rows("q", q, cu_q, max_q, B)
+    if isinstance(lens, int):
+        lens = torch.full((B,), lens, dtype=torch.int32, device=q.device)
     if batch_idx is None and k_cache.shape[0] != B:
         raise ShapeError(f"k_cache has {k_cache.shape[0]} sequences for q's {B}; give cache_batch_idx to pick them")
-    # with cache_batch_idx the cache may hold more sequences than q: the checks see one per q sequence
-    kv = (k_cache, v_cache) if batch_idx is None else (k_cache[:1].expand(B, *k_cache.shape[1:]),
-                                                       v_cache[:1].expand(B, *v_cache.shape[1:]))
-    scale = _check_attention(q, *kv, 4, causal, softmax_scale)
     for n, t in (("cache_seqlens", lens), ("cache_batch_idx", batch_idx), ("cache_leftpad", leftpad)):
         _per_sequence(n, t, B, q.device)
-    feat = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, window_size)
-    if q.numel() == 0 or k_cache.shape[1] == 0:
-        out = torch.zeros_like(q, memory_format=_CF)
-        return (out, q.new_full((B, q.shape[2], q.shape[1]), math.inf, dtype=torch.float32)) if return_lse else out
-    out, lse = _kvcache_packed(q, k_cache, v_cache, lens, causal, scale, feat, batch_idx, leftpad)
+    if cu_q is None:  # with cache_batch_idx the cache may hold more sequences than q: the checks see one per q's
+        kv = (k_cache, v_cache) if batch_idx is None else (k_cache[:1].expand(B, *k_cache.shape[1:]),
+                                                           v_cache[:1].expand(B, *v_cache.shape[1:]))
+        scale = _check_attention(q, *kv, 4, causal, softmax_scale)
+    else:
+        scale = _check_attention(q, k_cache[0], v_cache[0], 3, causal, softmax_scale)
+    if (k is None) != (v is None) or (cu_new is not None and k is None):
+        raise ShapeError("flash_attention_kvcache: give k and v together (and cu_seqlens_k_new only with them)")
+    knew = None if k is None else _rows("k", k, cu_new, k.shape[0] if cu_new is not None else None, B)
+    vnew = None if v is None else v.reshape(-1, *v.shape[-2:])
+    rows, lens = _kvcache_append(rows, k_cache, v_cache, lens, knew, vnew, rope, batch_idx, leftpad,
+                                 causal or tuple(window_size) != (-1, -1))
+    feat = _features("flash_attention_kvcache", rows.longest, k_cache.shape[1], causal, softcap, window_size)
+    if rows.x.numel() == 0 or k_cache.shape[1] == 0:
+        out, lse = torch.zeros_like(rows.x), rows.x.new_full((q.shape[-2], rows.x.shape[0]), math.inf,
+                                                              dtype=torch.float32)
+    else:
+        out, lse = _kvcache_packed(rows, k_cache, v_cache, lens, causal, scale, feat, batch_idx, leftpad)
+    if cu_q is None:
+        out, lse = out.view(q.shape), lse.view(q.shape[2], B, q.shape[1]).permute(1, 0, 2)
     return (out, lse) if return_lse else out
 
 
-def _kvcache_packed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
+def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
                     scale: float, feat: tuple[float, int, int], batch_idx: torch.Tensor | None,
                     leftpad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A kv-cache call as the varlen kernel runs it, FlashAttention-3's own reduction: q packed [B·Sq, H, D], the
+    """A kv-cache call as the varlen kernel runs it, FlashAttention-3's own reduction: the packed queries against the
     cache [B_cache·S, Hkv, D] (a copy where its strides cannot be viewed so), sequence b's keys from row
-    batch_idx[b]·S + leftpad[b], ``lens[b] − leftpad[b]`` of them (``seqused_k``). (out [B, Sq, H, D], lse
-    [B, H, Sq]). Any number of query positions, a softcap and a window; one CTA per (sequence, head, query block):
-    no split-KV, so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel."""
-    B, sq, H, D = q.shape
-    nb, S, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
-    dev = q.device
+    batch_idx[b]·S + leftpad[b], ``lens[b] − leftpad[b]`` of them (``seqused_k``). (out [T, H, D], lse [H, T]).
+    Any number of query positions, a softcap and a window; one CTA per (sequence, head, query block): no split-KV,
+    so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel."""
+    B = q.cu.shape[0] - 1
+    nb, S, Hkv, D = k_cache.shape
+    dev = q.x.device
     idx = torch.arange(B, device=dev, dtype=torch.int32) if batch_idx is None else batch_idx.to(torch.int32)
     pad = 0 if leftpad is None else leftpad.to(torch.int32)
-    start = idx * S + pad
-    cu_k = torch.cat([start, torch.full((1,), nb * S, dtype=torch.int32, device=dev)])  # the last entry is not read
-    cu_q = torch.arange(0, (B + 1) * sq, sq, dtype=torch.int32, device=dev)
+    cu_k = torch.cat([idx * S + pad, torch.full((1,), nb * S, dtype=torch.int32, device=dev)])  # last: not read
     used_k = (lens.clamp(0, S) - pad).clamp(min=0).to(torch.int32)  # the decode kernel's clamp
-    args = (q.reshape(B * sq, H, D), k_cache.reshape(nb * S, Hkv, D), v_cache.reshape(nb * S, Hkv, D), cu_q, cu_k,
-            None, used_k, sq, S, causal, scale, *feat)
-    out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
+    args = (q.x, k_cache.reshape(nb * S, Hkv, D), v_cache.reshape(nb * S, Hkv, D), q.cu, cu_k, None, used_k,
+            max(1, q.longest), S, causal, scale, *feat)
+    return torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
         _flash_attention_features_cuda(*args)
-    return out.view(B, sq, H, D), lse.view(H, B, sq).permute(1, 0, 2)
 
 
 _GEMM_CLASSES: dict[torch.dtype, Any] = {}
@@ -761,7 +808,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             cache_leftpad: torch.Tensor | None = None, k: torch.Tensor | None = None,
                             v: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
                             rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
-                            rotary_seqlens: torch.Tensor | None = None) -> Any:
+                            rotary_seqlens: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                            max_seqlen_q: int | None = None, cu_seqlens_k_new: torch.Tensor | None = None) -> Any:
     """Decode against a preallocated KV cache, as flash-attn's ``flash_attn_with_kvcache`` without appending:
     q [B, Sq, H, D] with Sq <= 16, k_cache / v_cache [B, S_cache, Hkv, D] (any strides with the last dim
     contiguous, e.g. a [B, Hkv, S_cache, D] cache transposed), ``cache_seqlens`` int32 [B] on q's device (or one
@@ -778,18 +826,24 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     not), attention then sees cache_seqlens[b] + S_new keys; ``rotary_cos`` / ``rotary_sin`` [S_ro, R/2]: the new
     keys, and q, rotated on their first R dims at positions ``rotary_seqlens`` (default cache_seqlens) + i (q all
     at that position unless causal or windowed), pairs interleaved or halves (``rotary_interleaved``); both in
-    PyTorch on the host's stream before the kernel, as FlashAttention-3's arguments mean."""
+    PyTorch on the host's stream before the kernel, as FlashAttention-3's arguments mean. Varlen, as
+    FlashAttention-3: ``cu_seqlens_q`` (int32 [B + 1]) with q [total_q, H, D] and ``max_seqlen_q`` (its longest
+    sequence) → out [total_q, H, D] (lse [H, total_q]); ``cu_seqlens_k_new`` (int32 [B + 1]) with k / v
+    [total_new, Hkv, D]; each sequence's queries bottom-right aligned at its own length (the varlen kernel)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
+    rope = (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
+    general = varlen or softcap or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
+        or cache_leftpad is not None or k is not None or v is not None
+    if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
+        return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale,
+                                (softcap, window_size, return_lse), (k, v, cu_seqlens_k_new), rope, cache_batch_idx,
+                                cache_leftpad, cu_seqlens_q, max_seqlen_q)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    if k is not None or v is not None or rotary_cos is not None:
-        q, cache_seqlens = _kvcache_append(q, k_cache, v_cache, cache_seqlens, k, v, rotary_cos, rotary_sin,
-                                           rotary_interleaved, rotary_seqlens, cache_batch_idx, cache_leftpad,
-                                           causal or tuple(window_size) != (-1, -1))
-    general = softcap or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
-        or cache_leftpad is not None or k is not None
-    if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
-        return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap, window_size,
-                                return_lse, cache_batch_idx, cache_leftpad)
+    if rotary_cos is not None:  # q rotated, then the split-KV decode kernel as without
+        _per_sequence("cache_seqlens", cache_seqlens, q.shape[0], q.device)
+        q = _kvcache_append(_rows("q", q, None, None, q.shape[0]), k_cache, v_cache, cache_seqlens, None, None, rope,
+                            None, None, bool(causal))[0].x.view(q.shape)
     if not _compiling():
         key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
         out = _kvcache_warm(q, key)

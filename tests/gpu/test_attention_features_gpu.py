@@ -205,6 +205,31 @@ def test_kvcache_leftpad(torch, pt):
         check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, s], vc[b:b + 1, s], True, D ** -0.5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_kvcache_varlen_queries_and_new_keys(torch, pt, causal):
+    """FA3's flash_attn_with_kvcache with varlen queries (``cu_seqlens_q``: chunked prefill against a cache) and
+    varlen new keys (``cu_seqlens_k_new``) appended in place: each sequence's queries attend to its cache_seqlens[b]
+    + new keys, bottom-right aligned at its own lengths; out [total_q, H, D], lse [H, total_q]."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, S, H, Hkv, D = 3, 512, 8, 2, 128
+    ql, kl, lens = [37, 1, 200], [5, 0, 130], [300, 17, 90]
+    _, kc, vc = _inputs(torch, B, 1, S, H, Hkv, D, "bf16", 41)
+    q = _inputs(torch, 1, sum(ql), 1, H, Hkv, D, "bf16", 42)[0][0]
+    kn, vn = (x[0] * 0.5 for x in _inputs(torch, 1, 1, sum(kl), H, Hkv, D, "bf16", 43)[1:])
+    cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda") for x in (ql, kl)]
+    k0, v0 = kc.clone(), vc.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=torch.tensor(lens, dtype=torch.int32,
+                                       device="cuda"), cu_seqlens_q=cu[0], max_seqlen_q=max(ql), cu_seqlens_k_new=cu[1],
+                                       causal=causal, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (H, q.shape[0])
+    for b in range(B):
+        n, m, qs = lens[b], kl[b], slice(int(cu[0][b]), int(cu[0][b + 1]))
+        assert torch.equal(kc[b, n:n + m], kn[cu[1][b]:cu[1][b + 1]]) and torch.equal(kc[b, :n], k0[b, :n])
+        assert torch.equal(vc[b, n:n + m], vn[cu[1][b]:cu[1][b + 1]]) and torch.equal(vc[b, n + m:], v0[b, n + m:])
+        check(torch, out[None, qs], q[None, qs], kc[b:b + 1, :n + m], vc[b:b + 1, :n + m], causal, D ** -0.5,
+              lse=lse[None, :, qs])
+
+
 def test_transformers_gemma2_softcap_and_sliding_window(torch, pt):
     """A Hugging Face Gemma-2 (random weights; every other layer a 64-key sliding window, attention logits capped at
     50) through ``attn_implementation="ptsolve"``: a 200-token prefill and 4 decode steps with the dynamic cache,
