@@ -7,11 +7,11 @@ from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
-(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, paged KV (``page_table``), a precomputed
-``scheduler_metadata``, SMs held back for communication (``sm_margin``) and the backward pass (inputs that require
-grad). ``num_splits``,
-``pack_gqa`` and ``deterministic`` are FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses
-its own splits and packing, and its forward pass is deterministic, so they are accepted and have no effect.
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, paged KV (``page_table``), SMs held
+back for communication (``sm_margin``) and the backward pass (inputs that require grad). ``num_splits``, ``pack_gqa``,
+``deterministic`` and ``scheduler_metadata`` (FA3's precomputed tile schedule, ``get_scheduler_metadata``) are
+FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses its own splits, packing and tile
+order, and its forward pass is deterministic, so they are accepted and have no effect.
 What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256, fp16 or bf16, causal masks bottom-right aligned,
 GQA / MQA, ``softcap``, ``window_size`` (sliding window, with or without causal), varlen's ``seqused_q`` /
 ``seqused_k``; ``flash_attn_with_kvcache`` also appends ``k`` / ``v`` (with rotary) and takes ``cache_batch_idx``,
@@ -99,7 +99,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     ``cache_leftpad``, ``softcap``, ``window_size`` and the LSE (``ptsolve.torch.flash_attention_kvcache``)."""
     _refuse("flash_attn_with_kvcache", {
         "qv": qv, "page_table": page_table, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
-        "attention_chunk": attention_chunk, "scheduler_metadata": scheduler_metadata, "sm_margin": sm_margin})
+        "attention_chunk": attention_chunk, "sm_margin": sm_margin})
     _no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
     from . import torch as pt
 

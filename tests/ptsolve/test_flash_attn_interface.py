@@ -40,14 +40,15 @@ REFUSED = {"qv": "T", "q_descale": "T", "k_descale": "T", "v_descale": "T", "win
            "attention_chunk": 256, "softcap": 30.0, "sm_margin": 4, "seqused_q": "T",
            "seqused_k": "T", "k": "T", "v": "T", "rotary_cos": "T", "rotary_sin": "T", "cache_batch_idx": "T",
            "cache_leftpad": "T", "page_table": "T", "cu_seqlens_q": "T", "cu_seqlens_k_new": "T", "max_seqlen_q": 7,
-           "rotary_seqlens": "T", "scheduler_metadata": "T", "return_softmax_lse": True}
+           "rotary_seqlens": "T", "return_softmax_lse": True}
 # the ones ptsolve runs in some of the functions (the others still refuse them)
 RUNS = {"flash_attn_func": {"window_size", "softcap"},
         "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"},
         "flash_attn_with_kvcache": {"window_size", "softcap", "k", "v", "rotary_cos", "rotary_sin", "cache_batch_idx",
                                     "cache_leftpad", "rotary_seqlens", "return_softmax_lse", "cu_seqlens_q",
                                     "cu_seqlens_k_new", "max_seqlen_q"}}
-KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False}
+KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False,
+         "scheduler_metadata": "M"}
 
 
 class _Tensor:
