@@ -316,6 +316,12 @@ class Launch:
         self._maps[0][i] = tm.getPtr()
         self._at[name] = (ptr, tm, base if spec is None else spec)  # held: the cache of maps may drop it
 
+    def spec(self, name: str) -> Any:
+        """The layout (TensorMapSpec) tensor map argument ``name`` was prepared with; KeyError for another name."""
+        if self._maps is None or name not in self._maps[1]:
+            raise KeyError(f"{self.name} has no tensor map argument {name!r}")
+        return self._maps[1][name][1]
+
     def set(self, values: Mapping[str, Any]) -> None:
         """Write scalar arguments (``i32`` / ``f32`` / ``ptr`` by name) for the calls from now on; KeyError for a
         name the kernel does not take."""

@@ -186,11 +186,21 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             return out
     ln = _FAST.get(_fast_key(q, k, v, causal, scale))
-    if ln is None:
+    if ln is not None:
+        out = _empty_like(q, memory_format=_CF)
+        ln(_raw_stream(q.get_device()), out.data_ptr())
+        return out
+    fam = _MOVE.get(_move_key(q, k, v, causal, scale))
+    if fam is None:
         return None
     out = _empty_like(q, memory_format=_CF)
-    ln(_raw_stream(q.get_device()), out.data_ptr())
-    return out
+    return out if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()) else None
+
+
+def _move_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
+    """A dense call's layout (``_MOVE``): ``_fast_key`` but the addresses, with the device."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(),
+            k.get_device(), v.get_device(), causal, scale)
 
 
 def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
@@ -233,9 +243,27 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     else:
         ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
     ln(_raw_stream(q.get_device()), out.data_ptr())
-    if q2 is q and k2 is k and v2 is v:
-        _fast_put(_fast_key(q, k, v, causal, given), ln)
+    if q2 is q and k2 is k and v2 is v and _fast_put(_fast_key(q, k, v, causal, given), ln) and not dec:
+        _moving(q, k, v, causal, scale, given)
     return out
+
+
+def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, given: Any) -> None:
+    """After a dense call prepared a launch: the second layout to arrive at new addresses gets a family that later
+    calls at new addresses re-point (``serve.AttentionFamily``; a model's prefill: new tensors every layer)."""
+    mk = _move_key(q, k, v, causal, given)
+    if mk in _MOVE:
+        return
+    if mk not in _SEEN:
+        if len(_SEEN) >= 4096:
+            _SEEN.clear()
+        _SEEN.add(mk)
+        return
+    fam = _gen().attention_family(q, k, v, _attn_class(q, k, causal), scale)
+    if fam is not None:
+        if len(_MOVE) >= 1024:
+            _MOVE.clear()
+        _MOVE[mk] = fam
 
 
 def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -709,14 +737,18 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 # as they are; a hit allocates the output and launches: ~1 µs of Python besides the allocation and cuLaunchKernel
 _FAST: dict[tuple[Any, ...], Any] = {}
 _GROW: dict[tuple[Any, ...], Any] = {}  # _grow_key -> serve.DecodeFamily
+_MOVE: dict[tuple[Any, ...], Any] = {}  # _move_key -> serve.AttentionFamily (dense calls of one layout, any address)
+_SEEN: set[tuple[Any, ...]] = set()  # _move_key of dense calls prepared once
 
 
-def _fast_put(key: tuple[Any, ...], ln: Any) -> None:
+def _fast_put(key: tuple[Any, ...], ln: Any) -> bool:
+    """Keep ``ln`` under ``key``; False where it is not kept (a provisional launch)."""
     if isinstance(ln[0] if isinstance(ln, tuple) else ln, _gen().prepared.Provisional):
-        return  # the shape's exact-shape schedule is on its way (ptsolve.serve.exact): the next call looks again
+        return False  # the shape's exact-shape schedule is on its way (ptsolve.serve.exact): the next call looks again
     if len(_FAST) >= 4096:
         _FAST.clear()
     _FAST[key] = ln
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- the API

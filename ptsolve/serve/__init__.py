@@ -29,7 +29,8 @@ from __future__ import annotations
 from .gemm import gemm_class, gemm_launch  # isort: skip
 from .mamba2 import (MAMBA_OPS, chunk_scan, chunk_scan_launch, chunk_state, chunk_state_launch,  # isort: skip
                      mamba_class, mamba_params)
-from .attention import GQA_BUCKETS, HEAD_DIMS, attention_class, attention_launch, gqa_bucket  # isort: skip
+from .attention import (GQA_BUCKETS, HEAD_DIMS, AttentionFamily, attention_class, attention_family,  # isort: skip
+                        attention_launch, gqa_bucket)
 from .decode import (DECODE_HEAD_DIMS, DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECODE_REPLAY_TRIPS,  # isort: skip
                      DecodeFamily, decode_bucketed, decode_class, decode_launch, decode_pick, decode_retime,
                      decode_splits, decode_variants)
@@ -40,9 +41,10 @@ from .prepared import current_stream  # noqa: E402
 from .table import TABLE, class_program, load_table, schedule, solve, solvers_installed, table_path  # noqa: E402
 
 __all__ = ["DECODE_HEAD_DIMS", "DECODE_MAX_SEQ_Q", "DECODE_REPLAY_TRIPS", "DECODE_REP_SPLITS", "DTYPES",
-           "GQA_BUCKETS", "HEAD_DIMS", "HW", "DecodeFamily",
+           "GQA_BUCKETS", "HEAD_DIMS", "HW", "AttentionFamily", "DecodeFamily",
            "MAMBA_OPS", "TABLE", "ClassKernel", "OpClasses", "ShapeClass", "attention_class",
-           "attention_launch", "build_table", "chunk_scan", "chunk_scan_launch", "chunk_state", "chunk_state_launch",
+           "attention_family", "attention_launch", "build_table", "chunk_scan", "chunk_scan_launch", "chunk_state",
+           "chunk_state_launch",
            "class_fix", "class_program", "classes", "compile_class", "current_stream", "decode_bucketed",
            "decode_class", "decode_launch", "decode_pick", "decode_retime", "decode_splits", "decode_variants",
            "gemm_class", "gemm_launch", "gqa_bucket", "kernel", "load_table", "mamba_class", "mamba_params",

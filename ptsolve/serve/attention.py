@@ -91,7 +91,6 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null.
     ``used_q`` / ``used_k``: varlen's int32 [B] rows that count per sequence (FlashAttention's ``seqused_*``);
     ``softcap`` (> 0, a softcap class's) and ``window`` ((left, right) keys, -1 unbounded, a window class's)."""
-    varlen = cu_q is not None
     if bool(softcap) != c.softcap or (window != (-1, -1)) != c.window:
         raise ShapeError(f"attention class {c.key} runs softcap={softcap!r}, window={window!r}: the class and the "
                          "call must agree on softcap and window (ptsolve.torch chooses the class)")
@@ -100,6 +99,48 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
     ln = prepared.LAUNCHES.get(key)
     if ln is not None:
         return ln
+    return prepared.keep(key, *_prepare(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, with_lse, used_q, used_k,
+                                        softcap, window))
+
+
+class AttentionFamily:
+    """Dense attention calls of one layout (shapes, strides, dtypes, class, scale) at any addresses: one private
+    prepared launch whose q, k and v tensor maps a call encodes in place (``runtime.MapSlot``) before launching. A
+    model's prefill makes new q / k / v every layer and every forward, so the launches kept by address
+    (``attention_launch``) miss there, and preparing one costs more host time than the kernel at short prompts
+    (bench models prefill_host). The launch is nobody else's: re-pointing it changes no kept launch."""
+
+    __slots__ = ("ln", "specs")
+
+    def __init__(self, ln: Any):
+        self.ln = ln
+        self.specs = tuple(ln.spec(n) for n in ("q", "k", "v"))
+
+    def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:
+        """Launch on these inputs (of the family's layout: the caller's key); False, launching nothing, where one is
+        not 16-byte aligned (a tensor map cannot describe it)."""
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) % 16:
+            return False
+        ln, (sq, sk, sv) = self.ln, self.specs
+        ln.repoint("q", qp, sq)
+        ln.repoint("k", kp, sk)
+        ln.repoint("v", vp, sv)
+        ln(stream, out)
+        return True
+
+
+def attention_family(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> AttentionFamily | None:
+    """A family for these dense inputs' layout, running the kernel ``attention_launch`` runs for them; None while that
+    choice is not final (the shape's exact-shape schedule is on its way: ``exact``)."""
+    ln, final = _prepare(q, k, v, c, scale, None, None, 0, 0, False, None, None, 0.0, (-1, -1))
+    return AttentionFamily(ln) if final else None
+
+
+def _prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any, max_q: int, max_k: int,
+             with_lse: bool, used_q: Any, used_k: Any, softcap: float, window: tuple[int, int]) -> tuple[Any, bool]:
+    """(a new prepared launch of these inputs, whether its kernel is the final choice for them)."""
+    varlen = cu_q is not None
     ck, final = None, True
     # a dense shape runs the kernel solved and built for it once there is one (``exact``), whose softmax scale is
     # the default one (a build constant); the log-sum-exp and the features are the generic build's alone
@@ -112,7 +153,7 @@ def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: 
                            {"used_q": _ptr(used_q), "used_k": _ptr(used_k), "wl": window[0], "wr": window[1]}
                            | ({"softcap_pre": scale / softcap, "scale_log2": softcap * math.log2(math.e)}
                               if softcap else {}))
-    return prepared.keep(key, ln, final)
+    return ln, final
 
 
 def _ptr(x: Any) -> int:

@@ -213,6 +213,21 @@ def test_warm_calls_reuse_the_launch_and_see_new_data(torch, pt):
         torch.testing.assert_close(pt.gemm(x, w).float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
 
 
+def test_new_tensors_of_one_layout_run_through_its_family(torch, pt):
+    """A prefill's pattern: new q / k / v of one layout every call (strided as transformers hands them over). From
+    the third call on they run the layout's family (its launch re-pointed in place), each output right for its own
+    inputs; the first tensors still run their own kept launch."""
+    def fresh():
+        q, k, v = (torch.randn(2, n, 333, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                   for n in (8, 2, 2))
+        return q, k, v
+    ins = [fresh() for _ in range(5)]
+    for q, k, v in ins + ins[:1]:
+        poison(torch, q.shape, q.dtype)
+        check(torch, pt.flash_attention(q, k, v, causal=True), q, k, v, True, 1 / math.sqrt(128))
+    assert any(key[0] == ins[0][0].shape for key in pt._MOVE)
+
+
 @pytest.mark.parametrize("b,L,h,g,n,q,dt", [(1, 300, 4, 1, 128, 256, "fp16"), (2, 1000, 8, 2, 64, 128, "bf16"),
                                             (1, 64, 2, 1, 128, 64, "fp16")])
 def test_mamba_chunk_ops(torch, pt, b, L, h, g, n, q, dt):

@@ -171,6 +171,8 @@ def fake_gpu(pt, monkeypatch):
     monkeypatch.setattr(pt, "_same", lambda name, xs: None)
     monkeypatch.setattr(pt, "_FAST", {})
     monkeypatch.setattr(pt, "_CHECKED", set())  # signatures passed with the device check off: not for other tests
+    monkeypatch.setattr(pt, "_MOVE", {})
+    monkeypatch.setattr(pt, "_SEEN", set())
     monkeypatch.setattr(serve.prepared, "LAUNCHES", {})
     monkeypatch.setattr(serve.prepared, "scratch", lambda device, kernel, name, nbytes: 1 << 20)  # driver memory
 
@@ -239,6 +241,31 @@ def test_attention_checks_a_signature_once(pt, monkeypatch):
     with pytest.raises(ShapeError, match="softmax_scale"):
         pt._check_attention(q, k, k, 4, True, -1.0)
     assert len(calls) == 5
+
+
+def test_new_tensors_of_one_layout_re_point_a_family(pt, fake_gpu, monkeypatch):
+    """A model's prefill makes new q / k / v every layer: the first call of a layout prepares (and keeps its launch by
+    address), the second at new addresses prepares again and makes the layout a family (``AttentionFamily``: a
+    private launch), and every later call at new addresses re-points the family's q, k and v maps in place and
+    launches it, preparing nothing; the first tensors keep their own launch; another layout prepares."""
+    from codegen import runtime
+    log, enc = fake_gpu, []
+    monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: enc.append((spec.tensor, ptr)))
+    mk = [(torch.randn(1, 96, 8, 64, dtype=torch.float16), torch.randn(1, 96, 2, 64, dtype=torch.float16))
+          for _ in range(5)]
+    outs = [pt.flash_attention(q, k, k, causal=True) for q, k in mk]
+    assert log["prepared"] == 3 and len(pt._MOVE) == 1  # two calls' launches and the family's
+    assert [a for _, a in log["launches"]] == [o.data_ptr() for o in outs]
+    assert enc == [(n, x.data_ptr()) for q, k in mk[2:] for n, x in (("q", q), ("k", k), ("v", k))]
+    o = pt.flash_attention(mk[0][0], mk[0][1], mk[0][1], causal=True)  # the first tensors: their own kept launch
+    assert log["prepared"] == 3 and log["launches"][-1][1] == o.data_ptr() and len(enc) == 9
+    for other in ({"causal": False}, {"causal": True, "softmax_scale": 0.5}):  # another layout prepares
+        pt.flash_attention(mk[4][0], mk[4][1], mk[4][1], **other)
+    pt.flash_attention(mk[4][0][:, :64], mk[4][1], mk[4][1], causal=True)
+    assert log["prepared"] == 6 and len(enc) == 9
+    mis = torch.randn(1, 96 * 8 * 64 + 4, dtype=torch.float16)[:, 4:].view(1, 96, 8, 64)  # the layout, 8 bytes off
+    pt.flash_attention(mis, mk[4][1], mk[4][1], causal=True)  # the family refuses it: prepared as it is
+    assert log["prepared"] == 7
 
 
 def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
