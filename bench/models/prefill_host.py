@@ -57,9 +57,14 @@ def main() -> None:
     scale = D ** -0.5
     it = iter(range(1 << 30))
 
-    def fresh() -> tuple[Any, ...]:  # the pool's tensors in turn, the kept launches forgotten: every call is new
+    def fresh(families: bool = False) -> tuple[Any, ...]:
+        """The pool's tensors in turn, the launches kept by address forgotten (and the layouts' families unless
+        ``families``): every call is new."""
         serve.prepared.LAUNCHES.clear()
         pt._FAST.clear()
+        if not families:
+            pt._MOVE.clear()
+            pt._SEEN.clear()
         return pool[next(it) % len(pool)]
     params = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": S, "seq_kv": S, "head_dim": D, "causal": True,
               "dtype": c.dtype}
@@ -69,6 +74,8 @@ def main() -> None:
     res = {
         "flash_attention, kept launch (same tensors)": _us(lambda: pt.flash_attention(q, k, v, causal=True)),
         "flash_attention, new tensors (prepare)": _us(lambda: pt.flash_attention(*fresh(), causal=True)),
+        "flash_attention, new tensors (the layout's family)": _us(lambda: pt.flash_attention(*fresh(True),
+                                                                                              causal=True)),
         "serve.attention_launch, new tensors": _us(lambda: sa.attention_launch(*fresh(), c, scale)),
         "exact.serving": _us(lambda: exact.serving(c, params, None, None)),
         "_attention_launch (class kernel)": _us(lambda: sa._attention_launch(*fresh(), c, ck, scale, None, None, 0, 0)),
