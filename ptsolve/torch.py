@@ -768,8 +768,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if softcap or tuple(window_size) != (-1, -1):
         causal = bool(causal)
         scale = _check_attention(q, k, v, 4, causal, softmax_scale)
-        args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale,
-                *_features("flash_attention", q.shape[1], k.shape[1], causal, softcap, window_size))
+        feat = _features("flash_attention", q.shape[1], k.shape[1], causal, softcap, window_size)
+        if not feat[0] and q.shape[1] == 1 and k.shape[1]:
+            # one query with a window sees keys skv - 1 - left .. skv - 1: plain attention over that view, whose
+            # dense kernels (split-KV for a decode step: a sliding-window model's decode on a long cache) need no mask
+            start = max(0, k.shape[1] - 1 - feat[1]) if feat[1] >= 0 else 0
+            return flash_attention(q, k[:, start:], v[:, start:], False, scale, return_lse)
+        args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat)
         out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
             _flash_attention_features_cuda(*args)
         return (out, lse) if return_lse else out

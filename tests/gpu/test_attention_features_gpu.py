@@ -230,6 +230,18 @@ def test_kvcache_varlen_queries_and_new_keys(torch, pt, causal):
               lse=lse[None, :, qs])
 
 
+@pytest.mark.parametrize("skv,window,causal", [(5000, (1023, 0), True), (300, (4095, -1), False), (777, (0, 0), True),
+                                                (4096, (100, 50), False)])
+def test_decode_step_with_a_window(torch, pt, skv, window, causal):
+    """One query with a sliding window runs the dense split-KV decode kernel on the keys it sees (a view): right at
+    every length, including a window wider than the cache and a window of one key; repeated steps on a growing
+    cache (the decode family re-targeted) stay right."""
+    q, k, v = _inputs(torch, 2, 1, skv + 3, 8, 2, 128, "bf16", 51)
+    for n in (skv, skv + 1, skv + 3):
+        out = pt.flash_attention(q, k[:, :n], v[:, :n], causal=causal, window_size=window)
+        check(torch, out, q, k[:, :n], v[:, :n], causal, 128 ** -0.5, window=(window[0], 0 if causal else window[1]))
+
+
 def test_transformers_gemma2_softcap_and_sliding_window(torch, pt):
     """A Hugging Face Gemma-2 (random weights; every other layer a 64-key sliding window, attention logits capped at
     50) through ``attn_implementation="ptsolve"``: a 200-token prefill and 4 decode steps with the dynamic cache,

@@ -268,6 +268,25 @@ def test_new_tensors_of_one_layout_re_point_a_family(pt, fake_gpu, monkeypatch):
     assert log["prepared"] == 7
 
 
+def test_one_query_with_a_window_runs_dense_over_its_keys(pt, fake_gpu, monkeypatch):
+    """A decode step with a sliding window (Mistral, Gemma's local layers) sees only the last left + 1 keys: it runs
+    the dense decode kernel (split-KV) on that view of the cache, with no mask; more queries, or a softcap, run the
+    window class's kernel."""
+    from codegen import runtime
+    log = fake_gpu
+    monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: None)
+    q, k = torch.randn(1, 2, 8, 64, dtype=torch.float16), torch.randn(1, 40, 2, 64, dtype=torch.float16)
+    pt.flash_attention(q[:, :1], k, k, causal=True, window_size=(7, 0))
+    ks, vals = log["prepares"][-1]
+    assert "decode" in ks.name and vals["k"] == k[:, 32:].data_ptr() and vals["SKV"] == 8
+    pt.flash_attention(q[:, :1], k, k, causal=False, window_size=(100, 3))  # covers every key: all 40
+    fam = next(iter(pt._GROW.values()))  # the decode family of the first call, re-targeted
+    assert fam.skv == 40 and fam.ln._at["k"][0] == k.data_ptr() and len(log["prepares"]) == 1
+    for kw in ({"window_size": (7, 0)}, {"softcap": 30.0, "window_size": (7, 0)}):
+        pt.flash_attention(q[:, :2] if "softcap" not in kw else q[:, :1], k, k, causal=True, **kw)
+        assert "decode" not in log["prepares"][-1][0].name and log["prepares"][-1][1]["wl"] == 7
+
+
 def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
     """``flash_attention_kvcache`` in a decode loop: a new q every step (as a model makes), the cache, the lengths and
     the shapes the same: one launch prepared, its q map re-pointed to each step's q; another lengths tensor or cache
