@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call for the models study (issue 37) and the torch face it rests on: unpack the class cubins, run the
+# GPU tests of ptsolve.torch (the decode and attention families, the kv-cache features), then the host-time tools
+# (decode_host, prefill_host), the prefill profile and the Llama rows, writing everything under $OUT and printing a
+# short table last. Carry the cubin pack: run(..., carry=[".cubin_dev_pack"]).
+# Environment: PACK (default .cubin_dev_pack), TEST_S (the tests' timeout, default 240), ROUNDS (Llama decode
+# segments, default 5), ROWS (Llama rows, default all), SKIP (words among tests, host, profile, llama), COMMIT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PTSOLVE_EXACT=off
+OUT=${OUT:-/tmp/models_out}
+mkdir -p "$OUT" .cubin_dev
+tar xJf "${PACK:-.cubin_dev_pack}/cache.tar.xz" -C .cubin_dev || { echo "no cubin pack: carry ${PACK:-.cubin_dev_pack}"; exit 2; }
+export PTSOLVE_CACHE_DIR=$PWD/.cubin_dev
+S="$OUT/summary.txt"
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${COMMIT:-?}"; } > "$S" 2>&1
+skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
+if ! skip tests; then
+  timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_torch_gpu.py \
+    tests/gpu/test_torch_decode_gpu.py tests/gpu/test_attention_features_gpu.py > "$OUT/tests.log" 2>&1
+  echo "gpu tests: exit $? $(tail -1 "$OUT/tests.log")" >> "$S"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 >> "$S"
+fi
+if ! skip host; then
+  timeout 150 python3 -m bench models decode_host --out "$OUT" > "$OUT/decode_host.log" 2>&1
+  timeout 90 python3 -m bench models prefill_host --out "$OUT" > "$OUT/prefill_host.log" 2>&1
+fi
+skip profile || timeout 150 python3 -m bench models prefill_profile --out "$OUT" > "$OUT/prefill_profile.log" 2>&1
+if ! skip llama; then
+  timeout 400 python3 -m bench models llama --rounds "${ROUNDS:-5}" ${ROWS:+--rows "$ROWS"} --commit "${COMMIT:-}" \
+    --out "$OUT/h200.json" > "$OUT/llama.log" 2>&1
+  echo "llama: exit $?" >> "$S"
+fi
+cat "$S"
+for f in decode_host prefill_host; do [ -f "$OUT/$f.log" ] && grep "^|" "$OUT/$f.log" | tail -12; done
+[ -f "$OUT/prefill_profile.log" ] && grep "prefill ms" "$OUT/prefill_profile.log"
+[ -f "$OUT/llama.log" ] && tail -16 "$OUT/llama.log"
