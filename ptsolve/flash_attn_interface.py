@@ -7,8 +7,8 @@ from ptsolve.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 The three functions take FlashAttention-3's arguments, with its names, order and defaults, and return what it returns
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
-(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, paged KV (``page_table``), SMs held
-back for communication (``sm_margin``) and the backward pass (inputs that require grad). ``num_splits``, ``pack_gqa``,
+(``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, ``attention_chunk``, SMs held back for communication
+(``sm_margin``) and the backward pass (inputs that require grad). ``num_splits``, ``pack_gqa``,
 ``deterministic`` and ``scheduler_metadata`` (FA3's precomputed tile schedule, ``get_scheduler_metadata``) are
 FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses its own splits, packing and tile
 order, and its forward pass is deterministic, so they are accepted and have no effect.
@@ -16,7 +16,8 @@ What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256, fp16 or bf16, 
 GQA / MQA, ``softcap``, ``window_size`` (sliding window, with or without causal), varlen's ``seqused_q`` /
 ``seqused_k``; ``flash_attn_with_kvcache`` also appends ``k`` / ``v`` (with rotary) and takes ``cache_batch_idx``,
 ``cache_leftpad``, ``return_softmax_lse`` and varlen queries and new keys (``cu_seqlens_q`` with ``max_seqlen_q``,
-``cu_seqlens_k_new``): plain decode steps of at most 16 positions at head_dim 64 / 128 run the
+``cu_seqlens_k_new``), and a paged cache (``page_table``: plain decode steps of at most 16 positions at head_dim
+64 / 128, on the split-KV decode kernel): plain decode steps of at most 16 positions at head_dim 64 / 128 run the
 split-KV decode kernel, the rest the varlen kernel over the cache (``ptsolve.torch.flash_attention_kvcache``).
 """
 from __future__ import annotations
@@ -98,16 +99,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     packed by ``cu_seqlens_k_new`` where given) with ``rotary_cos`` / ``rotary_sin`` applied, ``cache_batch_idx``,
     ``cache_leftpad``, ``softcap``, ``window_size`` and the LSE (``ptsolve.torch.flash_attention_kvcache``)."""
     _refuse("flash_attn_with_kvcache", {
-        "qv": qv, "page_table": page_table, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+        "qv": qv, "q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
         "attention_chunk": attention_chunk, "sm_margin": sm_margin})
     _no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)
     from . import torch as pt
 
-    lens = k_cache.shape[1] if cache_seqlens is None else cache_seqlens
+    cap = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])  # a paged cache: all its pages
+    lens = cap if cache_seqlens is None else cache_seqlens
     return pt.flash_attention_kvcache(q, k_cache, v_cache, lens, causal=causal, softmax_scale=softmax_scale,
                                       softcap=softcap, window_size=tuple(window_size),
                                       return_lse=bool(return_softmax_lse), cache_batch_idx=cache_batch_idx,
                                       cache_leftpad=cache_leftpad, k=k, v=v, rotary_cos=rotary_cos,
                                       rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
                                       rotary_seqlens=rotary_seqlens, cu_seqlens_q=cu_seqlens_q,
-                                      max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new)
+                                      max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new,
+                                      page_table=page_table)

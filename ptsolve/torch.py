@@ -124,6 +124,8 @@ _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seql
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
 _LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, bool causal, "
             "float softmax_scale) -> Tensor")
+_LIB.define("flash_attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor page_table, "
+            "bool causal, float softmax_scale) -> Tensor")
 _LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> (Tensor, Tensor)")
 _LIB.define("flash_attention_varlen_lse(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)")
@@ -374,20 +376,60 @@ def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cach
 
 
 def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool, scale: float,
-                  key: tuple[Any, ...]) -> torch.Tensor:
-    """As ``_flash_attention_cold``, for the decode kernel reading the sequences' lengths from ``lens``."""
+                  key: tuple[Any, ...], table: torch.Tensor | None = None) -> torch.Tensor:
+    """As ``_flash_attention_cold``, for the decode kernel reading the sequences' lengths from ``lens`` (and a paged
+    cache's pages from ``table``)."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
-    if k.shape[1] == 0:
+    if k.shape[1] == 0 or (table is not None and table.shape[1] == 0):
         return out.zero_()
     q2, k2, v2, l2 = _tma_ready(q), _tma_ready(k), _tma_ready(v), lens.contiguous()
-    ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale, l2)
+    t2 = None if table is None else table.contiguous()
+    kd = k if table is None else k[:1].expand(q.shape[0], *k.shape[1:])  # the class sees one cache per sequence
+    ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, kd, causal), scale, l2, page_table=t2)
     ln.repoint("q", q2.data_ptr())  # kept launches are re-pointed per call: this one may point at another q now
     ln(_raw_stream(q.get_device()), out.data_ptr())
-    if q2 is q and k2 is k and v2 is v and l2 is lens:
+    if q2 is q and k2 is k and v2 is v and l2 is lens and t2 is table:
         _fast_put(key, ln)
     return out
+
+
+def _flash_attention_paged_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool,
+                                softmax_scale: float) -> torch.Tensor:
+    key = (*_kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale), page_table.data_ptr(),
+           page_table.shape, page_table.stride())
+    out = _kvcache_warm(q, key)
+    return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key,
+                                                     page_table)
+
+
+def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor | int,
+                   causal: bool, softmax_scale: float | None, table: torch.Tensor, asked: dict[str, Any]
+                   ) -> torch.Tensor:
+    """``flash_attention_kvcache`` on a paged cache (see there): the split-KV decode kernel, each key block loaded
+    from its page. ``asked``: the other arguments that ask for something, refused with a paged cache."""
+    if asked:
+        raise NotImplementedError(f"flash_attention_kvcache: page_table with {', '.join(sorted(asked))} is not "
+                                  "supported by ptsolve yet (a paged cache runs plain decode steps)")
+    B = q.shape[0]
+    if q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
+        raise NotImplementedError(f"flash_attention_kvcache: page_table with q {tuple(q.shape)}; a paged cache runs "
+                                  f"steps of at most {_gen().DECODE_MAX_SEQ_Q} positions at head_dim "
+                                  f"{_gen().DECODE_HEAD_DIMS}")
+    if isinstance(lens, int):
+        lens = torch.full((B,), lens, dtype=torch.int32, device=q.device)
+    if table.dtype != torch.int32 or table.dim() != 2 or table.shape[0] != B or table.device != q.device:
+        raise ShapeError(f"page_table must be torch.int32 [{B}, max_pages] on {q.device} (page numbers of each "
+                         f"sequence's keys, in order), got {table.dtype} {tuple(table.shape)} on {table.device}")
+    causal = bool(causal)
+    scale = _check_attention(q, k_cache[:1].expand(B, *k_cache.shape[1:]), v_cache[:1].expand(B, *v_cache.shape[1:]),
+                             4, causal, softmax_scale)
+    _per_sequence("cache_seqlens", lens, B, q.device)
+    if _compiling():
+        return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale)
+    return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -664,6 +706,7 @@ def _state_cold(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: t
 _LIB.impl("flash_attention", _flash_attention_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen", _flash_attention_varlen_cuda, "CUDA")
 _LIB.impl("flash_attention_kvcache", _flash_attention_kvcache_cuda, "CUDA")
+_LIB.impl("flash_attention_paged", _flash_attention_paged_cuda, "CUDA")
 _LIB.impl("flash_attention_lse", _flash_attention_lse_cuda, "CUDA")
 _LIB.impl("flash_attention_varlen_lse", _flash_attention_varlen_lse_cuda, "CUDA")
 _LIB.impl("flash_attention_features", _flash_attention_features_cuda, "CUDA")
@@ -686,6 +729,12 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Ten
 @torch.library.register_fake("ptsolve::flash_attention_kvcache", lib=_LIB)
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
       softmax_scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("ptsolve::flash_attention_paged", lib=_LIB)
+def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+      page_table: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
@@ -846,7 +895,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             v: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None,
                             rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
                             rotary_seqlens: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
-                            max_seqlen_q: int | None = None, cu_seqlens_k_new: torch.Tensor | None = None) -> Any:
+                            max_seqlen_q: int | None = None, cu_seqlens_k_new: torch.Tensor | None = None,
+                            page_table: torch.Tensor | None = None) -> Any:
     """Decode against a preallocated KV cache, as flash-attn's ``flash_attn_with_kvcache`` without appending:
     q [B, Sq, H, D] with Sq <= 16, k_cache / v_cache [B, S_cache, Hkv, D] (any strides with the last dim
     contiguous, e.g. a [B, Hkv, S_cache, D] cache transposed), ``cache_seqlens`` int32 [B] on q's device (or one
@@ -866,7 +916,18 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     PyTorch on the host's stream before the kernel, as FlashAttention-3's arguments mean. Varlen, as
     FlashAttention-3: ``cu_seqlens_q`` (int32 [B + 1]) with q [total_q, H, D] and ``max_seqlen_q`` (its longest
     sequence) → out [total_q, H, D] (lse [H, total_q]); ``cu_seqlens_k_new`` (int32 [B + 1]) with k / v
-    [total_new, Hkv, D]; each sequence's queries bottom-right aligned at its own length (the varlen kernel)."""
+    [total_new, Hkv, D]; each sequence's queries bottom-right aligned at its own length (the varlen kernel). A paged
+    cache (vLLM's): ``page_table`` int32 [B, max_pages] with k_cache / v_cache [pages, PAGE, Hkv, D], sequence b's
+    key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
+    divides the kernel's key block or that it divides); plain decode steps only (the split-KV decode kernel, each
+    key block loaded from its pages)."""
+    if page_table is not None:
+        asked = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad), ("k", k),
+                                   ("v", v), ("rotary_cos", rotary_cos), ("cu_seqlens_q", cu_seqlens_q),
+                                   ("cu_seqlens_k_new", cu_seqlens_k_new)) if x is not None}
+        asked |= {n: x for n, x in (("softcap", softcap), ("return_lse", return_lse),
+                                    ("window_size", tuple(window_size) != (-1, -1))) if x}
+        return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked)
     varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     rope = (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
     general = varlen or softcap or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \

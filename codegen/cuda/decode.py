@@ -111,12 +111,14 @@ def index_error(p: Mapping[str, Any], t: Mapping[str, int]) -> str:
 SIZE_PARAMS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv")
 
 
-def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132) -> dict[str, int]:
+def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132, paging: tuple[int, int] = (0, 0)
+          ) -> dict[str, int]:
     """What a generic build takes at launch for shape ``p`` and tiling ``t`` (its ``splits`` chosen per shape,
     ``ptsolve.serve``): the sizes, the query-tile packing (``packing``), NSP pieces of the longest tile, CHUNK key
     blocks per piece at most (``piece_blocks``: the kernel cuts each tile as ``pieces`` does), the merge grid
-    (``merge_grid``: MRR rows per merge CTA, NMU merge CTAs per query tile, fewer than ``sms`` in all), NTILES piece
-    CTAs last; the grid is NTILES + B_·HKV·NQT·NMU."""
+    (``merge_grid``: MRR rows per merge CTA, NMU merge CTAs per query tile, fewer than ``sms`` in all), a paged
+    cache's (PAGE keys per page, MAXP pages per sequence in the table; 0, 0 without), NTILES piece CTAs last; the grid
+    is NTILES + B_·HKV·NQT·NMU."""
     BM, BN, W = t["BM"], t["BN"], t["groups"]
     gbox, sbox = packing(p, BM)
     nqt = query_tiles(p, BM)
@@ -131,7 +133,7 @@ def sizes(p: Mapping[str, Any], t: Mapping[str, int], sms: int = 132) -> dict[st
     for name, d in (("NE", nqt * t["splits"]), ("HKV", p["kv_heads"]), ("NSP", t["splits"]), ("NGT", sz["NGT"]),
                     ("NS0", sz["NS0"]), ("GB", gbox)):
         sz[f"{name}_M"], sz[f"{name}_S"] = fast_div(d)
-    return sz | {"NTILES": p["batch"] * p["kv_heads"] * nqt * t["splits"]}
+    return sz | {"PAGE": paging[0], "MAXP": paging[1], "NTILES": p["batch"] * p["kv_heads"] * nqt * t["splits"]}
 
 
 def grid(sz: Mapping[str, int]) -> int:
@@ -263,8 +265,22 @@ def _body(t: Task) -> str:
         return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
                 "    tma_load_5d(q_s + c * BM * 128, &tm_q, fbar_, c * 64, j0, hkv, s0, bz);")
     if b in ("load_k", "load_v"):
-        return ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
-                f"    tma_load_4d({b[-1]}_cur + c * BN * 128, &tm_{b[-1]}, fbar_, c * 64, hkv, (kb0 + it_) * BN, bz);")
+        x = b[-1]
+        dense = ("#pragma unroll\n  for (int c = 0; c < DCH; ++c)\n"
+                 f"    tma_load_4d({x}_cur + c * BN * 128, &tm_{x}, fbar_, c * 64, hkv, (kb0 + it_) * BN, bz);")
+        if not ir.generic:
+            return dense
+        # a paged cache (page_table: int32 [B, MAXP] page numbers; the map over [pages, PAGE, Hkv, D]): each box of
+        # min(PAGE, BN) keys comes from its page (PAGE and BN powers of two, checked at launch); a box past the
+        # sequence's last page reads its last table entry, whose keys the mask drops
+        return "\n".join([
+            "  if (page_table) {", "    const int kb_ = (kb0 + it_) * BN, pr_ = min(PAGE, BN);",
+            "    for (int r = 0; r < BN; r += pr_) {",
+            "      const int key_ = kb_ + r;",
+            "      const int pg_ = __ldg(page_table + (long long)bz * MAXP + min(key_ / PAGE, MAXP - 1));",
+            "#pragma unroll", "      for (int c = 0; c < DCH; ++c)",
+            f"        tma_load_4d({x}_cur + c * BN * 128 + r * 128, &tm_{x}, fbar_, c * 64, hkv, key_ % PAGE, pg_);",
+            "    }", "  } else {", dense, "  }"])
     if b == "rowmax":
         S = attention._buf(t, "sacc")
         skv, off = ("skv_", "off_") if ir.generic else ("SKV", "OFF")  # a generic build's are per sequence
@@ -417,16 +433,17 @@ def _merge_rows(ir: KernelIR) -> list[str]:
         "    }"]
 
 
-def maps(p: Mapping[str, Any], t: Mapping[str, int], strides: Mapping[str, tuple[int, int, int]] | None = None
-         ) -> tuple[TensorMapSpec, ...]:
+def maps(p: Mapping[str, Any], t: Mapping[str, int], strides: Mapping[str, tuple[int, int, int]] | None = None,
+         paged: tuple[int, int] | None = None) -> tuple[TensorMapSpec, ...]:
     """Tensor maps of q [B, Sq, H, D] and k, v [B, Skv, Hkv, D] with element ``strides`` per tensor (batch,
-    position, head; the last dim contiguous), contiguous where not given."""
+    position, head; the last dim contiguous), contiguous where not given; ``paged`` (pages, page size): k and v are
+    a paged cache [pages, PAGE, Hkv, D] (``strides`` then per page, key, head), boxes of min(PAGE, BN) keys."""
     B, H, Hkv, SQ, SKV, D, dt = (p[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "dtype"))
     G, e = H // Hkv, 2
     gbox, sbox = packing(p, t["BM"])
     st = {"q": (SQ * H * D, H * D, D), "k": (SKV * Hkv * D, Hkv * D, D), "v": (SKV * Hkv * D, Hkv * D, D)}
     st |= strides or {}
-    kv = {n: kv_map(p, t, n, st[n]) for n in ("k", "v")}
+    kv = {n: kv_map(p, t, n, st[n]) if paged is None else paged_map(p, t, n, st[n], *paged) for n in ("k", "v")}
     sb, ss, sh = st["q"]
     # q as (d, head in group, kv head, position, batch): one box is a packed query tile
     return (TensorMapSpec("q", dt, (D, G, Hkv, SQ, B), (sh * e, G * sh * e, ss * e, sb * e), (64, gbox, 1, sbox, 1)),
@@ -438,6 +455,14 @@ def kv_map(p: Mapping[str, Any], t: Mapping[str, int], name: str, strides: tuple
     e = 2
     return TensorMapSpec(name, p["dtype"], (p["head_dim"], p["kv_heads"], p["seq_kv"], p["batch"]),
                          (strides[2] * e, strides[1] * e, strides[0] * e), (64, 1, t["BN"], 1))
+
+
+def paged_map(p: Mapping[str, Any], t: Mapping[str, int], name: str, strides: tuple[int, int, int], pages: int,
+              page: int) -> TensorMapSpec:
+    """``maps``' map of a paged k or v [pages, page, Hkv, D] with element ``strides`` (page, key, head)."""
+    e = 2
+    return TensorMapSpec(name, p["dtype"], (p["head_dim"], p["kv_heads"], page, pages),
+                         (strides[2] * e, strides[1] * e, strides[0] * e), (64, 1, min(page, t["BN"]), 1))
 
 
 def sizes_at(sz: Mapping[str, int], skv: int) -> dict[str, int]:
@@ -465,9 +490,10 @@ def workspace(ir: KernelIR) -> dict[str, int]:
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
     out = (("ptr:o", f"{CTYPE[ir.params['dtype']]}* __restrict__ out"), ("ptr:ws", "float* __restrict__ ws"),
            ("ptr:lse", "float* __restrict__ lse"), ("ptr:cnt", "int* __restrict__ cnt"))
-    # a generic build: seqlens (int32 per batch, the keys each sequence attends to; null: all SKV)
-    return out + (("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:seqlens", "const int* __restrict__ seqlens")
-                  ) if ir.generic else out
+    # a generic build: seqlens (int32 per batch, the keys each sequence attends to; null: all SKV) and a paged
+    # cache's page table (int32 [B, MAXP]; null: a dense cache)
+    return out + (("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:seqlens", "const int* __restrict__ seqlens"),
+                  ("ptr:page_table", "const int* __restrict__ page_table")) if ir.generic else out
 
 
 def _fill_bytes(ir: KernelIR, task: str) -> str | None:

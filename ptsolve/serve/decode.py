@@ -192,23 +192,30 @@ def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlen
     decode_launch(q, k, v, c, scale, seqlens)(prepared.current_stream(q.get_device()), out.data_ptr())
 
 
-def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> Any:
+def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None,
+                  page_table: Any = None) -> Any:
     """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale); call it
-    with the stream and the output's address."""
+    with the stream and the output's address. ``page_table`` (int32 [B, MAXP], with ``seqlens``): k and v are a
+    paged cache [pages, PAGE, Hkv, D], sequence b's key j in page page_table[b, j // PAGE] at row j % PAGE."""
     key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale, 0 if seqlens is None else seqlens.data_ptr())
+           scale, 0 if seqlens is None else seqlens.data_ptr(),
+           None if page_table is None else (page_table.data_ptr(), page_table.shape))
     ln = prepared.LAUNCHES.get(key)
-    return ln if ln is not None else prepared.keep(key, _decode_prepare(q, k, v, c, scale, seqlens)[0])
+    return ln if ln is not None else prepared.keep(key, _decode_prepare(q, k, v, c, scale, seqlens,
+                                                                        page_table=page_table)[0])
 
 
-def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0
-                    ) -> tuple[Any, dict[str, Any], dict[str, int], int]:
+def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0,
+                    page_table: Any = None) -> tuple[Any, dict[str, Any], dict[str, int], int]:
     """(the prepared launch, the shape's parameters, the tiling with its pieces, the loaded module's SMs) of decode
     class ``c`` on these inputs; ``bound``: the longest cache the launch may later be re-targeted to (its indices
-    checked there too)."""
+    checked there too); ``page_table``: a paged cache's (``decode_launch``), whose capacity MAXP·PAGE keys is the
+    shape's seq_kv (the pieces are chosen for it)."""
     from codegen.cuda import decode as cd
 
-    (B, sq, H, D), skv, Hkv = q.shape, k.shape[1], k.shape[2]
+    paging = (0, 0) if page_table is None else (k.shape[1], page_table.shape[1])
+    (B, sq, H, D), Hkv = q.shape, k.shape[2]
+    skv = k.shape[1] if page_table is None else paging[0] * paging[1]
     p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
          "dtype": c.dtype}
     v_, splits = decode_pick(c, p)
@@ -220,11 +227,16 @@ def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens
     err = cd.index_error(dict(p, seq_kv=max(skv, bound)), t)
     if err:
         raise ShapeError(err + ": split the batch")
-    sz = cd.sizes(p, t, mod.sms)
-    maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))})
+    if page_table is not None and (paging[0] < 8 or max(paging[0], t["BN"]) % min(paging[0], t["BN"])):
+        raise ShapeError(f"a paged cache of {paging[0]}-key pages: ptsolve's decode kernel ({t['BN']}-key blocks) "
+                         "takes pages of 8 keys or more that divide its blocks or that its blocks divide (16 ... 256)")
+    sz = cd.sizes(p, t, mod.sms, paging)
+    maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))},
+                   None if page_table is None else (k.shape[0], paging[0]))
     ws = {n: prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
-            "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(), **sz}
+            "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(),
+            "page_table": 0 if page_table is None else page_table.data_ptr(), **sz}
     return mod.prepare(vals, maps, cd.grid(sz), out="o"), p, t, mod.sms
 
 

@@ -242,6 +242,30 @@ def test_decode_step_with_a_window(torch, pt, skv, window, causal):
         check(torch, out, q, k[:, :n], v[:, :n], causal, 128 ** -0.5, window=(window[0], 0 if causal else window[1]))
 
 
+@pytest.mark.parametrize("page,D,dt,sq", [(16, 128, "bf16", 1), (64, 64, "fp16", 4), (256, 128, "fp16", 1),
+                                           (32, 128, "bf16", 16)])
+def test_paged_kv_decode(torch, pt, page, D, dt, sq):
+    """vLLM's paged cache (FA3's ``page_table``): each sequence's keys in pages scattered through one pool, in the
+    table's order, lengths that end mid-page and one that fills its pages; the split-KV decode kernel loads each key
+    block from its pages. The output against the same sequences laid out densely."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, H, Hkv, maxp = 3, 8, 2, 6
+    lens = [page * maxp, 3 * page + 5, sq]
+    q, kd, vd = _inputs(torch, B, sq, page * maxp, H, Hkv, D, dt, 61)
+    pool = 4 * B * maxp
+    perm = torch.randperm(pool, device="cuda", generator=torch.Generator(device="cuda").manual_seed(62))
+    table = perm[:B * maxp].view(B, maxp).int()
+    kc = torch.randn(pool, page, Hkv, D, device="cuda", dtype=kd.dtype)  # pages no table names: noise
+    vc = torch.randn_like(kc)
+    kc[table.long().flatten()] = kd.reshape(B * maxp, page, Hkv, D)
+    vc[table.long().flatten()] = vd.reshape(B * maxp, page, Hkv, D)
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                                  page_table=table, causal=True)
+    for b in range(B):
+        n = lens[b]
+        check(torch, out[b:b + 1], q[b:b + 1], kd[b:b + 1, :n], vd[b:b + 1, :n], True, D ** -0.5)
+
+
 def test_transformers_gemma2_softcap_and_sliding_window(torch, pt):
     """A Hugging Face Gemma-2 (random weights; every other layer a 64-key sliding window, attention logits capped at
     50) through ``attn_implementation="ptsolve"``: a 200-token prefill and 4 decode steps with the dynamic cache,

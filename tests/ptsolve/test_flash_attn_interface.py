@@ -46,7 +46,7 @@ RUNS = {"flash_attn_func": {"window_size", "softcap"},
         "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"},
         "flash_attn_with_kvcache": {"window_size", "softcap", "k", "v", "rotary_cos", "rotary_sin", "cache_batch_idx",
                                     "cache_leftpad", "rotary_seqlens", "return_softmax_lse", "cu_seqlens_q",
-                                    "cu_seqlens_k_new", "max_seqlen_q"}}
+                                    "cu_seqlens_k_new", "max_seqlen_q", "page_table"}}
 KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False,
          "scheduler_metadata": "M"}
 
@@ -107,7 +107,7 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
         assert seen["kw"] == {"softcap": 5.0, "window_size": (3, 0), "return_lse": True, "cache_batch_idx": "I",
                               "cache_leftpad": "P", "k": "K", "v": "V", "rotary_cos": "C", "rotary_sin": "S",
                               "rotary_interleaved": False, "rotary_seqlens": None, "cu_seqlens_q": "CQ",
-                              "max_seqlen_q": 9, "cu_seqlens_k_new": "CK"}
+                              "max_seqlen_q": 9, "cu_seqlens_k_new": "CK", "page_table": None}
     else:  # FA3 returns (out, softmax_lse) only where return_attn_probs asks
         assert seen["lse"] is False
         getattr(fai, fn)(*args, causal=True, return_attn_probs=True)

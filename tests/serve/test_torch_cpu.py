@@ -127,6 +127,7 @@ class _FakeModule:
         from codegen import runtime
         self.log["prepared"] += 1
         self.log.setdefault("prepares", []).append((self.ks, values))
+        self.log.setdefault("prepares_maps", []).append({m.tensor: m for m in maps})
         args = [a.split(":") for a in self.ks.args]
         buf = ctypes.create_string_buffer(8 * len(args))
         spec = {m.tensor: m for m in maps}
@@ -285,6 +286,36 @@ def test_one_query_with_a_window_runs_dense_over_its_keys(pt, fake_gpu, monkeypa
     for kw in ({"window_size": (7, 0)}, {"softcap": 30.0, "window_size": (7, 0)}):
         pt.flash_attention(q[:, :2] if "softcap" not in kw else q[:, :1], k, k, causal=True, **kw)
         assert "decode" not in log["prepares"][-1][0].name and log["prepares"][-1][1]["wl"] == 7
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_a_paged_cache_runs_the_decode_kernel_on_its_pages(pt, fake_gpu, page):
+    """vLLM's paged cache through ``flash_attention_kvcache(page_table=...)``: the split-KV decode kernel with the
+    table's address, its page size and pages per sequence, k / v mapped as [pages, PAGE, Hkv, D] in boxes of
+    min(PAGE, BN) keys, the pieces chosen for the table's capacity; a repeated step keeps the launch; what a paged
+    cache does not run is refused by name, and a page size the kernel's blocks do not tile is a ShapeError."""
+    from ptsolve.errors import ShapeError
+    log = fake_gpu
+    B, H, Hkv, D, pages, maxp = 3, 8, 2, 128, 40, 5
+    kc = torch.randn(pages, page, Hkv, D, dtype=torch.float16)
+    table = torch.randperm(pages)[:B * maxp].view(B, maxp).int()
+    lens = torch.tensor([3, page * maxp, page + 1], dtype=torch.int32)
+    q = torch.randn(B, 1, H, D, dtype=torch.float16)
+    for _ in range(2):
+        pt.flash_attention_kvcache(q, kc, kc, lens, causal=True, page_table=table)
+    ks, vals = log["prepares"][-1]
+    assert log["prepared"] == 1 and "decode" in ks.name and len(log["launches"]) == 2
+    assert vals["page_table"] == table.data_ptr() and vals["PAGE"] == page and vals["MAXP"] == maxp
+    assert vals["SKV"] == page * maxp and vals["seqlens"] == lens.data_ptr()
+    km = log["prepares_maps"][-1]["k"]
+    assert km.dims == (D, Hkv, page, pages) and km.box[2] == min(page, 64)
+    with pytest.raises(NotImplementedError, match="page_table with k, softcap, v"):
+        pt.flash_attention_kvcache(q, kc, kc, lens, page_table=table, softcap=5.0, k=q, v=q)
+    with pytest.raises(ShapeError, match="24-key pages"):
+        k24 = torch.randn(pages, 24, Hkv, D, dtype=torch.float16)
+        pt.flash_attention_kvcache(q, k24, k24, lens, page_table=table)
+    with pytest.raises(ShapeError, match=r"page_table must be torch.int32 \[3, max_pages\]"):
+        pt.flash_attention_kvcache(q, kc, kc, lens, page_table=table.long())
 
 
 def test_kvcache_keeps_one_launch_and_repoints_q(pt, fake_gpu):
