@@ -22,8 +22,9 @@ in chunks of ``chunk_size`` positions (the SSD algorithm): the steps and where t
 - state passing (the states entering each chunk, and the final one): PyTorch, one in-place multiply-add per chunk
   on the float32 states, then one conversion to the input dtype (the ChunkScan kernel's wgmma operand);
 - CB (C·Bᵀ per chunk and group): one batched matmul in the input dtype (float32 accumulation, no float32 copy);
-- chunk scan: ptsolve's generated ChunkScan kernel;
-- D skip and z gate: PyTorch ops in float32 after the kernel.
+- chunk scan, D skip and z gate: ptsolve's generated ChunkScan kernel, a variant with the epilogue fused where D or
+  z is given (out = (scan + D·x)·silu(z) in float32, one rounding; z is read in x's dtype);
+- (``skip_gate``, the same epilogue as PyTorch ops, serves chunk-scan kernels that do not fuse it: the CPU tests'.)
 
 ``seq_idx`` (packed sequences) runs through the same kernels with masked inputs: dt zeroed where a position is not in
 its chunk's last sequence (ChunkState), CB zeroed between positions of different sequences, C zeroed for the
@@ -31,7 +32,9 @@ entering-state term where a position is not in the sequence the previous chunk e
 passing's decay zeroed across a change, as mamba_ssm's kernels mask them. Forward only (no autograd). What the
 kernels do not cover (``return_varlen_states``, float32 inter-chunk states, head_dim other than 64, d_state other
 than 64/128, chunk other than 64/128/256) raises a ``ShapeError`` naming the argument and the alternative.
-``ssd_reference`` is the same forward in float64 PyTorch (quadratic, no chunks), for checking.
+``ssd_reference`` is the same forward in float64 PyTorch (quadratic, no chunks), for checking. The forward is
+registered as ``torch.ops.ptsolve.mamba_chunk_scan_combined`` (→ (out, final states)), which
+``mamba_chunk_scan_combined`` calls under ``torch.compile``; eagerly it runs the same code without the dispatcher.
 """
 from __future__ import annotations
 
@@ -53,11 +56,13 @@ _SOFTPLUS_LINEAR = 20.0  # mamba_ssm's softplus is the identity above 20 (F.soft
 
 class Kernels(NamedTuple):
     """The two chunk kernels the forward calls (mamba_ssm's layouts): ``chunk_state(B, x, dt, dA_cumsum)`` → states
-    (b, nc, h, p, n) float32; ``chunk_scan(cb, x, dt, dA_cumsum, C, states)`` → out (b, L, h, p) in x's dtype.
-    ptsolve's by default (``PTSOLVE_KERNELS``); the CPU tests pass PyTorch versions of the same formulas."""
+    (b, nc, h, p, n) float32; ``chunk_scan(cb, x, dt, dA_cumsum, C, states)`` → out (b, L, h, p) in x's dtype, and
+    where ``fused``, ``chunk_scan(..., D, z)`` → (out + D·x)·silu(z) (the epilogue in the kernel). ptsolve's by
+    default (``PTSOLVE_KERNELS``); the CPU tests pass PyTorch versions of the same formulas."""
 
     chunk_state: Callable[..., torch.Tensor]
     chunk_scan: Callable[..., torch.Tensor]
+    fused: bool = False
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -83,17 +88,22 @@ def _chunk_state_cuda(B: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA: to
 
 
 def _chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA: torch.Tensor, C: torch.Tensor,
-                     states: torch.Tensor) -> torch.Tensor:
-    """ptsolve's ChunkScan kernel (``serve.chunk_scan``) → out (b, L, h, p) in x's dtype."""
+                     states: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """ptsolve's ChunkScan kernel (``serve.chunk_scan``) → out (b, L, h, p) in x's dtype; with D and/or z its fused
+    variant, (out + D·x)·silu(z) in float32 before the one rounding (D as float32, z in x's dtype)."""
     from . import serve
 
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    c = _mamba_class("mamba2_chunk_scan", x, C, dt)
-    return serve.chunk_scan(*(_aligned(t) for t in (cb, x, dt, dA, C, states)), out, c)
+    ep = ("" if D is None else "Dp" if D.dim() == 2 else "D") + ("" if z is None else "z")
+    c = serve.mamba_class("mamba2_chunk_scan", _DTYPE_NAMES[x.dtype], x.shape[-1], C.shape[-1], dt.shape[-1], ep)
+    Df = _aligned(D.float()) if D is not None else None
+    zx = _aligned(z.to(x.dtype)) if z is not None else None
+    return serve.chunk_scan(*(_aligned(t) for t in (cb, x, dt, dA, C, states)), out, c, Df, zx)
 
 
 # ptsolve's kernels, reached through the serving layer (not ptsolve.torch, which may re-export this module)
-PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda)
+PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda, fused=True)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -167,6 +177,8 @@ def _check_supported(x: torch.Tensor, B: torch.Tensor, chunk_size: int, return_v
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ShapeError(f"mamba_chunk_scan_combined: x is {x.dtype}; ptsolve's kernels take torch.float16 or "
                          f"torch.bfloat16 (convert x, B, C with .half() or .bfloat16())")
+    if torch.compiler.is_compiling():  # traced: the op's CUDA implementation meets the class check when it runs
+        return
     from . import serve  # the kernels' classes: head_dim, d_state and chunk they cover
 
     try:
@@ -308,8 +320,9 @@ def ssd_forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     cb = chunk_bmm(C, B, chunk, masks.cb_keep if masks else None)
     # the kernel reads C only for the entering state's term: there, seq_idx keeps the previous chunk's sequence
     Cs = C.masked_fill(~masks.c_keep, 0) if masks else C
-    out = kernels.chunk_scan(cb, x, dtc, dA, Cs, entering)
-    return skip_gate(out, x, D, z), final
+    if kernels.fused and (D is not None or z is not None):  # the D skip and z gate in the kernel's epilogue
+        return kernels.chunk_scan(cb, x, dtc, dA, Cs, entering, D, z), final
+    return skip_gate(kernels.chunk_scan(cb, x, dtc, dA, Cs, entering), x, D, z), final
 
 
 def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -332,9 +345,42 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     _check_types(x, dt, A, B, C, {"D": D, "z": z, "dt_bias": dt_bias, "initial_states": initial_states},
                  seq_idx, dt_limit)
     _check_supported(x, B, chunk_size, return_varlen_states, state_dtype)
-    out, final = ssd_forward(x, dt, A, B, C, chunk_size, PTSOLVE_KERNELS, D, z, dt_bias, initial_states,
-                             seq_idx, dt_softplus, dt_limit)
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, bool(dt_softplus),
+            float(dt_limit[0]), float(dt_limit[1]))
+    # under torch.compile the registered op (its fake gives the shapes); eagerly the same code without the dispatcher
+    out, final = torch.ops.ptsolve.mamba_chunk_scan_combined(*args) if torch.compiler.is_compiling() else \
+        _combined_cuda(*args)
     return (out, final) if return_final_states else out
+
+
+# ------------------------------------------------------------------------------------------------ the torch op
+# ptsolve::mamba_chunk_scan_combined, beside ptsolve.torch's ops in the same namespace (a fragment of it)
+
+_LIB = torch.library.Library("ptsolve", "FRAGMENT")
+_LIB.define("mamba_chunk_scan_combined(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, int chunk_size, Tensor? D, "
+            "Tensor? z, Tensor? dt_bias, Tensor? initial_states, Tensor? seq_idx, bool dt_softplus, float dt_min, "
+            "float dt_max) -> (Tensor, Tensor)")
+
+
+def _combined_cuda(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                   initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
+                   dt_min: float, dt_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's CUDA implementation: (out, final states) of checked inputs (``mamba_chunk_scan_combined``)."""
+    return ssd_forward(x, dt, A, B, C, chunk_size, PTSOLVE_KERNELS, D, z, dt_bias, initial_states, seq_idx,
+                       dt_softplus, (dt_min, dt_max))
+
+
+_LIB.impl("mamba_chunk_scan_combined", _combined_cuda, "CUDA")
+
+
+@torch.library.register_fake("ptsolve::mamba_chunk_scan_combined", lib=_LIB)
+def _(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+      D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+      initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool, dt_min: float,
+      dt_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    b, _, h, p = x.shape
+    return x.new_empty(x.shape), x.new_empty((b, h, p, B.shape[-1]), dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------ the reference

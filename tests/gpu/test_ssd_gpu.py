@@ -73,6 +73,7 @@ CASES = [  # heads, batch, seq, dtype, D, z, initial states, packed sequences
     (24, 2, 512, "bf16", "", False, True, 2),     # whole chunks
     (32, 1, 1, "fp16", "h", True, True, 0),       # one position
     (48, 2, 17, "bf16", "hp", False, False, 2),
+    (32, 2, 600, "fp16", "", True, False, 0),     # the z gate alone
 ]
 
 
@@ -105,6 +106,45 @@ def test_strided_inputs_as_a_mamba2_layer_splits_them(torch):
     want = ssd.mamba_chunk_scan_combined(x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), 256,
                                          dt_softplus=True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["fp16", "bf16"])
+@pytest.mark.parametrize("ep", ["D", "Dp", "z", "Dz", "Dpz"])
+def test_fused_epilogue_against_the_unfused_one(torch, ep, dt):
+    """ChunkScan's variant with D and z in its store vs the plain kernel followed by the same epilogue in PyTorch,
+    both against the formula in float64 (ssd_torch.chunk_scan + skip_gate): the fused error at most the unfused one's
+    (it rounds once, not twice) plus the floor. A variant that drops, doubles or misplaces D or z fails."""
+    from ptsolve import ssd
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    b, L, h = 2, 700, 24
+    a = kt.inputs(b, L, h, 64, 128, 1, dtype, device="cuda", seed=11, z="z" in ep,
+                  D="hp" if "Dp" in ep else "h" if "D" in ep else "")
+    x, B, C, D, z = a["x"], a["B"], a["C"], a.get("D"), a.get("z")
+    dtc, dA = ssd.chunk_cumsum(a["dt"], a["A"], 256, a["dt_bias"], True)
+    cb = ssd.chunk_bmm(C, B, 256)
+    st = (torch.randn(b, dtc.shape[2], h, 64, 128, device="cuda") * 0.1).to(dtype)
+    _poison(torch, x.shape, dtype)
+    fused = ssd._chunk_scan_cuda(cb, x, dtc, dA, C, st, D, z)
+    plain = ssd.skip_gate(ssd._chunk_scan_cuda(cb, x, dtc, dA, C, st), x, D, z)
+    ref = ssd.skip_gate(kt.chunk_scan(cb, x.double(), dtc, dA, C, st), x.double(), D, z)
+    assert not torch.isnan(fused).any()
+    err, perr = _errs(torch, fused, plain, ref.float())
+    assert err <= 1.25 * perr + FLOOR * ref.abs().max().item(), f"fused {err:.3g}, unfused {perr:.3g}"
+
+
+def test_torch_compile_runs_the_registered_op(torch):
+    """Under torch.compile (fullgraph) the forward is the op ``torch.ops.ptsolve.mamba_chunk_scan_combined``: the
+    eager result, bit for bit."""
+    from ptsolve import ssd
+
+    a = kt.inputs(2, 300, 24, 64, 128, 1, torch.bfloat16, device="cuda", seed=5, D="h", z=True, init=True)
+    pos, kw = _args(a)
+    f = torch.compile(lambda *t: ssd.mamba_chunk_scan_combined(*t, 256, return_final_states=True, **kw),
+                      fullgraph=True)
+    out, fin = f(*pos)
+    eout, efin = ssd.mamba_chunk_scan_combined(*pos, 256, return_final_states=True, **kw)
+    assert torch.equal(out, eout) and torch.equal(fin, efin)
 
 
 def _mamba_combined():

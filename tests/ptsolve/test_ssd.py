@@ -196,3 +196,15 @@ def test_unsupported_features_say_what_to_do():
     with pytest.raises(DeviceError, match="CUDA.*ssd_reference"):
         ssd.mamba_chunk_scan_combined(*pos, 64, **kw)  # CPU tensors: the kernels need a GPU
     assert issubclass(ShapeError, PtsolveError)
+
+
+def test_registered_op_gives_the_shapes():
+    """``torch.ops.ptsolve.mamba_chunk_scan_combined``'s fake implementation (what torch.compile traces with)."""
+    def meta(*shape, dtype=torch.float16):
+        return torch.empty(*shape, device="meta", dtype=dtype)
+
+    out, fin = torch.ops.ptsolve.mamba_chunk_scan_combined(
+        meta(2, 300, 8, 64), meta(2, 300, 8, dtype=torch.float32), meta(8, dtype=torch.float32), meta(2, 300, 2, 128),
+        meta(2, 300, 2, 128), 256, None, meta(2, 300, 8, 64), None, None, None, True, 0.0, math.inf)
+    assert out.shape == (2, 300, 8, 64) and out.dtype == torch.float16
+    assert fin.shape == (2, 8, 64, 128) and fin.dtype == torch.float32
