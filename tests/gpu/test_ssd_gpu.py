@@ -12,7 +12,9 @@ import math
 import os
 
 import pytest
-import ssd_torch as kt  # tests/ptsolve (tests/conftest.py puts it on the path)
+
+pytest.importorskip("torch")  # collected everywhere: ssd_torch needs torch
+import ssd_torch as kt  # noqa: E402  (tests/ptsolve, on the path: tests/conftest.py)
 
 pytestmark = pytest.mark.gpu  # the fixture torch: tests/conftest.py
 _CACHE = os.environ.get("PTSOLVE_CACHE_DIR")  # before conftest gives every test its own

@@ -1,14 +1,13 @@
 """ChunkScan's fused epilogue variants (the D skip and z gate in the store): variant classes that exist only when
 asked, run the plain class's schedule, leave the plain kernels' sources as they were, emit the epilogue's math,
 compile for sm_90a without spills or a serialised wgmma pipeline (nvcc needed; skipped without), check D and z at
-launch; and ``ptsolve.ssd`` hands D and z to a fusing kernel instead of applying them itself. Their results on the
-GPU: tests/gpu/test_ssd_gpu.py."""
+launch; and ``ptsolve.ssd`` hands D and z to a fusing kernel instead of applying them itself (its launches on the
+fake GPU: tests/serve/test_torch_cpu.py). Their results on the GPU: tests/gpu/test_ssd_gpu.py."""
 from __future__ import annotations
 
 import re
 
 import pytest
-from test_torch_cpu import fake_gpu, pt  # noqa: F401  (fixtures: the fake GPU)
 
 from ptsolve import serve
 from ptsolve.errors import PtsolveError, ShapeError
@@ -127,27 +126,3 @@ def test_ssd_hands_d_and_z_to_a_fusing_kernel():
     err = (out - ssd.ssd_reference(*pos, 4, **kw)).abs().max().item()
     assert err < 1e-6, err
 
-
-def test_ssd_launches_the_variant_with_its_pointers(fake_gpu):  # noqa: F811 (the fixture)
-    """On the fake GPU (the launch path without a device, tests/serve/test_torch_cpu.py): ``ptsolve.ssd``'s kernels
-    run ChunkState's class kernel, then ChunkScan's fused variant whose D, z and x-residual arguments are the tensors
-    given (D per (head, p), z as it is), or the plain kernel where neither is given."""
-    torch = pytest.importorskip("torch")
-    import ssd_torch as kt
-
-    from ptsolve import ssd
-
-    a = kt.inputs(2, 300, 4, 64, 128, 2, torch.float16, D="hp", z=True, init=True, seqs=2)
-    pos = [a[k] for k in ("x", "dt", "A", "B", "C")]
-    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
-                    initial_states=a["initial_states"], seq_idx=a["seq_idx"], dt_softplus=True)
-    (ks0, v0), (ks1, v1) = fake_gpu["prepares"]
-    assert ks0.op == "mamba2_chunk_state" and ks1.op == "mamba2_chunk_scan"
-    assert ks1.params["epilogue"] == "Dpz" and ks1.params["d_state"] == 128 and ks1.params["chunk"] == 256
-    assert v1["xres"] == v1["x"] == a["x"].data_ptr()
-    assert v1["D"] == a["D"].data_ptr() and v1["z"] == a["z"].data_ptr()
-    assert v1["B_"] == 2 and v1["SEQ"] == 300 and v1["H"] == 4 and v1["G"] == 2 and v1["NC"] == 2
-    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"][:, 0].contiguous(), dt_bias=a["dt_bias"])
-    assert fake_gpu["prepares"][-1][0].params["epilogue"] == "D"
-    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, dt_bias=a["dt_bias"])
-    assert "epilogue" not in fake_gpu["prepares"][-1][0].params and "d_skip" not in fake_gpu["prepares"][-1][0].source
