@@ -2,7 +2,7 @@
 
 Milliseconds per call, both in one process:
 
-    python -m bench models ssd --out $OUT/ssd_h200.json [--rows 1.3b_b4_s8192,...] [--z] [--nsets 2]
+    python -m bench models ssd --out $OUT/ssd_h200.json [--rows 1.3b_b4_s8192,...] [--z] [--graphs] [--nsets 2]
 
 Per row (a Mamba2 width of shapes.md: head_dim 64, d_state 128, chunk 256, one group; batch and seq, ragged ones
 included) on fresh random inputs as Mamba2 initialises them (A = −uniform(1, 16), dt_bias = softplus⁻¹ of a
@@ -14,11 +14,12 @@ log-uniform dt in [1e-3, 1e-1], dt_softplus, D per head; z only with ``--z``), b
   ``_chunk_scan_fwd`` on mamba_ssm's (CB float32), no D, no z (the paper's kernel);
 - ``chunk_state``: ptsolve's ChunkState kernel vs ``_chunk_state_fwd`` (states in float32).
 
-Timing: ``codegen.harness.time_many`` (interleaved rounds, rotated input sets, median; no CUDA graphs), after a
-warm-up that compiles, loads and autotunes (mamba_ssm's autotuners are reset per row, so each shape is tuned for
-itself). ``max_abs_err``: the largest difference between ptsolve's and mamba_ssm's outputs of the phase (for
-chunk_scan, the same inputs' CB and states in each side's own dtypes). Rows whose x has 2^31 elements or more are
-skipped: mamba_ssm's Triton kernels index it in 32 bits.
+Timing: ``codegen.harness.time_many`` (interleaved rounds, rotated input sets, median; with ``--graphs`` each timed
+block is a CUDA graph replay, so host time per call is left out, otherwise it is in), after a warm-up that compiles,
+loads and autotunes (mamba_ssm's autotuners are reset per row, so each shape is tuned for itself). ``max_abs_err``:
+the largest difference between ptsolve's and mamba_ssm's outputs of the phase (for chunk_scan, the same inputs' CB
+and states in each side's own dtypes). Rows whose x has 2^31 elements or more are skipped: mamba_ssm's Triton
+kernels index it in 32 bits.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def _steps(sets: list[dict[str, Any]], k: Any) -> tuple[dict[str, Any], dict[str
     return scan, state, e_scan, e_state
 
 
-def _row(name: str, nsets: int, z: bool) -> list[dict[str, Any]]:
+def _row(name: str, nsets: int, z: bool, graphs: bool) -> list[dict[str, Any]]:
     """One row's three phases."""
     import torch
 
@@ -120,7 +121,7 @@ def _row(name: str, nsets: int, z: bool) -> list[dict[str, Any]]:
     h = MODELS[m]
     shape = {"batch": b, "seq": L, "heads": h, "head_dim": P, "d_state": N, "chunk": Q}
     base = {"model": f"mamba2-{m}", "name": name, "shape": shape, "baseline": "mamba_ssm", "dtype": "bf16",
-            "z": z}
+            "z": z, "graphs": graphs}
     if b * L * h * P >= 1 << 31:
         return [{**base, "phase": "ssd_combined", "skipped": "x has 2^31 elements or more: past mamba_ssm's int32 "
                  "indexing"}]
@@ -129,11 +130,11 @@ def _row(name: str, nsets: int, z: bool) -> list[dict[str, Any]]:
     _reset_mamba_autotune()
     rows = []
     comb, err = _combined(sets, mamba)
-    rows.append({**base, "phase": "ssd_combined", "max_abs_err": err, **_ms(time_many(comb, nsets))})
+    rows.append({**base, "phase": "ssd_combined", "max_abs_err": err, **_ms(time_many(comb, nsets, graphs=graphs))})
     del comb
     scan, state, e_scan, e_state = _steps(sets, k)
-    rows.append({**base, "phase": "chunk_scan", "max_abs_err": e_scan, **_ms(time_many(scan, nsets))})
-    rows.append({**base, "phase": "chunk_state", "max_abs_err": e_state, **_ms(time_many(state, nsets))})
+    rows.append({**base, "phase": "chunk_scan", "max_abs_err": e_scan, **_ms(time_many(scan, nsets, graphs=graphs))})
+    rows.append({**base, "phase": "chunk_state", "max_abs_err": e_state, **_ms(time_many(state, nsets, graphs=graphs))})
     del scan, state, sets
     torch.cuda.empty_cache()
     return rows
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--rows", default="", help=f"comma-separated row names (default: all: {', '.join(ROWS)})")
     ap.add_argument("--z", action="store_true", help="pass z (the gate fused in ChunkScan's store) to both")
     ap.add_argument("--nsets", type=int, default=2, help="input sets the timing rotates over")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (host time per call left out)")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
     names = [r for r in a.rows.split(",") if r] or list(ROWS)
@@ -163,7 +165,7 @@ def main() -> None:
            "commit": commit, "torch": torch.__version__,
            "command": "python -m bench models ssd " + " ".join(sys.argv[1:]), "rows": []}
     for n in names:
-        res["rows"] += _row(n, a.nsets, a.z)
+        res["rows"] += _row(n, a.nsets, a.z, a.graphs)
         a.out.write_text(json.dumps(res, indent=1))
     for r in res["rows"]:
         if "skipped" in r:

@@ -17,7 +17,7 @@ def _rnd(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 def chunk_state(B: Any, x: Any, dt: Any, dA: Any, low: torch.dtype | None = None) -> torch.Tensor:
     """ChunkState's formula: states[b, c, h, p, n] = Σ_k exp(dA[c, −1] − dA[c, k])·dt[c, k]·x[cQ+k, h, p]·B[cQ+k, g, n]
-    over the chunk's positions inside L; float32 (b, nc, h, p, n). ``low``: x and the scaled B rounded to it."""
+    over the chunk's positions inside L; float32 (b, nc, h, p, n). ``low``: the scaled x and B rounded to it."""
     b, L, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     nc, Q = dt.shape[2], dt.shape[3]
@@ -25,8 +25,8 @@ def chunk_state(B: Any, x: Any, dt: Any, dA: Any, low: torch.dtype | None = None
     xc = F.pad(x, pad).view(b, nc, Q, h, p)
     Bc = F.pad(B, pad).view(b, nc, Q, g, n).repeat_interleave(h // g, dim=3)  # (b, nc, Q, h, n)
     scale = (torch.exp(dA[..., -1:] - dA) * dt).permute(0, 2, 3, 1)  # (b, nc, Q, h)
-    Bs = _rnd(Bc.double() * scale.double()[..., None], low)
-    return torch.einsum("bckhp,bckhn->bchpn", _rnd(xc, low), Bs).float()
+    xs = _rnd(xc.double() * scale.double()[..., None], low)  # the kernel scales x (codegen.cuda.chunk_state)
+    return torch.einsum("bckhp,bckhn->bchpn", xs, _rnd(Bc, low)).float()
 
 
 def chunk_scan(cb: Any, x: Any, dt: Any, dA: Any, C: Any, states: Any, low: torch.dtype | None = None
