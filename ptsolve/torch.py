@@ -37,7 +37,7 @@ import torch
 from .errors import DeviceError, PtsolveError, ShapeError
 
 __all__ = ["flash_attention", "flash_attention_varlen", "flash_attention_kvcache", "gemm", "mamba_chunk_scan",
-           "mamba_chunk_state", "register_transformers", "hf_attention"]
+           "mamba_chunk_scan_combined", "mamba_chunk_state", "register_transformers", "hf_attention"]
 
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -1121,3 +1121,6 @@ def register_transformers(name: str = "ptsolve") -> str:
         from transformers.masking_utils import sdpa_mask
         masks.register(name, sdpa_mask)
     return name
+
+
+from .ssd import mamba_chunk_scan_combined  # noqa: E402  (Mamba2's whole SSD forward, beside its two chunk kernels)
