@@ -188,9 +188,11 @@ def main() -> None:
                 print(row["op"], row["tiling"], row["solver"], row["registers"], row["serialized"], row["why"],
                       flush=True)
     (a.out / "verdicts.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))  # raw
+    opts = "" if a.configs == "dev" and a.seed == 0 and a.tilings == 6 else \
+        f" --configs {a.configs} --seed {a.seed} --tilings {a.tilings}"
     (a.out / "schedules.md").write_text(schedules(rows, f"# Every schedule of `python -m bench compile_verdicts --hw "
-                                                        f"{a.hw}` (CPU, nvcc; {time.strftime('%Y-%m-%d')}, commit "
-                                                        f"{commit})"))
+                                                        f"{a.hw}{opts}` (CPU, nvcc; {time.strftime('%Y-%m-%d')}, "
+                                                        f"commit {commit})"))
     print(f"\n{len(rows)} schedules, {time.time() - t0:.0f} s, hw {a.hw}, commit {commit}\n")
     print(table(rows))
     print("\nThe source check before ptxas (codegen.cuda.wgmma_check):\n")
