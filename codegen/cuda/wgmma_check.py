@@ -324,6 +324,8 @@ class _Interp:
         return states
 
     def branch(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        """The states after an ``if``: each way nvcc keeps, from the states that may take it; where both are kept,
+        what meets at the join (``rejoin``)."""
         c = _eval(n.text, env)
         out: set[State] = set()
         ways: list[tuple[list[_Node], set[State]]] = []
@@ -376,6 +378,8 @@ class _Interp:
                 self.touch_only(b, states, env)
 
     def loop(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        """The states after a ``for``: a short known count iteration by iteration, otherwise a fixpoint of the states
+        at its head (and what an unrolled loop leaves in flight, ``unrolled_exit``)."""
         init, cond = (n.text.split(";") + ["", ""])[:2]
         m = re.match(r"\s*int\s+(\w+)\s*=\s*([^,]+)", init)
         trips = None
