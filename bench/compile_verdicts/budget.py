@@ -5,7 +5,8 @@ search checks it. Prints one JSON row per tiling (estimate, budget, verdict, til
 
     python -m bench compile_verdicts budget [--hw h100]
 
-The evidence behind ``ptsolve.search.REG_SLACK``.
+The evidence for and against pruning such tilings before the compiler (results/compile_verdicts: REG_SLACK,
+tried and reverted).
 """
 from __future__ import annotations
 
@@ -52,8 +53,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hw", default="h100")
     a = ap.parse_args()
-    from ptsolve import search
-    search.REG_SLACK = 1 << 30  # ask the compiler about every such tiling, however far past the budget
     jobs = _over(load(a.hw))
     with ThreadPoolExecutor(2) as ex:
         rows = list(ex.map(lambda j: _verdict(j, a.hw), jobs))
