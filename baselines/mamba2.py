@@ -68,6 +68,15 @@ def load_kernels() -> types.SimpleNamespace:
     )
 
 
+def load_combined() -> Callable[..., Any]:
+    """mamba_ssm's whole SSD forward, ``mamba_chunk_scan_combined`` (``ops/triton/ssd_combined.py``: its optional
+    causal_conv1d import falls back to None), imported as ``load_kernels`` imports the steps."""
+    load_kernels()
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    return mamba_chunk_scan_combined
+
+
 def reset_autotune(kernel: Any) -> None:
     """Forget a Triton autotuner's choices so the next launch tunes for its own shape."""
     cache = getattr(kernel, "cache", None)

@@ -37,7 +37,7 @@ import torch
 from .errors import DeviceError, PtsolveError, ShapeError
 
 __all__ = ["flash_attention", "flash_attention_varlen", "flash_attention_kvcache", "gemm", "mamba_chunk_scan",
-           "mamba_chunk_state", "register_transformers", "hf_attention"]
+           "mamba_chunk_scan_combined", "mamba_chunk_state", "register_transformers", "hf_attention"]
 
 _DT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -170,10 +170,11 @@ def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale)
 
 
-def _fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
-    """A kept launch's key (``_FAST``): the inputs' addresses, shapes, strides, dtypes and the scalars as given."""
-    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-            q.dtype, k.dtype, v.dtype, causal, scale)
+def _fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
+              layout: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+    """A kept launch's key (``_FAST``): the inputs' addresses and their layout (``_move_key``; given where the
+    caller has it)."""
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), *(layout or _move_key(q, k, v, causal, scale)))
 
 
 def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -187,12 +188,13 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         out = _empty_like(q, memory_format=_CF)
         if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             return out
-    ln = _FAST.get(_fast_key(q, k, v, causal, scale))
+    layout = _move_key(q, k, v, causal, scale)
+    ln = _FAST.get(_fast_key(q, k, v, causal, scale, layout))
     if ln is not None:
         out = _empty_like(q, memory_format=_CF)
         ln(_raw_stream(q.get_device()), out.data_ptr())
         return out
-    fam = _MOVE.get(_move_key(q, k, v, causal, scale))
+    fam = _MOVE.get(layout)
     if fam is None:
         return None
     out = _empty_like(q, memory_format=_CF)
@@ -200,7 +202,8 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
 
 def _move_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
-    """A dense call's layout (``_MOVE``): ``_fast_key`` but the addresses, with the device."""
+    """A dense call's layout (``_MOVE``; ``_fast_key`` adds the addresses): shapes, strides, dtypes, devices and the
+    scalars as given."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(),
             k.get_device(), v.get_device(), causal, scale)
 
@@ -213,8 +216,7 @@ def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
 
 def _ready(x: torch.Tensor) -> bool:
     """Can a tensor map describe ``x`` as it is (``_tma_ready``'s condition)?"""
-    st = x.stride()
-    return st[-1] == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s % 8 == 0 for s in st[:-1])
+    return x.data_ptr() % 16 == 0 and _gen().prepared.tma_strides(x.stride())
 
 
 def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
@@ -245,15 +247,18 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     else:
         ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
     ln(_raw_stream(q.get_device()), out.data_ptr())
-    if q2 is q and k2 is k and v2 is v and _fast_put(_fast_key(q, k, v, causal, given), ln) and not dec:
-        _moving(q, k, v, causal, scale, given)
+    if q2 is q and k2 is k and v2 is v:
+        mk = _move_key(q, k, v, causal, given)
+        if _fast_put(_fast_key(q, k, v, causal, given, mk), ln) and not dec:
+            _moving(q, k, v, causal, scale, mk)
     return out
 
 
-def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, given: Any) -> None:
-    """After a dense call prepared a launch: the second layout to arrive at new addresses gets a family that later
-    calls at new addresses re-point (``serve.AttentionFamily``; a model's prefill: new tensors every layer)."""
-    mk = _move_key(q, k, v, causal, given)
+def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            mk: tuple[Any, ...]) -> None:
+    """After a dense call of layout ``mk`` prepared a launch: the second layout to arrive at new addresses gets a
+    family that later calls at new addresses re-point (``serve.AttentionFamily``; a model's prefill: new tensors every
+    layer)."""
     if mk in _MOVE:
         return
     if mk not in _SEEN:
@@ -1182,3 +1187,6 @@ def register_transformers(name: str = "ptsolve") -> str:
         from transformers.masking_utils import sdpa_mask
         masks.register(name, sdpa_mask)
     return name
+
+
+from .ssd import mamba_chunk_scan_combined  # noqa: E402  (Mamba2's whole SSD forward, beside its two chunk kernels)

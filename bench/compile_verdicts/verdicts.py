@@ -5,7 +5,10 @@ greedy, CP-SAT and cpsat-orders (the operator's declared issue order, where it h
 of CP-SAT deterministic time, so reproducibly), compile checks off; each schedule's kernel is emitted and compiled
 with nvcc (cached cubins), and the registers, spills and the wgmma serialisation warning (with ptxas's reason) are
 recorded. Writes ``verdicts.jsonl`` (every schedule with its program: raw, kept out of git) and ``schedules.md`` (one
-line per schedule) into ``--out``; prints the summary table.
+line per schedule) into ``--out``; prints the summary table. ``--configs heldout --seed 1`` schedules the held-out
+configurations instead (the source check's rules were written on the development set alone); ``--rescore FILE``
+re-predicts a recorded ``verdicts.jsonl`` with this commit's source check (nothing compiled), ``--compile-costs N``
+with it times the check, ``nvcc -ptx`` and ``nvcc -cubin`` on N of its attention kernels.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from ptsolve.errors import PtsolveError
 from ptsolve.hw import load
 
 F = ptsolve.ops.flash_attention
+# the development set: the configurations the source check's rules were studied on
 OPS = [F(batch=1, heads=32, kv_heads=8, seq=1536, head_dim=128, causal=True),
        F(batch=4, heads=28, kv_heads=4, seq=3000, head_dim=128, causal=False),
        F(batch=16, heads=16, kv_heads=16, seq=512, head_dim=64, causal=False),
@@ -33,6 +37,17 @@ OPS = [F(batch=1, heads=32, kv_heads=8, seq=1536, head_dim=128, causal=True),
        ptsolve.ops.gemm(M=1000, N=4096, K=4096), ptsolve.ops.gemm(M=64, N=14336, K=4096),
        ptsolve.ops.mamba2_chunk_scan(batch=2, seq=2048, heads=32, head_dim=64, d_state=128, chunk=256, groups=1),
        ptsolve.ops.mamba2_chunk_state(batch=2, seq=2048, heads=32, head_dim=64, d_state=128, chunk=256, groups=1)]
+# the held-out set: other head dims (64/96/128/256), GQA ratios, sequence lengths (ragged ones too), causal or not;
+# never looked at while the rules were written (``--configs heldout --seed 1``)
+HELDOUT = [F(batch=2, heads=16, kv_heads=16, seq=1024, head_dim=128, causal=False),
+           F(batch=1, heads=32, kv_heads=4, seq=4096, head_dim=128, causal=True),
+           F(batch=8, heads=8, kv_heads=2, seq=777, head_dim=64, causal=False),
+           F(batch=1, heads=24, kv_heads=8, seq=2000, head_dim=96, causal=True),
+           F(batch=4, heads=16, kv_heads=16, seq=640, head_dim=256, causal=False),
+           F(batch=3, heads=12, kv_heads=4, seq=1536, head_dim=64, causal=True),
+           ptsolve.ops.gemm(M=2048, N=2048, K=1024),
+           ptsolve.ops.mamba2_chunk_scan(batch=1, seq=1024, heads=16, head_dim=64, d_state=64, chunk=128, groups=1)]
+CONFIGS = {"dev": OPS, "heldout": HELDOUT}
 POLICIES = ("cpsat", "greedy", "cpsat-orders")
 REASON = re.compile(r"due to (.*?) (?:of\s+a wgmma|for the|between)")
 
@@ -54,6 +69,46 @@ def verdict(op: object, tiling: dict, solver: str, hw: str) -> dict | None:
             "stages": {str(ro): [[t.split("@")[0], s] for t, s in order] for ro, order in
                        sorted(r.program.streams(load(hw)).get("loop", {}).items())},
             "program": r.program.to_json()}
+
+
+def rescore(path: Path, hw: str) -> list[dict]:
+    """The rows of a recorded ``verdicts.jsonl`` with ``predicted`` recomputed by this commit's source check (each
+    schedule re-emitted from its program; ptxas's recorded verdict kept), timing the check per kernel."""
+    from ptsolve.program import SProgram
+
+    rows, spent = [json.loads(line) for line in path.read_text().splitlines() if line.strip()], 0.0
+    for r in rows:
+        src = emit(SProgram.from_json(r["program"]), load(hw)).source
+        t0 = time.perf_counter()
+        r["predicted"] = [f"{h.array}: {h.why}" for h in hazards(src)]
+        spent += time.perf_counter() - t0
+    print(f"{len(rows)} schedules re-predicted from {path}: {1000 * spent / max(len(rows), 1):.0f} ms a kernel\n")
+    return rows
+
+
+def compile_costs(path: Path, hw: str, n: int) -> str:
+    """Seconds a kernel for the first ``n`` attention schedules of a recorded ``verdicts.jsonl``: the source check,
+    nvcc's front end alone (``-ptx``: cicc), and the whole compile the search runs (``-cubin``: cicc and ptxas), each
+    compiled afresh (no cache); the median of each."""
+    import statistics
+    import tempfile
+
+    from codegen.runtime import _nvcc
+    from ptsolve.program import SProgram
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if '"flash_attention"' in line][:n]
+    spent: dict[str, list[float]] = {"source check": [], "nvcc -ptx (cicc)": [], "nvcc -cubin (cicc + ptxas)": []}
+    with tempfile.TemporaryDirectory(prefix="verdicts_") as td:
+        for r in rows:
+            ks = emit(SProgram.from_json(r["program"]), load(hw))
+            t0 = time.perf_counter()
+            hazards(ks.source)
+            spent["source check"].append(time.perf_counter() - t0)
+            for key, flag in (("nvcc -ptx (cicc)", "-ptx"), ("nvcc -cubin (cicc + ptxas)", "-cubin")):
+                t0 = time.perf_counter()
+                _nvcc(ks, flag, Path(td) / "k.out")
+                spent[key].append(time.perf_counter() - t0)
+    return "\n".join(f"| {k} | {statistics.median(v):.2f} s |" for k, v in spent.items())
 
 
 def table(rows: list[dict]) -> str:
@@ -103,12 +158,24 @@ def main() -> None:
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--out", type=Path, default=Path("results/compile_verdicts"))
     ap.add_argument("--tilings", type=int, default=6, help="tilings per operator that some policy builds")
+    ap.add_argument("--configs", choices=sorted(CONFIGS), default="dev", help="the configurations to schedule")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of the tilings' sample")
+    ap.add_argument("--rescore", type=Path, help="a verdicts.jsonl to re-predict (the source check at this commit "
+                                                  "against its recorded ptxas verdicts; nothing is compiled)")
+    ap.add_argument("--compile-costs", type=int, default=0, metavar="N",
+                    help="with --rescore: also time the check, nvcc -ptx and nvcc -cubin on N attention kernels")
     a = ap.parse_args()
+    if a.rescore and a.compile_costs:
+        print("| step | seconds a kernel (median) |\n|---|---|\n" + compile_costs(a.rescore, a.hw, a.compile_costs))
+    if a.rescore:
+        rows = rescore(a.rescore, a.hw)
+        print(agreement(rows))
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     # the commit of the code that runs, read before it runs
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-    rng, rows, t0 = random.Random(0), [], time.time()
-    for op in OPS:
+    rng, rows, t0 = random.Random(a.seed), [], time.time()
+    for op in CONFIGS[a.configs]:
         tilings, kept = op.tilings(), 0
         rng.shuffle(tilings)
         for t in tilings:
@@ -121,9 +188,11 @@ def main() -> None:
                 print(row["op"], row["tiling"], row["solver"], row["registers"], row["serialized"], row["why"],
                       flush=True)
     (a.out / "verdicts.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))  # raw
+    opts = "" if a.configs == "dev" and a.seed == 0 and a.tilings == 6 else \
+        f" --configs {a.configs} --seed {a.seed} --tilings {a.tilings}"
     (a.out / "schedules.md").write_text(schedules(rows, f"# Every schedule of `python -m bench compile_verdicts --hw "
-                                                        f"{a.hw}` (CPU, nvcc; {time.strftime('%Y-%m-%d')}, commit "
-                                                        f"{commit})"))
+                                                        f"{a.hw}{opts}` (CPU, nvcc; {time.strftime('%Y-%m-%d')}, "
+                                                        f"commit {commit})"))
     print(f"\n{len(rows)} schedules, {time.time() - t0:.0f} s, hw {a.hw}, commit {commit}\n")
     print(table(rows))
     print("\nThe source check before ptxas (codegen.cuda.wgmma_check):\n")

@@ -1,8 +1,10 @@
 """Models end to end (issue 37): Hugging Face Llama with ``attn_implementation="ptsolve"`` next to SDPA (FLASH and
-cuDNN, and torch's default choice), prefill and decode with transformers' dynamic cache.
+cuDNN, and torch's default choice), prefill and decode with transformers' dynamic cache; Mamba2's whole SSD forward
+(``ptsolve.ssd.mamba_chunk_scan_combined``) and its chunk kernels next to mamba_ssm's.
 
 Results: results/models/h200.json and h200.md. Tools: ``llama`` (GPU: one process, every row's logits compared with
-SDPA's, writing the JSON) and ``report`` (the markdown from the JSON).
+SDPA's, writing the JSON), ``ssd`` (GPU: the SSD rows ssd_combined / chunk_scan / chunk_state next to mamba_ssm, in
+one process, writing their JSON) and ``report`` (the markdown from ``llama``'s JSON).
 """
 from bench._study import dispatch
 

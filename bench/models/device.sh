@@ -2,15 +2,21 @@
 # One device call for the models study (issue 37) and the torch face it rests on: unpack the class cubins, run the
 # GPU tests of ptsolve.torch (the decode and attention families, the kv-cache features), then the host-time tools
 # (decode_host, prefill_host), the prefill profile and the Llama rows, writing everything under $OUT and printing a
-# short table last. Carry the cubin pack: run(..., carry=[".cubin_dev_pack"]).
+# short table last. Carry the cubin pack: run(..., carry=[".cubin_dev_pack"]), and for Mamba2's SSD forward also
+# ".cubin_ssd" and ".whl_mamba" (its tests and its rows next to mamba_ssm).
 # Environment: PACK (default .cubin_dev_pack), TEST_S (the tests' timeout, default 240), ROUNDS (Llama decode
-# segments, default 5), ROWS (Llama rows, default all), SKIP (words among tests, host, profile, llama), COMMIT.
+# segments, default 5), ROWS (Llama rows, default all), SKIP (words among tests, ssd, host, profile, llama), COMMIT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PTSOLVE_EXACT=off
 OUT=${OUT:-/tmp/models_out}
 mkdir -p "$OUT" .cubin_dev
 tar xJf "${PACK:-.cubin_dev_pack}/cache.tar.xz" -C .cubin_dev || { echo "no cubin pack: carry ${PACK:-.cubin_dev_pack}"; exit 2; }
+[ -d .cubin_ssd/cubin ] && cp -n .cubin_ssd/cubin/* .cubin_dev/cubin/  # Mamba2's chunk kernels and their D/z variants
 export PTSOLVE_CACHE_DIR=$PWD/.cubin_dev
+if ls .whl_mamba/*.whl > /dev/null 2>&1; then  # mamba_ssm's Python files (baselines.mamba2 loads its Triton kernels)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_mamba/*.whl > /dev/null 2>&1
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
 S="$OUT/summary.txt"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${COMMIT:-?}"; } > "$S" 2>&1
 skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
@@ -19,6 +25,14 @@ if ! skip tests; then
     tests/gpu/test_torch_decode_gpu.py tests/gpu/test_attention_features_gpu.py > "$OUT/tests.log" 2>&1
   echo "gpu tests: exit $? $(tail -1 "$OUT/tests.log")" >> "$S"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20 >> "$S"
+fi
+if ! skip ssd && [ -d .cubin_ssd ]; then  # Mamba2's SSD forward: its GPU tests, then its rows next to mamba_ssm
+  timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/gpu/test_ssd_gpu.py \
+    > "$OUT/ssd_tests.log" 2>&1
+  echo "ssd tests: exit $? $(tail -1 "$OUT/ssd_tests.log")" >> "$S"
+  grep -E "^(FAILED|ERROR)" "$OUT/ssd_tests.log" | head -20 >> "$S"
+  timeout 300 python3 -m bench models ssd --out "$OUT/ssd_h200.json" > "$OUT/ssd.log" 2>&1
+  echo "ssd bench: exit $?" >> "$S"
 fi
 if ! skip host; then
   timeout 150 python3 -m bench models decode_host --out "$OUT" > "$OUT/decode_host.log" 2>&1
@@ -33,4 +47,5 @@ fi
 cat "$S"
 for f in decode_host prefill_host; do [ -f "$OUT/$f.log" ] && grep "^|" "$OUT/$f.log" | tail -12; done
 [ -f "$OUT/prefill_profile.log" ] && grep "prefill ms" "$OUT/prefill_profile.log"
+[ -f "$OUT/ssd.log" ] && tail -12 "$OUT/ssd.log"
 [ -f "$OUT/llama.log" ] && tail -16 "$OUT/llama.log"

@@ -1,7 +1,7 @@
 """Where a dense attention call's host time goes when its tensors are new (issue 37): a model's prefill makes new
 q/k/v every layer and every forward, so ``ptsolve.torch``'s kept launches (keyed by address) miss and the serving
 layer prepares a launch. Times each stage of that path on one shape (Llama-3-8B's heads, bf16, causal), in µs per
-call, best of 5 rounds.
+call, best of 5 rounds (``bench torch_ops host_overhead``'s ``host_us``).
 
     python -m bench models prefill_host --out DIR [--seq 1024] [--batch 1]
 """
@@ -9,28 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-
-
-def _us(fn: Any, n: int = 200) -> float:
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
 
 
 def main() -> None:
@@ -42,6 +26,7 @@ def main() -> None:
     import torch
 
     import ptsolve.torch as pt
+    from bench.torch_ops.host_overhead import host_us
     from codegen import runtime
     from codegen.cuda.attention import tensor_map
     from ptsolve import serve
@@ -72,16 +57,17 @@ def main() -> None:
     sp = tensor_map("q", c.dtype, D, H, S, B, tuple(q.stride()[:3]), ck.ir.tiling["BM"])
     slot = runtime.MapSlot()
     res = {
-        "flash_attention, kept launch (same tensors)": _us(lambda: pt.flash_attention(q, k, v, causal=True)),
-        "flash_attention, new tensors (prepare)": _us(lambda: pt.flash_attention(*fresh(), causal=True)),
-        "flash_attention, new tensors (the layout's family)": _us(lambda: pt.flash_attention(*fresh(True),
+        "flash_attention, kept launch (same tensors)": host_us(lambda: pt.flash_attention(q, k, v, causal=True)),
+        "flash_attention, new tensors (prepare)": host_us(lambda: pt.flash_attention(*fresh(), causal=True)),
+        "flash_attention, new tensors (the layout's family)": host_us(lambda: pt.flash_attention(*fresh(True),
                                                                                               causal=True)),
-        "serve.attention_launch, new tensors": _us(lambda: sa.attention_launch(*fresh(), c, scale)),
-        "exact.serving": _us(lambda: exact.serving(c, params, None, None)),
-        "_attention_launch (class kernel)": _us(lambda: sa._attention_launch(*fresh(), c, ck, scale, None, None, 0, 0)),
-        "encode_tensor_map (cuda-python)": _us(lambda: runtime.encode_tensor_map(sp, q.data_ptr())),
-        "MapSlot.encode (ctypes, in place)": _us(lambda: slot.encode(sp, q.data_ptr())),
-        "SDPA FLASH (reference)": _us(lambda: torch.nn.functional.scaled_dot_product_attention(
+        "serve.attention_launch, new tensors": host_us(lambda: sa.attention_launch(*fresh(), c, scale)),
+        "exact.serving": host_us(lambda: exact.serving(c, params, None, None)),
+        "_attention_launch (class kernel)": host_us(lambda: sa._attention_launch(*fresh(), c, ck, scale, None, None, 0,
+                                                                                 0)),
+        "encode_tensor_map (cuda-python)": host_us(lambda: runtime.encode_tensor_map(sp, q.data_ptr())),
+        "MapSlot.encode (ctypes, in place)": host_us(lambda: slot.encode(sp, q.data_ptr())),
+        "SDPA FLASH (reference)": host_us(lambda: torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)),
     }
     a.out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,11 @@ warpgroup ``mma_state`` (acc = C·statesᵀ) and ``scale_state`` (acc *= exp(dA[
 ``decay`` reads the swizzled CB tile straight into the wgmma accumulator layout, multiplies it by
 exp2((dA[m] − dA[k])·log2 e)·dt[k] (zero where k > m or k ≥ seq) and packs A fragments; ``mma`` accumulates
 W·x (A from registers, x MN-major). CB is loaded in 64-column boxes whatever BK (the graph counts the box).
+
+A fused epilogue (params ``epilogue``, ``ptsolve.geometry.mamba2.EPILOGUES``) makes a kernel variant whose store
+computes mamba_ssm's (acc + D·x)·silu(z) in float32 before the one rounding: x and z read from global memory in
+the output's own layout (each thread its two rows' column pairs), D float32 per head or per (head, p). Arguments
+``xres``, ``d_skip``, ``zg`` follow the others; without an epilogue the source is the plain kernel's, byte for byte.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
+from ptsolve.geometry.mamba2 import EPILOGUES
 
 from ..kernel_ir import KernelIR, Role
 from ..walk import LAST_READ
@@ -60,9 +66,18 @@ def index_error(p: Mapping[str, Any]) -> str:
     return ""
 
 
+def _epilogue(p: Mapping[str, Any]) -> str:
+    """The fused epilogue asked for ('' none), checked."""
+    ep = p.get("epilogue", "")
+    if ep and ep not in EPILOGUES:
+        raise UnsupportedOperatorError(f"{OP}: epilogue {ep!r} is none of {EPILOGUES}")
+    return ep
+
+
 def _check(ir: KernelIR) -> None:
     p, t = ir.params, ir.tiling
     check_dtype(p)
+    _epilogue(p)
     B, L, H, P, N, Q, G = _dims(p)
     if P != 64:
         raise UnsupportedOperatorError(f"{OP}: the CUDA generator supports head_dim 64, got {P}")
@@ -200,6 +215,8 @@ def _body(t: Task) -> str:
             lines.append(f"  wgmma_rs_n64_{ptx}_t1(acc, {buf}[{kk}], make_desc(sx + {kk * 2048}, BK * 128, 1024));")
         return "\n".join([*lines, "  wg_commit();"])
     assert b == "store", b
+    if _epilogue(ir.params):
+        return _store_fused(dt, _epilogue(ir.params))
     return "\n".join([
         "fence_regs(acc);", "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
         "  const int pos = CQ + m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
@@ -208,6 +225,43 @@ def _body(t: Task) -> str:
         "#pragma unroll", "    for (int j = 0; j < P / 8; ++j)",
         f"      orow[4 * j + (lane & 3)] = {PACK2[dt]}(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);",
         "  }", "}"])
+
+
+def _store_fused(dt: str, ep: str) -> str:
+    """The store with the fused epilogue ``ep``: out = (acc + D·x)·silu(z) per column pair, in float32."""
+    cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
+    h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
+    body = ["      float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];"]
+    if "D" in ep:
+        dv = ("const float2 dd = *reinterpret_cast<const float2*>(d_skip + h * P + 8 * j + 2 * (lane & 3));"
+              if "Dp" in ep else "const float2 dd = make_float2(dh, dh);")
+        body += [f"      {{ const float2 xf = {cvt}(*reinterpret_cast<const {h2}*>(xrow + 4 * j + (lane & 3)));",
+                 f"        {dv}", "        v0 = fmaf(dd.x, xf.x, v0); v1 = fmaf(dd.y, xf.y, v1); }"]
+    if "z" in ep:  # silu(z) = z / (1 + exp(-z)), mamba_ssm's z·sigmoid(z)
+        body += [f"      {{ const float2 zf = {cvt}(*reinterpret_cast<const {h2}*>(zrow + 4 * j + (lane & 3)));",
+                 "        v0 *= zf.x / (1.f + __expf(-zf.x)); v1 *= zf.y / (1.f + __expf(-zf.y)); }"]
+    rows = "    const size_t row_ = ((size_t)(bz * SEQ + pos) * H + h) * P;"
+    return "\n".join([
+        "fence_regs(acc);", *(["const float dh = d_skip[h];  // D of this head"] if ep in ("D", "Dz") else []),
+        "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
+        "  const int pos = CQ + m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
+        "  if (pos < SEQ) {  // the ragged last chunk: positions past seq are not written", rows,
+        "    uint32_t* orow = reinterpret_cast<uint32_t*>(out + row_);",
+        *(["    const uint32_t* xrow = reinterpret_cast<const uint32_t*>(xres + row_);"] if "D" in ep else []),
+        *(["    const uint32_t* zrow = reinterpret_cast<const uint32_t*>(zg + row_);"] if "z" in ep else []),
+        "#pragma unroll", "    for (int j = 0; j < P / 8; ++j) {", *body,
+        f"      orow[4 * j + (lane & 3)] = {PACK2[dt]}(v0, v1);", "    }", "  }", "}"])
+
+
+def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
+    """dA_cumsum's and out's pointers, then a fused epilogue's: x again (D skip), D (float32), z."""
+    ct, ep = CTYPE[ir.params["dtype"]], _epilogue(ir.params)
+    sig = (("ptr:dA", "const float* __restrict__ da_ptr"), ("ptr:out", f"{ct}* __restrict__ out"))
+    if "D" in ep:
+        sig += (("ptr:xres", f"const {ct}* __restrict__ xres"), ("ptr:D", "const float* __restrict__ d_skip"))
+    if "z" in ep:
+        sig += (("ptr:z", f"const {ct}* __restrict__ zg"),)
+    return sig
 
 
 def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
@@ -229,8 +283,7 @@ REGISTRY[OP] = OpKernel(
     op=OP, check=_check,
     device=lambda ir: wgmma_ss(64, ir.params["dtype"]) + wgmma_rs(64, ir.params["dtype"], 1) + BULK,
     consts=_consts, maps=lambda ir: maps(ir.params, ir.tiling),
-    signature=lambda ir: (("ptr:dA", "const float* __restrict__ da_ptr"),
-                          ("ptr:out", f"{CTYPE[ir.params['dtype']]}* __restrict__ out")),
+    signature=_signature,
     tiles=_tiles, decls=_decls, body=_body, min_trips=1, shared_base=True,  # the decay's LDS (skeleton._smem_base)
     info=lambda ir: {"w_buffers": [ir.copies.get(f"w@{g}", 1) for g in range(ir.groups)]},
     sizes=sizes, size_params=SIZE_PARAMS, exact_consts=True)

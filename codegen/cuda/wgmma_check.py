@@ -120,8 +120,31 @@ def _kernel_body(src: str) -> list[_Node]:
 # ---- constants: what nvcc's front end folds -------------------------------------------------------------------
 
 
-_DECL = re.compile(r"^(?:constexpr\s+|const\s+)*(?:int|bool|unsigned|uint32_t|size_t)\s+(\w+)\s*=\s*(.+)$")
+# an integer, or a pointer a ``constexpr`` declaration binds to ``nullptr`` (the varlen arrays of a fixed-shape build:
+# nvcc folds ``p != nullptr`` and every ternary on it)
+_DECL = re.compile(r"^(?:constexpr\s+|const\s+)*(?:int|bool|unsigned|uint32_t|size_t|int\s*\*|const\s+int\s*\*)\s+"
+                   r"(\w+)\s*=\s*(.+)$")
 _ASSIGN = re.compile(r"^(\w+)\s*(?:[-+*/|&]?=(?!=)|\+\+|--)")
+
+
+def _declarators(first: str, rest: str) -> list[tuple[str, str]]:
+    """(name, initialiser) of each declarator of ``T first = rest``, split at the top-level commas."""
+    parts, depth, cur = [], 0, ""
+    for c in rest:
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    out = [(first, parts[0])]
+    for p in parts[1:]:
+        m = re.match(r"\s*(\w+)\s*=\s*(.+)$", p, re.S)
+        if not m:
+            break  # not a declarator list (a comma inside an initialiser nvcc would reject anyway)
+        out.append((m.group(1), m.group(2)))
+    return out
 
 
 def _eval(expr: str, env: dict[str, int]) -> int | None:
@@ -147,6 +170,7 @@ def _eval(expr: str, env: dict[str, int]) -> int | None:
                 depth -= 1
         return None
     py = e.replace("&&", " and ").replace("||", " or ").replace("true", "1").replace("false", "0")
+    py = re.sub(r"\bnullptr\b", "0", py)
     py = re.sub(r"!(?!=)", " not ", py).replace("/", "//")
     names = set(re.findall(r"[A-Za-z_]\w*", py)) - {"and", "or", "not"}
     if any(n not in env for n in names) or re.search(r"[^\w\s+\-*/%<>=!()&|^~]", py):
@@ -281,7 +305,7 @@ class _Interp:
             if not states:
                 return states
             if n.kind != "stmt":
-                for name in self.assigned(n):  # a variable a nested block writes holds the run's value after it
+                for name in self.assigned(n, env):  # a variable a nested block writes holds the run's value after it
                     env.pop(name, None)
             if n.kind == "stmt":
                 self.fold(n.text, env)
@@ -300,15 +324,42 @@ class _Interp:
         return states
 
     def branch(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        """The states after an ``if``: each way nvcc keeps, from the states that may take it; where both are kept,
+        what meets at the join (``rejoin``)."""
         c = _eval(n.text, env)
         out: set[State] = set()
+        ways: list[tuple[list[_Node], set[State]]] = []
         for way, body in ((True, n.body[:1]), (False, n.body[1:])):
             if c is not None and bool(c) != way:
                 continue
             took = {s for s in states if (n.text, not way) not in s[2]}
             took = {(g, o, a | {(n.text, way)}) if c is None else (g, o, a) for g, o, a in took}
-            out |= self.run(body, took, env, conts) if body else took
+            ways.append((body, self.run(body, took, env, conts) if body else took))
+            out |= ways[-1][1]
+        if len(ways) == 2:
+            self.rejoin(n, ways)
         return out
+
+    def rejoin(self, n: _Node, ways: list[tuple[list[_Node], set[State]]]) -> None:
+        """Where an ``if``'s two ways meet: an accumulator still in flight on one way while the other retired it
+        and wrote it with ordinary instructions reaches the join as two values in one register; ptxas serialises
+        (C7515, "defining accumulator registers"). Observed: the guarded prologue of a causal tile (``if (1 < T)``
+        retires and rescales ``o`` while the skipped path leaves the P.V wgmma in flight) serialises with the trip
+        count a runtime value and compiles clean once it is a constant (the join folds away)."""
+        for (body, after), (_, other) in (ways, ways[::-1]):
+            written = {arr for b in body for arr, how in self.writes(b) if how == "def"}
+            for arr in sorted(written):
+                retired = any((arr, "acc") not in frozenset().union(o, *g) for g, o, _ in after)
+                pending = any((arr, "acc") in frozenset().union(o, *g) for g, o, _ in other)
+                if retired and pending:
+                    self.hazards.append(Hazard(f"if ({n.text})"[:120], arr, "defining accumulator registers"))
+                    return
+
+    def writes(self, n: _Node) -> list[tuple[str, str]]:
+        """The register-array accesses of every non-wgmma statement under ``n``."""
+        if n.kind == "stmt":
+            return [] if _WGMMA.search(n.text) or n.text.startswith("wg_") else self.touches(n.text)
+        return [x for b in n.body or () for x in self.writes(b)]
 
     def forget(self, states: set[State], block: list[_Node]) -> set[State]:
         """Leaving a block: the conditions on the names it declared mean nothing past it."""
@@ -327,6 +378,8 @@ class _Interp:
                 self.touch_only(b, states, env)
 
     def loop(self, n: _Node, states: set[State], env: dict[str, int], conts: list[set[State]]) -> set[State]:
+        """The states after a ``for``: a short known count iteration by iteration, otherwise a fixpoint of the states
+        at its head (and what an unrolled loop leaves in flight, ``unrolled_exit``)."""
         init, cond = (n.text.split(";") + ["", ""])[:2]
         m = re.match(r"\s*int\s+(\w+)\s*=\s*([^,]+)", init)
         trips = None
@@ -347,23 +400,50 @@ class _Interp:
             after = self.run(n.body, head, env, conts) | conts.pop()
             out |= after
             if after <= head:
+                self.unrolled_exit(n, env, out)
                 return out
             head |= after
 
-    def assigned(self, n: _Node) -> set[str]:
+    def unrolled_exit(self, n: _Node, env: dict[str, int], out: set[State]) -> None:
+        """A loop the generator unrolled over register copies (``j += 2``) whose trip count nvcc knows, left with an
+        accumulator in flight: ptxas serialises. Observed, not derived: the same kernels compile clean while the
+        count is a runtime value (causal tiles) and serialise once it is a constant (either parity), while
+        step-1 loops with a known count and an accumulator in flight at the exit compile clean (bench study
+        compile_verdicts; tests/codegen/test_wgmma_check.py)."""
+        parts = (n.text.split(";") + ["", "", ""])[:3]
+        step = re.match(r"\s*\w+\s*\+=\s*(\d+)\s*$", parts[2])
+        bound = re.match(r"\s*\w+\s*(?:\+\s*\d+\s*)?<=?\s*(.+)$", parts[1])
+        if not step or int(step.group(1)) < 2 or not bound or _eval(bound.group(1), env) is None:
+            return
+        for g, o, _ in out:
+            live = sorted(a for a, kind in frozenset().union(o, *g) if kind == "acc")
+            if live:
+                self.hazards.append(Hazard(f"for ({n.text})"[:120], live[0], "reading accumulator registers"))
+                return
+
+    def assigned(self, n: _Node, env: dict[str, int]) -> set[str]:
+        """The variables ``n`` may write; an ``if`` whose condition folds writes only in the branch it takes (nvcc
+        drops the other: ``if (CAUSAL) T = ...`` leaves a non-causal build's trip count a constant)."""
         if n.kind == "stmt":
             m = _ASSIGN.match(n.text)
             return {m.group(1)} if m else set()
-        return set().union(*(self.assigned(b) for b in n.body or ()))
+        body = n.body or []
+        if n.kind == "if":
+            c = _eval(n.text, env)
+            body = body if c is None else (body[:1] if c else body[1:])
+        return set().union(*(self.assigned(b, env) for b in body))
 
     def fold(self, text: str, env: dict[str, int]) -> None:
+        """What a statement does to the known constants: a declaration binds each of its declarators (``constexpr
+        int D = 128, BN = 64``: the tile sizes nvcc folds into trip counts), an assignment forgets its target."""
         m = _DECL.match(text)
         if m:
-            v = _eval(m.group(2), env)
-            if v is not None:
-                env[m.group(1)] = v
-            else:
-                env.pop(m.group(1), None)
+            for name, expr in _declarators(m.group(1), m.group(2)):
+                v = _eval(expr, env)
+                if v is not None:
+                    env[name] = v
+                else:
+                    env.pop(name, None)
             return
         m = _ASSIGN.match(text)
         if m:

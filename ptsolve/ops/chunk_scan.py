@@ -2,7 +2,8 @@
   out[m] = Σ_{k≤m} CB[m,k] · exp(dA[m] − dA[k]) · dt[k] · x[k]  +  exp(dA[m]) · (C[m] · states)
 The loop runs over BK-position blocks k ≤ m (causal inside the chunk): load_cb, load_dA, load_dt,
 decay (exp on the CUDA cores and MUFU), load_x, mma. The state contribution C·states is the prologue.
-Its parameters are Mamba2's (ptsolve.ops.mamba2).
+Its parameters are Mamba2's (ptsolve.ops.mamba2), plus an optional ``epilogue`` (``EPILOGUES``): mamba_ssm's D skip
+and z gate fused into the store, out = (out + D·x)·silu(z), which reads x (and z) once more per output tile.
 """
 from __future__ import annotations
 
@@ -10,10 +11,26 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ShapeError
+from ..geometry.mamba2 import EPILOGUES
 from ..hw import Hardware
 from ..ir import Edge, STaskGraph
 from .base import MMA_K, WG_ROWS, OpSpec, TextbookPlan, cdiv, reg, register, smem, task
 from .mamba2 import KEYS, E, validate
+
+
+def _scan_validate(p: dict[str, Any]) -> dict[str, Any]:
+    """Mamba2's parameters (``validate``) and ChunkScan's optional ``epilogue`` (kept only when one is asked)."""
+    ep = p.pop("epilogue", "")
+    if ep and ep not in EPILOGUES:
+        raise ShapeError(f"mamba2_chunk_scan: epilogue={ep!r} must be one of {EPILOGUES} (or absent)")
+    p = validate(p)
+    return p | {"epilogue": ep} if ep else p
+
+
+def _store_bytes(p: dict[str, Any], rows: int) -> int:
+    """The store task's bytes: the output tile, and the x (D skip) and z tiles a fused epilogue reads."""
+    ep = p.get("epilogue", "")
+    return rows * p["head_dim"] * E * (1 + ("D" in ep) + ("z" in ep))
 
 
 def _scan_tilings(p: dict[str, Any]) -> Iterator[dict[str, int]]:
@@ -68,8 +85,8 @@ def _scan_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None
                  reads=("cb", "da", "dt", "dacs"), frees=("cb", "da", "dt"), allocs=(reg("w" + s, rows * BK * E),)),
             task("mma" + s, "mma", tile=(rows, P, BK), flops=2 * rows * BK * P, is_async=True, group=g,
                  reads=("w" + s, "x", "acc" + s), frees=("w" + s, "x")),
-            task("store" + s, "store", phase="post", tile=(rows, P), bytes=rows * P * E, is_async=True, group=g,
-                 reads=("acc" + s,)),
+            task("store" + s, "store", phase="post", tile=(rows, P), bytes=_store_bytes(p, rows), is_async=True,
+                 group=g, reads=("acc" + s,)),
         ]
         edges += [
             Edge("load_c", "mma_state" + s), Edge("load_states", "mma_state" + s),
@@ -99,5 +116,5 @@ def _scan_textbook(params: dict[str, Any], tiling: dict[str, int], overlap: bool
 
 
 register("mamba2_chunk_scan", OpSpec(
-    validate, _scan_tilings, _scan_build, aliases=("chunk_scan",), plan=_scan_textbook,
+    _scan_validate, _scan_tilings, _scan_build, aliases=("chunk_scan",), plan=_scan_textbook,
     out_tile=lambda t: (t["BM"],), from_out_tile=lambda p, o: {"BM": o[0]}, optional={"ctas": 1}))

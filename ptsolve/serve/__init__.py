@@ -35,7 +35,17 @@ from .decode import (DECODE_HEAD_DIMS, DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECO
                      DecodeFamily, decode_bucketed, decode_class, decode_launch, decode_pick, decode_retime,
                      decode_splits, decode_variants)
 from .build import build_table  # noqa: E402
-from .classes import DTYPES, HW, OpClasses, ShapeClass, class_fix, classes, register, representative  # noqa: E402
+from .classes import (  # noqa: E402
+                     DTYPES,
+                     HW,
+                     OpClasses,
+                     ShapeClass,
+                     class_fix,
+                     classes,
+                     register,
+                     representative,
+                     variants,  # noqa: E402
+)
 from .kernels import ClassKernel, compile_class, kernel  # noqa: E402
 from .prepared import current_stream  # noqa: E402
 from .table import TABLE, class_program, load_table, schedule, solve, solvers_installed, table_path  # noqa: E402
@@ -48,4 +58,4 @@ __all__ = ["DECODE_HEAD_DIMS", "DECODE_MAX_SEQ_Q", "DECODE_REPLAY_TRIPS", "DECOD
            "class_fix", "class_program", "classes", "compile_class", "current_stream", "decode_bucketed",
            "decode_class", "decode_launch", "decode_pick", "decode_retime", "decode_splits", "decode_variants",
            "gemm_class", "gemm_launch", "gqa_bucket", "kernel", "load_table", "mamba_class", "mamba_params",
-           "register", "representative", "schedule", "solve", "solvers_installed", "table_path"]
+           "register", "representative", "schedule", "solve", "solvers_installed", "table_path", "variants"]

@@ -132,9 +132,13 @@ class AttentionFamily:
 
 def attention_family(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> AttentionFamily | None:
     """A family for these dense inputs' layout, running the kernel ``attention_launch`` runs for them; None while that
-    choice is not final (the shape's exact-shape schedule is on its way: ``exact``)."""
+    choice is not final (the shape's exact-shape schedule is on its way: ``exact``) or where the kernel does not take
+    q, k and v by tensor map."""
     ln, final = _prepare(q, k, v, c, scale, None, None, 0, 0, False, None, None, 0.0, (-1, -1))
-    return AttentionFamily(ln) if final else None
+    try:
+        return AttentionFamily(ln) if final else None
+    except KeyError:  # a kernel that takes one of q, k, v otherwise than by tensor map: calls keep preparing
+        return None
 
 
 def _prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any, max_q: int, max_k: int,

@@ -13,7 +13,7 @@ from typing import Any
 from codegen.plan import KernelPlan
 from ptsolve.errors import PtsolveError
 
-from .classes import DTYPES, HW, ShapeClass, classes
+from .classes import DTYPES, HW, ShapeClass, classes, variants
 from .kernels import build, compile_class, keep
 from .table import SOLVE_TIME_LIMIT, TABLE, load_table, solve
 
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--time-limit", type=float, default=SOLVE_TIME_LIMIT)
     t.add_argument("--only", default="", help="only the classes whose key contains this text (or one of several, "
                    "comma-separated)")
-    p = sub.add_parser("precompile", help="compile every class's generic kernel into $PTSOLVE_CACHE_DIR")
+    p = sub.add_parser("precompile", help="compile every class's generic kernel (variants included: ChunkScan's "
+                       "fused epilogues) into $PTSOLVE_CACHE_DIR")
     p.add_argument("--only", default="")
     x = sub.add_parser("exact", help="solve one shape exactly and keep the answer (the serving layer's worker)")
     x.add_argument("job", help='JSON: {"class": ShapeClass fields, "params": the shape, "out": the entry\'s path}')
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "table":
         build_table(a.out, a.time_limit, a.only)
     else:
-        for c in classes():
+        for c in classes() + variants():
             if _picked(c.key, a.only):
                 print(c.key, compile_class(c), flush=True)
     return 0

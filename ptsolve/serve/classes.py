@@ -19,7 +19,8 @@ DTYPES = ("fp16", "bf16")
 @dataclass(frozen=True)
 class ShapeClass:
     """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
-    ``causal``, ``gqa``, ``softcap``, ``window`` only attention's; ``d_state``, ``chunk`` only Mamba2's."""
+    ``causal``, ``gqa``, ``softcap``, ``window`` only attention's; ``d_state``, ``chunk`` only Mamba2's;
+    ``epilogue`` only ChunkScan's (a fused D skip / z gate, ``ptsolve.geometry.mamba2.EPILOGUES``)."""
 
     op: str
     dtype: str
@@ -33,13 +34,14 @@ class ShapeClass:
     persistent: int = 0  # split-KV decode on persistent CTAs, one piece per query tile (``decode_variants``)
     softcap: bool = False  # attention's capped scores (the cap's value is a launch argument)
     window: bool = False  # attention's sliding window (its sizes are launch arguments)
+    epilogue: str = ""  # Mamba2 ChunkScan's fused D skip and z gate (a variant: ``OpClasses.derived``)
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
-                      self.groups, self.ctas, self.persistent, self.softcap, self.window))
+                      self.groups, self.ctas, self.persistent, self.softcap, self.window, self.epilogue))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -64,13 +66,18 @@ class OpClasses:
     solved on (long enough that the loop's steady state dominates: the modulo schedule's initiation interval and
     stages do not depend on the trip count); ``classes``: every class of the operator the shipped table holds;
     ``fix``: the tiling keys the class's solve pins (``optimize``'s ``fix``); ``keeps_program``: the table entry
-    keeps the solved SProgram (re-timed per shape at launch, as split-KV decode's pieces are)."""
+    keeps the solved SProgram (re-timed per shape at launch, as split-KV decode's pieces are); ``derived``: for a
+    variant class with no table entry of its own, the class whose schedule it runs and the parameters it adds to that
+    schedule (ChunkScan's fused epilogue: after the loop, it leaves the schedule as it is), None for a table class;
+    ``variants``: every variant class (``precompile`` compiles them, the table holds none)."""
 
     key: Callable[[ShapeClass], str]
     representative: Callable[[ShapeClass], dict[str, Any]]
     classes: Callable[[], list[ShapeClass]]
     fix: Callable[[ShapeClass], dict[str, int] | None] = _no_fix
     keeps_program: bool = False
+    derived: Callable[[ShapeClass], tuple[ShapeClass, dict[str, Any]] | None] = lambda c: None
+    variants: Callable[[], list[ShapeClass]] = list
 
 
 OPS: dict[str, OpClasses] = {}
@@ -98,6 +105,11 @@ def dtype_ok(dtype: str) -> None:
 def classes() -> list[ShapeClass]:
     """Every class the table covers, operator by operator in registration order."""
     return [c for spec in OPS.values() for c in spec.classes()]
+
+
+def variants() -> list[ShapeClass]:
+    """Every variant class (``OpClasses.variants``: no table entry, a table class's schedule), operator by operator."""
+    return [c for spec in OPS.values() for c in spec.variants()]
 
 
 def representative(c: ShapeClass) -> dict[str, Any]:

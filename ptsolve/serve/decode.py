@@ -269,8 +269,8 @@ class DecodeFamily:
     def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:
         """Launch on these inputs (``stream`` a raw handle, ``out`` the output's address); False, launching nothing,
         where their key count is outside the family's bucket or shorter than the queries, or where a tensor map cannot
-        describe them as they are (misaligned, or strides TMA cannot take: ``torch._ready``'s condition; q's strides
-        are the family's key)."""
+        describe them as they are (misaligned, or strides TMA cannot take: ``prepared.tma_strides``; q's strides are
+        the family's key)."""
         from codegen.cuda import decode as cd
 
         skv = k.shape[1]
@@ -281,7 +281,7 @@ class DecodeFamily:
             return False
         ln, strides = self.ln, (k.stride(), v.stride())
         if skv != self.skv or strides != self.strides or self.specs is None:
-            if not all(st[-1] == 1 and all(x > 0 and x % 8 == 0 for x in st[:-1]) for st in strides):
+            if not (prepared.tma_strides(strides[0]) and prepared.tma_strides(strides[1])):
                 return False
             p, t = dict(self.p, seq_kv=skv), self.t
             if self.sz and -(-skv // t["BN"]) == -(-self.skv // t["BN"]):

@@ -1,7 +1,10 @@
 """Mamba2's chunk kernels (ChunkScan, ChunkState) in the serving layer: classes by dtype, head_dim, d_state and chunk
-(batch, seq, heads and ngroups are kernel arguments) and their launchers, in mamba_ssm's layouts."""
+(batch, seq, heads and ngroups are kernel arguments) and their launchers, in mamba_ssm's layouts. ChunkScan's fused
+epilogues (D skip, z gate: ``ptsolve.geometry.mamba2.EPILOGUES``) are variant classes, ``.../q256/Dz``: the plain
+class's schedule with the epilogue added (``OpClasses.derived``), compiled only when asked."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ptsolve.errors import ShapeError
@@ -15,20 +18,42 @@ MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 _TORCH_NAMES = {"mamba2_chunk_scan": "mamba_chunk_scan", "mamba2_chunk_state": "mamba_chunk_state"}  # in errors
 
 
-def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int) -> ShapeClass:
-    """The Mamba2 chunk-kernel class of a shape; ShapeError for sizes the table does not cover."""
+def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int, epilogue: str = "") -> ShapeClass:
+    """The Mamba2 chunk-kernel class of a shape (``epilogue``: ChunkScan's fused one, '' none); ShapeError for sizes
+    the table does not cover."""
+    from ptsolve.geometry.mamba2 import EPILOGUES
+
     dtype_ok(dtype)
+    if epilogue and (op != "mamba2_chunk_scan" or epilogue not in EPILOGUES):
+        raise ShapeError(f"{op}: epilogue={epilogue!r}; ChunkScan fuses one of {EPILOGUES}, ChunkState none")
     for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES),
                         ("chunk", chunk, CHUNKS)):
         if v not in ok:
             raise ShapeError(f"{op}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
-    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk))
+    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk), epilogue=epilogue)
+
+
+def _variants(op: str) -> list[ShapeClass]:
+    """ChunkScan's fused-epilogue classes, one per plain class and epilogue (ChunkState has none)."""
+    from ptsolve.geometry.mamba2 import EPILOGUES
+
+    if op != "mamba2_chunk_scan":
+        return []
+    return [mamba_class(op, d, hd, n, q, e) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES
+            for q in CHUNKS for e in EPILOGUES]
+
+
+def _derived(c: ShapeClass) -> tuple[ShapeClass, dict[str, Any]] | None:
+    """A fused-epilogue class runs its plain class's schedule with the epilogue in its parameters."""
+    return (dataclasses.replace(c, epilogue=""), {"epilogue": c.epilogue}) if c.epilogue else None
 
 
 def _spec(op: str) -> OpClasses:
     # Mamba2-1.3b's heads at batch 4, seq 8k
     return OpClasses(
-        key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}/q{c.chunk}",
+        key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}/q{c.chunk}" + (f"/{c.epilogue}" if c.epilogue
+                                                                                  else ""),
+        derived=_derived, variants=lambda: _variants(op),
         representative=lambda c: {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
                                   "chunk": c.chunk, "groups": 1, "dtype": c.dtype},
         classes=lambda: [mamba_class(op, d, hd, n, q) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES
@@ -72,31 +97,57 @@ def mamba_params(c: ShapeClass, x: Any, BC: Any, dt: Any, dA_cumsum: Any, cb: An
     return params
 
 
-def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass) -> Any:
+def chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, out: Any, c: ShapeClass,
+               D: Any = None, z: Any = None) -> Any:
     """Mamba2 ChunkScan with class ``c``'s generic kernel (mamba_ssm's layouts, see ``mamba_params``): cb, x, C,
     states and ``out`` (b, L, h, p) contiguous in the class's dtype, dt / dA_cumsum contiguous float32, all
-    16-byte aligned (the caller converts and checks). Returns ``out``."""
-    chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c)(prepared.current_stream(x.get_device()), out.data_ptr())
+    16-byte aligned (the caller converts and checks). A fused-epilogue class (``c.epilogue``) also takes D
+    (h,) or (h, p) float32 contiguous and z like x: out = (scan + D·x)·silu(z). Returns ``out``."""
+    ln = chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c, D, z)
+    ln(prepared.current_stream(x.get_device()), out.data_ptr())
     return out
 
 
-def chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass) -> Any:
+def chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass,
+                      D: Any = None, z: Any = None) -> Any:
     """The prepared launch of ``chunk_scan`` for these inputs, kept per (addresses, shapes); call it with the
     stream and the output's address."""
-    ts = (cb, x, dt, dA_cumsum, C, states)
+    ts = (cb, x, dt, dA_cumsum, C, states, *(t for t in (D, z) if t is not None))
     key = ("scan", c, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
     ln = prepared.LAUNCHES.get(key)
-    return ln if ln is not None else prepared.keep(key, _chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c))
+    return ln if ln is not None else prepared.keep(key, _chunk_scan_launch(cb, x, dt, dA_cumsum, C, states, c, D, z))
 
 
-def _chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass) -> Any:
+def _epilogue_args(c: ShapeClass, x: Any, D: Any, z: Any) -> dict[str, int]:
+    """The fused epilogue's pointers (x again, D, z), after checking D and z against the class; ShapeError naming
+    the tensor otherwise."""
+    ep, (_, _, h, p) = c.epilogue, x.shape
+    want = {"D": ((h,) if ep in ("D", "Dz") else (h, p)) if "D" in ep else None, "z": tuple(x.shape) if "z" in ep
+            else None}
+    for name, t, dtype in (("D", D, "float32"), ("z", z, c.dtype)):
+        w = want[name]
+        if (t is None) != (w is None) or (t is not None and (tuple(t.shape) != w or not t.is_contiguous()
+                                                            or _DT_NAMES.get(str(t.dtype)) != dtype)):
+            raise ShapeError(f"mamba_chunk_scan (epilogue {ep!r}): {name} must be " + (
+                f"a contiguous {dtype} tensor of shape {w}" if w else "None") + ", got " + (
+                "None" if t is None else f"{t.dtype} {tuple(t.shape)}"))
+    return {"xres": x.data_ptr() if "D" in ep else 0, "D": D.data_ptr() if "D" in ep else 0,
+            "z": z.data_ptr() if "z" in ep else 0}
+
+
+_DT_NAMES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "float32"}
+
+
+def _chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass,
+                       D: Any = None, z: Any = None) -> Any:
     from codegen.cuda.chunk_scan import maps, sizes
 
     p = mamba_params(c, x, C, dt, dA_cumsum, cb, states)
+    extra = _epilogue_args(c, x, D, z) if c.epilogue or D is not None or z is not None else {}
     ck = kernel(c)
     sz = sizes(p, ck.ir.tiling)
     vals = {"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
-            "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": 0, **sz}
+            "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": 0, **extra, **sz}
     return ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out")
 
 

@@ -46,6 +46,12 @@ def _stream_fn() -> Any:
     return lambda dev: torch.cuda.current_stream(dev).cuda_stream
 
 
+def tma_strides(strides: tuple[int, ...]) -> bool:
+    """Can a tensor map describe a tensor of these element strides (fp16 / bf16: the last dim contiguous, the others
+    positive multiples of 8 elements, 16 bytes)? Its address must also be 16-byte aligned, which the caller checks."""
+    return strides[-1] == 1 and all(s > 0 and s % 8 == 0 for s in strides[:-1])
+
+
 _STREAM: list[Any] = []
 
 

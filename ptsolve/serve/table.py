@@ -88,6 +88,10 @@ def _class_entry(c: ShapeClass, table: dict[str, Any] | None = None) -> dict[str
     entry = t["classes"].get(c.key)
     if entry is not None:
         return entry
+    base = op_classes(c.op).derived(c)
+    if base is not None:  # a variant: its base class's schedule with the parameters it adds
+        e = _class_entry(base[0], table)
+        return {**e, "plan": {**e["plan"], "params": {**e["plan"]["params"], **base[1]}}, "derived_from": base[0].key}
     if c not in _SOLVED:
         if not solvers_installed():
             raise PtsolveError(f"no schedule for shape class {c.key}: it is not in {TABLE.name} and OR-Tools is not "

@@ -1,5 +1,6 @@
 """ptsolve.torch without a GPU (skipped where torch is not installed): the ops' schemas and fake implementations
-(meta tensors: output shapes and dtypes), and the front door's errors for what the kernels cannot take."""
+(meta tensors: output shapes and dtypes), and the front door's errors for what the kernels cannot take; on the fake
+GPU (the launch path, kernels not run), the launches it prepares, and ptsolve.ssd's."""
 from __future__ import annotations
 
 import pytest
@@ -501,3 +502,27 @@ def test_hf_sliding_masks_are_checked_as_sliding(pt):
     lens, n = pt._mask_lengths(static, True, sq, skv, 2, left=W - 1)
     assert n == [9, 6] and lens.tolist() == [9, 6]
     assert pt._mask_lengths(torch.stack([sliding(9), sliding(6, W + 1)])[:, None], True, sq, skv, 2, left=W - 1) is None
+
+
+def test_ssd_launches_the_variant_with_its_pointers(fake_gpu):
+    """On the fake GPU: ``ptsolve.ssd``'s kernels
+    run ChunkState's class kernel, then ChunkScan's fused variant whose D, z and x-residual arguments are the tensors
+    given (D per (head, p), z as it is), or the plain kernel where neither is given."""
+    import ssd_torch as kt
+
+    from ptsolve import ssd
+
+    a = kt.inputs(2, 300, 4, 64, 128, 2, torch.float16, D="hp", z=True, init=True, seqs=2)
+    pos = [a[k] for k in ("x", "dt", "A", "B", "C")]
+    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
+                    initial_states=a["initial_states"], seq_idx=a["seq_idx"], dt_softplus=True)
+    (ks0, v0), (ks1, v1) = fake_gpu["prepares"]
+    assert ks0.op == "mamba2_chunk_state" and ks1.op == "mamba2_chunk_scan"
+    assert ks1.params["epilogue"] == "Dpz" and ks1.params["d_state"] == 128 and ks1.params["chunk"] == 256
+    assert v1["xres"] == v1["x"] == a["x"].data_ptr()
+    assert v1["D"] == a["D"].data_ptr() and v1["z"] == a["z"].data_ptr()
+    assert v1["B_"] == 2 and v1["SEQ"] == 300 and v1["H"] == 4 and v1["G"] == 2 and v1["NC"] == 2
+    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"][:, 0].contiguous(), dt_bias=a["dt_bias"])
+    assert fake_gpu["prepares"][-1][0].params["epilogue"] == "D"
+    ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, dt_bias=a["dt_bias"])
+    assert "epilogue" not in fake_gpu["prepares"][-1][0].params and "d_skip" not in fake_gpu["prepares"][-1][0].source

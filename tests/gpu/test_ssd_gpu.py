@@ -1,0 +1,204 @@
+"""``ptsolve.ssd.mamba_chunk_scan_combined`` on an H100/H200 (``pytest -m gpu tests/gpu/test_ssd_gpu.py``): the
+whole SSD forward against the float64 reference (``ssd_reference``), with the error no larger than twice the same
+computation's in PyTorch at the input precision (``ssd_forward`` with ssd_torch's kernels rounding their wgmma
+operands to the input dtype) plus a floor of 1e-4 of the largest value; and against mamba_ssm's own
+``mamba_chunk_scan_combined`` where it imports (``baselines.mamba2.load_combined``). Mamba2-130m…1.3b widths
+(head_dim 64, d_state 128, chunk 256, heads 24–64), batch 1–4, ragged lengths, fp16 and bf16, with and without D,
+z, initial states, seq_idx. The output's memory is NaN-filled before each call, so a position the kernels do not
+write fails."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+pytest.importorskip("torch")  # collected everywhere: ssd_torch needs torch
+import ssd_torch as kt  # noqa: E402  (tests/ptsolve, on the path: tests/conftest.py)
+
+pytestmark = pytest.mark.gpu  # the fixture torch: tests/conftest.py
+_CACHE = os.environ.get("PTSOLVE_CACHE_DIR")  # before conftest gives every test its own
+
+
+@pytest.fixture(autouse=True)
+def _carried_cubins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Use the cubins compiled on the CPU machine and carried along (PTSOLVE_CACHE_DIR=.cubin_ssd)."""
+    if _CACHE:
+        monkeypatch.setenv("PTSOLVE_CACHE_DIR", _CACHE)
+
+
+FLOOR = 1e-4  # the rounding floor, relative to the reference's largest magnitude
+
+
+def _poison(torch, shape, dtype) -> None:
+    """Fill and free a block of the output's size, so the caching allocator hands it out NaN-filled."""
+    x = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del x
+
+
+def _args(a: dict) -> tuple[list, dict]:
+    return ([a[k] for k in ("x", "dt", "A", "B", "C")],
+            {k: a[k] for k in ("D", "z", "dt_bias", "initial_states", "seq_idx", "dt_softplus") if k in a})
+
+
+def _errs(torch, got, low, ref) -> tuple[float, float]:
+    e = (got.float() - ref).abs().max().item()
+    return e, (low.float() - ref).abs().max().item()
+
+
+def _check(torch, case, chunk=256, n=128, g=1):
+    """Run one case; return (out's error, the low-precision PyTorch forward's error, final states' errors)."""
+    from ptsolve import ssd
+
+    h, b, L, dt, D, z, init, seqs = case
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    a = kt.inputs(b, L, h, 64, n, g, dtype, device="cuda", seed=L + h, D=D, z=z, init=init, seqs=seqs)
+    pos, kw = _args(a)
+    _poison(torch, (b, L, h, 64), dtype)
+    out, fin = ssd.mamba_chunk_scan_combined(*pos, chunk, return_final_states=True, **kw)
+    assert out.shape == (b, L, h, 64) and out.dtype == dtype
+    assert fin.shape == (b, h, 64, n) and fin.dtype == torch.float32
+    ref, rfin = ssd.ssd_reference(*pos, chunk, return_final_states=True, **kw)
+    low_kernels = ssd.Kernels(lambda *t: kt.chunk_state(*t, low=dtype), lambda *t: kt.chunk_scan(*t, low=dtype))
+    low, lfin = ssd.ssd_forward(*pos, chunk, low_kernels, **kw)
+    assert not torch.isnan(out).any(), "NaN in the output (a position not written?)"
+    return (*_errs(torch, out, low, ref), *_errs(torch, fin, lfin, rfin), ref.abs().max().item(),
+            rfin.abs().max().item())
+
+
+CASES = [  # heads, batch, seq, dtype, D, z, initial states, packed sequences
+    (24, 1, 777, "fp16", "", False, False, 0),    # Mamba2-130m, ragged
+    (32, 2, 1000, "bf16", "h", True, False, 0),   # 370m
+    (48, 3, 513, "fp16", "hp", True, True, 0),    # 780m: one position in the last chunk
+    (64, 4, 1100, "bf16", "h", False, True, 3),   # 1.3b with seq_idx
+    (64, 1, 2047, "fp16", "hp", True, True, 5),
+    (24, 2, 512, "bf16", "", False, True, 2),     # whole chunks
+    (32, 1, 1, "fp16", "h", True, True, 0),       # one position
+    (48, 2, 17, "bf16", "hp", False, False, 2),
+    (32, 2, 600, "fp16", "", True, False, 0),     # the z gate alone
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_combined_against_the_reference(torch, case):
+    err, lerr, ferr, flerr, scale, fscale = _check(torch, case)
+    floor, ffloor = FLOOR * scale, FLOOR * fscale
+    assert err <= 2 * lerr + floor, f"out: max err {err:.3g} > 2 * {lerr:.3g} + {floor:.2g}"
+    assert ferr <= 2 * flerr + ffloor, f"final states: max err {ferr:.3g} > 2 * {flerr:.3g} + {ffloor:.2g}"
+
+
+@pytest.mark.parametrize("chunk, n", [(64, 64), (128, 128), (64, 128), (256, 64)])
+def test_other_chunk_and_state_sizes(torch, chunk, n):
+    err, lerr, ferr, flerr, scale, fscale = _check(torch, (8, 2, 300, "fp16", "h", True, True, 2), chunk=chunk, n=n,
+                                                   g=2)
+    assert err <= 2 * lerr + FLOOR * scale and ferr <= 2 * flerr + FLOOR * fscale, (err, lerr, ferr, flerr)
+
+
+def test_strided_inputs_as_a_mamba2_layer_splits_them(torch):
+    """x, B, C as views of one projection (Mamba2's xBC split), dt a view too: the same result as contiguous."""
+    from ptsolve import ssd
+
+    b, L, h, n = 2, 300, 24, 128
+    xbc = torch.randn(b, L, h * 64 + 2 * n, device="cuda", dtype=torch.float16)
+    x = xbc[..., : h * 64].view(b, L, h, 64)
+    B, C = xbc[..., h * 64: h * 64 + n].view(b, L, 1, n), xbc[..., h * 64 + n:].view(b, L, 1, n)
+    dt = torch.randn(b, L, h + 3, device="cuda")[..., :h]
+    A = -torch.rand(h, device="cuda") - 1
+    got = ssd.mamba_chunk_scan_combined(x, dt, A, B, C, 256, dt_softplus=True)
+    want = ssd.mamba_chunk_scan_combined(x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), 256,
+                                         dt_softplus=True)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dt", ["fp16", "bf16"])
+@pytest.mark.parametrize("ep", ["D", "Dp", "z", "Dz", "Dpz"])
+def test_fused_epilogue_against_the_unfused_one(torch, ep, dt):
+    """ChunkScan's variant with D and z in its store vs the plain kernel followed by the same epilogue in PyTorch,
+    both against the formula in float64 (ssd_torch.chunk_scan + skip_gate): the fused error at most the unfused one's
+    (it rounds once, not twice) plus the floor. A variant that drops, doubles or misplaces D or z fails."""
+    from ptsolve import ssd
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    b, L, h = 2, 700, 24
+    a = kt.inputs(b, L, h, 64, 128, 1, dtype, device="cuda", seed=11, z="z" in ep,
+                  D="hp" if "Dp" in ep else "h" if "D" in ep else "")
+    x, B, C, D, z = a["x"], a["B"], a["C"], a.get("D"), a.get("z")
+    dtc, dA = ssd.chunk_cumsum(a["dt"], a["A"], 256, a["dt_bias"], True)
+    cb = ssd.chunk_bmm(C, B, 256)
+    st = (torch.randn(b, dtc.shape[2], h, 64, 128, device="cuda") * 0.1).to(dtype)
+    _poison(torch, x.shape, dtype)
+    fused = ssd._chunk_scan_cuda(cb, x, dtc, dA, C, st, D, z)
+    plain = ssd.skip_gate(ssd._chunk_scan_cuda(cb, x, dtc, dA, C, st), x, D, z)
+    ref = ssd.skip_gate(kt.chunk_scan(cb, x.double(), dtc, dA, C, st), x.double(), D, z)
+    assert not torch.isnan(fused).any()
+    err, perr = _errs(torch, fused, plain, ref.float())
+    assert err <= 1.25 * perr + FLOOR * ref.abs().max().item(), f"fused {err:.3g}, unfused {perr:.3g}"
+
+
+def test_torch_compile_runs_the_registered_op(torch):
+    """Under torch.compile (fullgraph) the forward is the op ``torch.ops.ptsolve.mamba_chunk_scan_combined``: the
+    eager result, bit for bit."""
+    from ptsolve import ssd
+
+    a = kt.inputs(2, 300, 24, 64, 128, 1, torch.bfloat16, device="cuda", seed=5, D="h", z=True, init=True)
+    pos, kw = _args(a)
+    f = torch.compile(lambda *t: ssd.mamba_chunk_scan_combined(*t, 256, return_final_states=True, **kw),
+                      fullgraph=True)
+    out, fin = f(*pos)
+    eout, efin = ssd.mamba_chunk_scan_combined(*pos, 256, return_final_states=True, **kw)
+    assert torch.equal(out, eout) and torch.equal(fin, efin)
+
+
+def test_cuda_graph_capture_replays_new_inputs(torch):
+    """The forward captured in a CUDA graph (no host sync in it; the kernels' launches prepared during the capture)
+    and replayed on new inputs copied into the captured ones gives the eager result of those inputs."""
+    from ptsolve import ssd
+
+    mk = [kt.inputs(2, 400, 32, 64, 128, 1, torch.float16, device="cuda", seed=s, D="h", z=True, init=True,
+                    seqs=2) for s in (1, 2)]
+    pos, kw = _args(mk[0])
+    for _ in range(2):  # warm: classes, kernels, prepared launches of the eager addresses
+        ssd.mamba_chunk_scan_combined(*pos, 256, return_final_states=True, **kw)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, fin = ssd.mamba_chunk_scan_combined(*pos, 256, return_final_states=True, **kw)
+    for k, v in mk[1].items():
+        if isinstance(v, torch.Tensor):
+            mk[0][k].copy_(v)
+    g.replay()
+    torch.cuda.synchronize()
+    pos2, kw2 = _args(mk[1])
+    eout, efin = ssd.mamba_chunk_scan_combined(*pos2, 256, return_final_states=True, **kw2)
+    # cuBLAS may pick another CB algorithm under capture: equal up to rounding, and far from the first inputs' result
+    for got, want in ((out, eout), (fin, efin)):
+        assert (got.float() - want.float()).abs().max() <= 1e-3 * want.float().abs().max()
+
+
+def _mamba_combined():
+    try:
+        from baselines.mamba2 import load_combined
+        return load_combined()
+    except ImportError as e:
+        pytest.skip(f"mamba_ssm is not importable ({e}); baselines/build_mamba_wheel.sh builds it")
+
+
+@pytest.mark.parametrize("case", CASES[:6], ids=lambda c: "-".join(map(str, c)))
+def test_against_mamba_ssm(torch, case):
+    """mamba_ssm's own mamba_chunk_scan_combined on the same inputs: both near the reference, ptsolve's error at
+    most twice Triton's plus the floor; the final states likewise."""
+    from ptsolve import ssd
+
+    combined = _mamba_combined()
+    h, b, L, dt, D, z, init, seqs = case
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
+    a = kt.inputs(b, L, h, 64, 128, 1, dtype, device="cuda", seed=L + h, D=D, z=z, init=init, seqs=seqs)
+    pos, kw = _args(a)
+    out, fin = ssd.mamba_chunk_scan_combined(*pos, 256, return_final_states=True, **kw)
+    tout, tfin = combined(*pos, 256, return_final_states=True, **kw)
+    ref, rfin = ssd.ssd_reference(*pos, 256, return_final_states=True, **kw)
+    err, terr = _errs(torch, out, tout, ref)
+    assert err <= 2 * terr + FLOOR * ref.abs().max().item(), f"out: ptsolve {err:.3g}, mamba_ssm {terr:.3g}"
+    ferr, tferr = _errs(torch, fin, tfin, rfin)
+    assert ferr <= 2 * tferr + FLOOR * rfin.abs().max().item(), f"final: ptsolve {ferr:.3g}, mamba_ssm {tferr:.3g}"
+    assert math.isfinite(err)
