@@ -10,8 +10,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PTSOLVE_EXACT=off
 OUT=${OUT:-/tmp/models_out}
 mkdir -p "$OUT" .cubin_dev
-tar xJf "${PACK:-.cubin_dev_pack}/cache.tar.xz" -C .cubin_dev || { echo "no cubin pack: carry ${PACK:-.cubin_dev_pack}"; exit 2; }
-[ -d .cubin_ssd/cubin ] && cp -n .cubin_ssd/cubin/* .cubin_dev/cubin/  # Mamba2's chunk kernels and their D/z variants
+tar xJf "${PACK:-.cubin_dev_pack}/cache.tar.xz" -C . || { echo "no cubin pack: carry ${PACK:-.cubin_dev_pack}"; exit 2; }
+[ -d .cubin_ssd/cubin ] && cp --update=none .cubin_ssd/cubin/* .cubin_dev/cubin/  # Mamba2's chunk kernels and their D/z variants
 export PTSOLVE_CACHE_DIR=$PWD/.cubin_dev
 if ls .whl_mamba/*.whl > /dev/null 2>&1; then  # mamba_ssm's Python files (baselines.mamba2 loads its Triton kernels)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_mamba/*.whl > /dev/null 2>&1
