@@ -1,4 +1,4 @@
-"""The markdown of a ``llama`` run: one table, the issue's bars, what the JSON says and nothing else.
+"""The markdown of a ``llama`` (or ``ssd``) run: one table, the issue's bars, what the JSON says and nothing else.
 
     python -m bench models report results/models/h200.json --out results/models/h200.md
 """
@@ -15,9 +15,49 @@ def _geo(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+SSD_PHASES = ("ssd_combined", "chunk_scan", "chunk_state")
+
+
+def render_ssd(res: dict[str, Any]) -> str:
+    """The report of one ``ssd`` run's JSON: a row per shape, mamba_ssm / ptsolve per phase, and the issue's bars."""
+    rows = [r for r in res["rows"] if "skipped" not in r]
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    by = {(r["name"], r["phase"]): r for r in rows}
+    out = [f"# Mamba2's SSD forward through ptsolve, next to mamba_ssm ({res['device']})", "",
+           f"`{res['command']}`, commit {res['commit']}, {res['date']}, torch {res['torch']}. Times in ms; ratio "
+           "mamba_ssm / ptsolve (above 1: ptsolve faster).", "",
+           "| row | " + " | ".join(f"{ph} ptsolve | mamba_ssm | ratio" for ph in SSD_PHASES) + " |",
+           "|---|" + "---|---|---|" * len(SSD_PHASES)]
+    for n in names:
+        cells = []
+        for ph in SSD_PHASES:
+            r = by.get((n, ph))
+            cells += ([f"{r['ptsolve_ms']:.3f}", f"{r['baseline_ms']:.3f}", f"{r['baseline_ms'] / r['ptsolve_ms']:.2f}"]
+                      if r else ["—"] * 3)
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    ratio = {ph: [by[n, ph]["baseline_ms"] / by[n, ph]["ptsolve_ms"] for n in names if (n, ph) in by]
+             for ph in SSD_PHASES}
+    out += ["", "## Issue 37's bars (Mamba2)", ""]
+    for ph, bar in (("chunk_scan", 1.5), ("chunk_state", 1.5)):
+        if ratio[ph]:
+            ok = "met" if min(ratio[ph]) >= bar else "not met"
+            out.append(f"- {ph} ≥ {bar}× the Triton kernel on every shape: {ok}"
+                       f" (min {min(ratio[ph]):.2f}, geomean {_geo(ratio[ph]):.2f})")
+    if ratio["ssd_combined"]:
+        c = ratio["ssd_combined"]
+        ok = "met" if _geo(c) >= 1.3 and min(c) >= 1 else "not met"
+        out.append(f"- whole SSD forward ≥ 1.3× geomean, none below 1.0: {ok} "
+                   f"(geomean {_geo(c):.2f}, min {min(c):.2f})")
+    skipped = [r for r in res["rows"] if "skipped" in r]
+    out += [f"- {r['name']}: skipped ({r['skipped']})" for r in skipped]
+    return "\n".join(out) + "\n"
+
+
 def render(res: dict[str, Any]) -> str:
-    """The report of one run's JSON (``llama``'s)."""
+    """The report of one run's JSON (``llama``'s, or ``ssd``'s: ``render_ssd``)."""
     rows = res["rows"]
+    if rows and rows[0].get("phase") in SSD_PHASES:
+        return render_ssd(res)
     out = [f"# Hugging Face Llama through ptsolve, next to SDPA ({res['device']})", "",
            f"`{res['command']}`, commit {res['commit']}, {res['date']}, torch {res['torch']}, transformers "
            f"{res['transformers']}. Times in ms (prefill: a call; decode: a step of the whole model, eager, "
