@@ -73,3 +73,15 @@ def test_fa_interface_report_names_wrong_cases_and_fa4s_bar():
     assert "| softcap | not run | not run | ok, 100 µs, FA4/ptsolve 0.80 |" in md
     assert "1 of 2; not: seqused/d96" in md and "0 of 1 at >= 0.9" in md
     assert "- seqused: refused: NotImplementedError" in md
+
+
+def test_paged_report_judges_every_row():
+    """bench torch_decode paged's report: the bar (paged ≥ 0.9× unpaged) is judged on the worst row, not the mean."""
+    from bench.torch_decode.paged import report
+    res = {"device": "H200", "date": "d", "torch": "t", "commit": "c",
+           "rows": {"a": {"us": {"unpaged": 10.0, "paged": 10.0}, "max_diff": 0.0},
+                    "b": {"us": {"unpaged": 10.0, "paged": 9.0}, "max_diff": 0.0}}}
+    assert "met (min 1.000" in report(res)
+    res["rows"]["c"] = {"us": {"unpaged": 8.0, "paged": 10.0}, "max_diff": 0.0}
+    assert "not met (min 0.800" in report(res)
+    assert "| c | 8.0 | 10.0 | 0.800 |" in report(res)
