@@ -2,7 +2,9 @@
 # One device call for the models study (issue 37) and the torch face it rests on: unpack the class cubins, run the
 # GPU tests of ptsolve.torch (the decode and attention families, the kv-cache features), then the host-time tools
 # (decode_host, prefill_host), the prefill profile and the Llama rows, writing everything under $OUT and printing a
-# short table last. Carry the cubin pack: run(..., carry=[".cubin_dev_pack"]), and for Mamba2's SSD forward also
+# short table last. Make the cubin pack on the CPU machine (`PTSOLVE_CACHE_DIR=$PWD/.cubin_dev python -m ptsolve.serve
+# precompile --pack .cubin_dev_pack/cache.tar.xz`: every class kernel and variant) and carry it: run(...,
+# carry=[".cubin_dev_pack"]), and for Mamba2's SSD forward also
 # ".cubin_ssd" and ".whl_mamba" (its tests and its rows next to mamba_ssm).
 # Environment: PACK (default .cubin_dev_pack), TEST_S (the tests' timeout, default 240), ROUNDS (Llama decode
 # segments, default 5), ROWS (Llama rows, default all), SKIP (words among tests, ssd, host, profile, llama), COMMIT.

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("precompile", help="compile every class's generic kernel (variants included: ChunkScan's "
                        "fused epilogues) into $PTSOLVE_CACHE_DIR")
     p.add_argument("--only", default="")
+    p.add_argument("--pack", type=Path, default=None, help="also write these cubins (and their ptxas reports) to a "
+                   "tar.xz whose entries are .cubin_dev/cubin/<key>.*: what a GPU machine without nvcc's time unpacks "
+                   "at its checkout's root and uses with PTSOLVE_CACHE_DIR=$PWD/.cubin_dev")
     x = sub.add_parser("exact", help="solve one shape exactly and keep the answer (the serving layer's worker)")
     x.add_argument("job", help='JSON: {"class": ShapeClass fields, "params": the shape, "out": the entry\'s path}')
     a = ap.parse_args(argv)
@@ -93,8 +96,29 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "table":
         build_table(a.out, a.time_limit, a.only)
     else:
-        for c in classes() + variants():
-            if _picked(c.key, a.only):
-                print(c.key, compile_class(c), flush=True)
+        picked = [c for c in classes() + variants() if _picked(c.key, a.only)]
+        for c in picked:
+            print(c.key, compile_class(c), flush=True)
+        if a.pack:
+            n, size = pack(picked, a.pack)
+            print(f"{n} cubins packed into {a.pack} ({size / 1e6:.1f} MB)")
     return 0
+
+
+def pack(picked: list[ShapeClass], to: Path) -> tuple[int, int]:
+    """Write the compiled generic kernels of ``picked`` (cubin and ptxas report, from $PTSOLVE_CACHE_DIR) into the
+    tar.xz ``to`` as .cubin_dev/cubin/<key>.{cubin,json}; (cubins, bytes written)."""
+    import tarfile
+
+    from codegen.runtime import _key, cache_dir
+
+    from .kernels import kernel
+    keys = sorted({_key(kernel(c).ks) for c in picked})
+    src = cache_dir()  # .../cubin
+    to.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(to, "w:xz", preset=6) as tf:
+        for k in keys:
+            for ext in (".cubin", ".json"):
+                tf.add(src / f"{k}{ext}", arcname=f".cubin_dev/cubin/{k}{ext}")
+    return len(keys), to.stat().st_size
 

@@ -613,3 +613,27 @@ def test_class_fix_pins_what_each_generic_kernel_assumes():
         else:
             assert f is None
     assert {"gemm", "flash_decode", "flash_attention"} <= seen
+
+
+def test_precompile_pack_holds_each_class_kernel_once(tmp_path, monkeypatch):
+    """``python -m ptsolve.serve precompile --pack``: the tar.xz holds the picked classes' cubins and ptxas reports
+    under .cubin_dev/cubin/ (the path a GPU checkout unpacks at its root), each key once, and nothing else."""
+    import tarfile
+    from types import SimpleNamespace
+
+    import codegen.runtime as rt
+    from ptsolve.serve import build, kernels
+
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "cubin").mkdir(parents=True)
+    for k in ("aa", "bb", "cc"):
+        for ext in (".cubin", ".json"):
+            (tmp_path / "cache" / "cubin" / f"{k}{ext}").write_text(k)
+    keys = {"c1": "aa", "c2": "bb", "c3": "aa"}  # two classes sharing one kernel; cc belongs to none
+    monkeypatch.setattr(kernels, "kernel", lambda c: SimpleNamespace(ks=c))
+    monkeypatch.setattr(rt, "_key", lambda ks: keys[ks])
+    n, size = build.pack(["c1", "c2", "c3"], tmp_path / "p" / "cache.tar.xz")
+    with tarfile.open(tmp_path / "p" / "cache.tar.xz") as tf:
+        names = sorted(tf.getnames())
+    assert n == 2 and size > 0
+    assert names == [f".cubin_dev/cubin/{k}{e}" for k in ("aa", "bb") for e in (".cubin", ".json")]
