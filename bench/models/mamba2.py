@@ -17,7 +17,10 @@ own count). Rows, per model:
 
 Each row: ``ptsolve_ms``, ``baseline_ms`` (``baseline``: mamba_ssm), tokens per second (batch·seq / ms for prefill,
 batch / ms for decode) and ``max_abs_err``: the largest difference between the two implementations' logits (prefill:
-the last position; decode: every step). Host time is included (eager: what a caller waits for).
+the last position; decode: every step). Host time is included (eager: what a caller waits for). With ``--graphs``
+the decode rows also give ``ptsolve_graph_ms`` / ``baseline_graph_ms``: one greedy step (the argmax feeding the next
+token on the device) captured in a CUDA graph per implementation and replayed, host time left out (``graph_error``
+says why where a capture fails).
 """
 from __future__ import annotations
 
@@ -123,6 +126,46 @@ def _decode(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: 
     return {k: statistics.median(v["ms"]) for k, v in run.items()}, err
 
 
+def _graph_step(model: Any, be: Any, ids: Any) -> Any:
+    """A CUDA graph of one greedy decode step of ``model`` on backend ``be`` after a prefill of ``ids`` (its own
+    cache; the step's argmax feeds the next replay's token, so replays decode on the device alone)."""
+    import torch
+    from transformers import DynamicCache
+
+    import ptsolve.mamba2_model as pm
+
+    pm.patch(model, be)
+    cache = DynamicCache(config=model.config)
+    tok = model(ids, cache_params=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (allocator pools, Triton's first launch)
+        for _ in range(2):
+            tok.copy_(model(tok, cache_params=cache, use_cache=True).logits[:, -1:].argmax(-1))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tok.copy_(model(tok, cache_params=cache, use_cache=True).logits[:, -1:].argmax(-1))
+    return graph
+
+
+def _graphs(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: int) -> dict[str, Any]:
+    """Median ms per decode step replayed from CUDA graphs (host time left out: the GPU's time per step), turns
+    taken segment by segment; {"graph_error": why} where a capture fails."""
+    try:
+        graphs = {k: _graph_step(model, be, ids) for k, be in backends.items()}
+    except Exception as e:  # noqa: BLE001 - the eager rows stand without it; say why it is missing
+        return {"graph_error": f"{type(e).__name__}: {str(e)[:300]}"}
+    ms: dict[str, list[float]] = {k: [] for k in graphs}
+    for r in range(rounds + 1):
+        for k, g in graphs.items():
+            t, _ = _timed(lambda g=g: [g.replay() for _ in range(steps)])
+            if r:
+                ms[k].append(t / steps)
+    return {"ptsolve_graph_ms": round(statistics.median(ms["ptsolve"]), 4),
+            "baseline_graph_ms": round(statistics.median(ms["mamba_ssm"]), 4)}
+
+
 def _row(model: Any, name: str, backends: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
     """One row (the issue's format, tokens per second added)."""
     import torch
@@ -133,12 +176,14 @@ def _row(model: Any, name: str, backends: dict[str, Any], a: argparse.Namespace)
     g = torch.Generator(device="cuda").manual_seed(b * 100003 + s)
     ids = torch.randint(0, model.config.vocab_size, (b, s), device="cuda", generator=g)
     _reset_mamba_autotune()
+    extra: dict[str, Any] = {}
     if phase == "prefill":
         ms, err = _prefill(model, backends, ids, a.reps)
         toks = b * s
     else:
         ms, err = _decode(model, backends, ids, a.steps, a.rounds)
         toks = b
+        extra = _graphs(model, backends, ids, a.steps, a.rounds) if a.graphs else {}
     d, layers = MODELS[m]
     shape = {"batch": b, "seq": s, "d_model": d, "heads": 2 * d // 64, "head_dim": 64, "d_state": 128, "chunk": 256,
              "groups": 1, "layers": model.config.num_hidden_layers, "model_layers": layers}
@@ -147,7 +192,7 @@ def _row(model: Any, name: str, backends: dict[str, Any], a: argparse.Namespace)
     return {"model": f"mamba2-{m}", "phase": phase, "name": name, "shape": shape, "dtype": "bf16",
             "ptsolve_ms": round(ms["ptsolve"], 4), "baseline_ms": round(ms["mamba_ssm"], 4), "baseline": "mamba_ssm",
             "ptsolve_tok_s": round(toks / ms["ptsolve"] * 1e3, 1),
-            "baseline_tok_s": round(toks / ms["mamba_ssm"] * 1e3, 1), "max_abs_err": err}
+            "baseline_tok_s": round(toks / ms["mamba_ssm"] * 1e3, 1), "max_abs_err": err, **extra}
 
 
 def main() -> None:
@@ -158,6 +203,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed prefill calls per implementation")
     ap.add_argument("--steps", type=int, default=16, help="decode steps per segment")
     ap.add_argument("--rounds", type=int, default=3, help="decode segments per implementation")
+    ap.add_argument("--graphs", action="store_true", help="decode rows also replayed from CUDA graphs (GPU time)")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
     names = [r for r in a.rows.split(",") if r] or list(ROWS)
