@@ -85,7 +85,8 @@ def _dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_li
     clamped to ``dt_limit`` (skipped where the clamp cannot change a softplus output: (≤ 0, inf))."""
     d = dt.float()
     if dt_bias is not None:
-        d = d + dt_bias.float()
+        d = d + dt_bias  # promoted to float32 inside the add: no separate conversion launch per step
+        d = d if d.dtype == torch.float32 else d.float()  # a float64 bias: the step still computes in float32
     if dt_softplus:
         d = F.softplus(d, threshold=_SOFTPLUS_LINEAR)
     lo, hi = float(dt_limit[0]), float(dt_limit[1])

@@ -61,6 +61,19 @@ def test_recurrent_step_is_the_recurrence(case):
     assert (state.double() - want_h).abs().max().item() <= tol * max(1.0, want_h.abs().max().item())
 
 
+def test_recurrent_step_takes_any_float_parameters():
+    """float64 A, dt_bias and D (a float64 model's parameters) with float32 activations: the step stays float32."""
+    a = kt.inputs(2, 1, 4, 2, 3, 2, torch.float32, D="h", init=True, seed=3)
+    p64 = {k: a[k].double() for k in ("A", "dt_bias", "D")}
+    s1, s2 = a["initial_states"].clone(), a["initial_states"].clone()
+    args = (a["x"][:, 0], a["dt"][:, 0])
+    y1 = pm.recurrent_step(s1, *args, p64["A"], a["B"][:, 0], a["C"][:, 0], D=p64["D"], dt_bias=p64["dt_bias"],
+                           dt_softplus=True)
+    y2 = pm.recurrent_step(s2, *args, a["A"], a["B"][:, 0], a["C"][:, 0], D=a["D"], dt_bias=a["dt_bias"],
+                           dt_softplus=True)
+    assert y1.dtype == torch.float32 and (y1 - y2).abs().max().item() < 1e-5 and (s1 - s2).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("over, match", [
     ({"x": torch.zeros(2, 4, 3)}, "x must be"),
     ({"dt": torch.zeros(2, 5)}, "dt must be"),
