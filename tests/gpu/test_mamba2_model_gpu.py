@@ -18,6 +18,7 @@ the chunked scan.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 from types import SimpleNamespace
 
@@ -25,12 +26,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu  # the fixture torch: tests/conftest.py
 _CACHE = os.environ.get("PTSOLVE_CACHE_DIR")  # before conftest gives every test its own
-try:  # at collection, before a test loads mamba_ssm's bare package (baselines.mamba2.load_kernels): transformers'
-    # kernel lookup then finds no importable mamba_ssm, and the reference runs transformers' PyTorch SSD
-    import transformers.models.mamba2.modeling_mamba2  # noqa: F401
-except Exception:  # noqa: BLE001 - no torch / transformers here: the fixtures skip
-    pass
-
 LAYERS, STEPS, MORE = 4, 8, 300
 FLOOR = 1e-3  # of the largest reference logit
 
@@ -40,6 +35,21 @@ def _carried_cubins(monkeypatch: pytest.MonkeyPatch) -> None:
     """Use the cubins compiled on the CPU machine and carried along (PTSOLVE_CACHE_DIR=.cubin_ssd)."""
     if _CACHE:
         monkeypatch.setenv("PTSOLVE_CACHE_DIR", _CACHE)
+
+
+@pytest.fixture(autouse=True)
+def _transformers_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' Mamba2 on its PyTorch functions, whatever it found at import: where ``import mamba_ssm`` works
+    (or ran after baselines.mamba2 registered its bare package), its kernel lookup picks mamba_ssm's Triton kernels
+    for the unpatched model; this test's reference is transformers' own code, so each of those module functions is
+    replaced, for the test's duration, by the PyTorch function it wraps (``inspect.unwrap``)."""
+    try:
+        from transformers.models.mamba2 import modeling_mamba2 as mm
+    except Exception:  # noqa: BLE001 - no torch / transformers here: the fixtures skip
+        return
+    for name in ("mamba2_chunk_scan", "mamba2_selective_state_update", "causal_conv1d_fn", "causal_conv1d_update"):
+        if hasattr(mm, name):
+            monkeypatch.setattr(mm, name, inspect.unwrap(getattr(mm, name)))
 
 
 class Counted:
