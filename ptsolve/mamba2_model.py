@@ -277,10 +277,21 @@ def patch(model: Any, backend: Backend = PTSOLVE) -> Any:
                              f"n_groups={geo.groups}")
         if backend.check is not None:
             backend.check(geo)
+    fwd = _with_hooks(_mixer_forward)
     for m in mixers:
         m._ptsolve_backend = backend
-        m.forward = types.MethodType(_mixer_forward, m)
+        m.forward = types.MethodType(fwd, m)
     return model
+
+
+def _with_hooks(fwd: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fwd`` under transformers' ``force_accelerate_hooks("conv1d")``, as its mixer's forward is: the conv's
+    weights are read directly, so an offloaded model's accelerate hook must bring them in first."""
+    try:
+        from transformers.integrations.accelerate import force_accelerate_hooks
+    except ImportError:  # an older layout: no such hooks to fire
+        return fwd
+    return force_accelerate_hooks("conv1d")(fwd)
 
 
 def unpatch(model: Any) -> Any:
