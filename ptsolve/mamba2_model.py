@@ -96,7 +96,8 @@ def _dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_li
 
 
 def _check_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None) -> None:
+                C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None
+                ) -> None:
     """ShapeError naming the argument whose shape does not fit state (b, h, p, n)."""
     if state.dim() != 4 or B.dim() != 3:
         raise ShapeError(f"recurrent_step: state must be (batch, nheads, headdim, dstate) and B (batch, ngroups, "
@@ -106,7 +107,7 @@ def _check_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     if g < 1 or h % g:
         raise ShapeError(f"recurrent_step: nheads={h} must be a multiple of ngroups={g} (B's dim 1)")
     want = {"x": (x, (b, h, p)), "dt": (dt, (b, h)), "A": (A, (h,)), "B": (B, (b, g, n)), "C": (C, (b, g, n)),
-            "z": (z, (b, h, p))}
+            "z": (z, (b, h, p)), "dt_bias": (dt_bias, (h,))}
     for name, (t, shape) in want.items():
         if t is not None and tuple(t.shape) != shape:
             raise ShapeError(f"recurrent_step: {name} must be {shape} (state {tuple(state.shape)}), got "
@@ -128,14 +129,14 @@ def recurrent_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     dt (b, h); A, dt_bias (h,); B, C (b, g, n), head j reading group j // (h/g); D (h,) or (h, p). Returns y
     (b, h, p) in x's dtype. PyTorch ops in float32: the outer product and the C contraction as batched matmuls over
     (batch, group), every head of a group in one matrix, so no B or C is repeated per head."""
-    _check_step(state, x, dt, A, B, C, D, z)
+    _check_step(state, x, dt, A, B, C, D, z, dt_bias)
     b, h, p, n = state.shape
     g = B.shape[1]
     d = _dt(dt, dt_bias, dt_softplus, dt_limit)  # (b, h)
     work = state if state.dtype == torch.float32 and state.is_contiguous() else state.float().contiguous()
     work.mul_(torch.exp(d * A.float())[..., None, None])
     s = work.view(b * g, (h // g) * p, n)  # a group's heads stacked: one B row and one C column serve them all
-    dx = x * d[..., None]  # (b, h, p) float32 (type promotion)
+    dx = (x * d[..., None]).float()  # (b, h, p) float32 (type promotion; a float64 x converted)
     s.baddbmm_(dx.reshape(b * g, -1, 1), B.float().reshape(b * g, 1, n))
     y = torch.bmm(s, C.float().reshape(b * g, n, 1)).view(b, h, p)
     if work is not state:

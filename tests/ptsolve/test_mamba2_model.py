@@ -82,6 +82,7 @@ def test_recurrent_step_takes_any_float_parameters():
     ({"B": torch.zeros(2, 3, 5), "C": torch.zeros(2, 3, 5)}, "multiple of ngroups=3"),
     ({"D": torch.zeros(4, 3)}, "D must be"),
     ({"z": torch.zeros(2, 4)}, "z must be"),
+    ({"dt_bias": torch.zeros(2)}, "dt_bias must be"),
 ])
 def test_recurrent_step_names_the_bad_argument(over, match):
     a = {"state": torch.zeros(2, 4, 2, 5), "x": torch.zeros(2, 4, 2), "dt": torch.zeros(2, 4), "A": torch.zeros(4),
