@@ -33,7 +33,7 @@ STUDIES: dict[str, str] = {
     "gemm_space": "The GEMM schedule space on 45 shapes timed next to cuBLAS (prepare, precompile, run, report)",
     "gpu_tests": "One device call validating main: every GPU test, compute-sanitizer, the profiler",
     "mi300x": "Correctness and timing of the HIP kernels on an AMD MI300X (never run: no AMD GPU)",
-    "models": "Models end to end: Hugging Face Llama through ptsolve next to SDPA, prefill and dynamic-cache decode",
+    "models": "Models end to end: Hugging Face Llama next to SDPA, Mamba2 (SSD, whole models) next to mamba_ssm",
     "mutation": "Mutation testing of ptsolve's core modules (mutmut) and issue 10's listed mutations",
     "orders_ab": "The FA3 order as a schedule the exact solver returns, next to the hand plan",
     "peers": "ptsolve.torch next to FlashAttention-4, SDPA cuDNN / FLASH and cuBLAS (prepare, run, report)",
