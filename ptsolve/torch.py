@@ -835,7 +835,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     window. Either runs the class's prefill kernel built with it, at any seq_q; a decode step (at most 16 query
     positions, head_dim 64 or 128) with a softcap and no window runs the split-KV decode kernel's softcap variant."""
     if softcap or tuple(window_size) != (-1, -1):
-        if not (_compiling() or return_lse) and tuple(window_size) == (-1, -1):
+        if not (_compiling() or return_lse) and tuple(window_size) == (-1, -1) and isinstance(softcap, (int, float)):
             out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap)  # a softcap decode step, kept
             if out is not None:
                 return out
@@ -952,6 +952,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
     divides the kernel's key block or that it divides); decode steps with or without a softcap only (the split-KV
     decode kernel, each key block loaded from its pages)."""
+    softcap = softcap or 0.0
+    if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first
+        _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))
     if page_table is not None:
         asked = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad), ("k", k),
                                    ("v", v), ("rotary_cos", rotary_cos), ("cu_seqlens_q", cu_seqlens_q),

@@ -588,5 +588,8 @@ def test_softcap_decode_steps_run_the_split_kv_kernel(pt, fake_gpu, monkeypatch,
     pt.flash_attention_kvcache(q1, pages, pages, lens, causal=True, softmax_scale=scale, softcap=50.0,
                                page_table=table)
     assert last()["page_table"] == table.data_ptr()
-    with pytest.raises(ShapeError, match="softcap=-1.0"):
-        pt.flash_attention_kvcache(q1, k, k, lens, softcap=-1.0)
+    for bad in (-1.0, "50", [50.0]):  # named, not hashed into a key first
+        with pytest.raises(ShapeError, match=f"softcap={bad!r}".replace("[", r"\[").replace("]", r"\]")):
+            pt.flash_attention_kvcache(q1, k, k, lens, softcap=bad)
+        with pytest.raises(ShapeError, match="softcap="):
+            pt.flash_attention(q1, k, k, softcap=bad)
