@@ -16,9 +16,9 @@ What runs is ``ptsolve.torch``: head_dim 64, 96, 128, 192 or 256, fp16 or bf16, 
 GQA / MQA, ``softcap``, ``window_size`` (sliding window, with or without causal), varlen's ``seqused_q`` /
 ``seqused_k``; ``flash_attn_with_kvcache`` also appends ``k`` / ``v`` (with rotary) and takes ``cache_batch_idx``,
 ``cache_leftpad``, ``return_softmax_lse`` and varlen queries and new keys (``cu_seqlens_q`` with ``max_seqlen_q``,
-``cu_seqlens_k_new``), and a paged cache (``page_table``, pages of 8–256 keys: plain decode steps only). Plain
-decode steps of at most 16 positions at head_dim 64 / 128, paged or not, run the split-KV decode kernel; the rest the
-varlen kernel over the cache (``ptsolve.torch.flash_attention_kvcache``).
+``cu_seqlens_k_new``), and a paged cache (``page_table``, pages of 8–256 keys: decode steps only). Decode steps of
+at most 16 positions at head_dim 64 / 128, paged or not, plain or with a softcap (Gemma-2's), run the split-KV decode
+kernel; the rest the varlen kernel over the cache (``ptsolve.torch.flash_attention_kvcache``).
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ flash-attn's) and ``flash_attention_kvcache`` (decode against a preallocated cac
 FlashAttention forward: softmax scale ``softmax_scale`` (default 1/sqrt(D)), causal masks
 bottom-right aligned for any seq_q and seq_kv (a query row that sees no key is zeros, as FlashAttention returns),
 GQA / MQA (heads a multiple of kv_heads), head_dim 64, 96, 128, 192 or 256. Dense attention of at most 16 query
-positions (decode, speculative verification) with head_dim 64 or 128 runs the split-KV decode kernel: a query
+positions (decode, speculative verification) with head_dim 64 or 128, with or without a softcap, runs the split-KV
+decode kernel: a query
 tile packs the GQA group's heads with the
 positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
 a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``ptsolve.serve``: the shipped
@@ -119,13 +120,14 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
 # the registered ops, whose fake kernels give the output's shape.
 
 _LIB = torch.library.Library("ptsolve", "DEF")
-_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> Tensor")
+_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, float softcap=0.0) "
+            "-> Tensor")
 _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
 _LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, bool causal, "
-            "float softmax_scale) -> Tensor")
+            "float softmax_scale, float softcap=0.0) -> Tensor")
 _LIB.define("flash_attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor page_table, "
-            "bool causal, float softmax_scale) -> Tensor")
+            "bool causal, float softmax_scale, float softcap=0.0) -> Tensor")
 _LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> (Tensor, Tensor)")
 _LIB.define("flash_attention_varlen_lse(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)")
@@ -155,40 +157,41 @@ def _decodes(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
         and q.shape[-1] in _gen().DECODE_HEAD_DIMS
 
 
-def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Any:
-    key = ("fd", q.dtype, q.shape[-1], causal, q.shape[-2], k.shape[-2], q.shape[1])
+def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool, softcap: float = 0.0) -> Any:
+    """The split-KV decode class of these shapes (its softcap variant where ``softcap`` > 0)."""
+    key = ("fd", q.dtype, q.shape[-1], causal, q.shape[-2], k.shape[-2], q.shape[1], softcap > 0)
     c = _CLASSES.get(key)
     if c is None:
         c = _CLASSES[key] = _gen().decode_class(_DT[q.dtype], q.shape[-1], causal, q.shape[-2], k.shape[-2],
-                                                q.shape[1])
+                                                q.shape[1], softcap=softcap > 0)
     return c
 
 
 def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          softmax_scale: float) -> torch.Tensor:
-    out = _flash_attention_warm(q, k, v, causal, softmax_scale)
-    return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale)
+                          softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
+    out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap)
+    return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale, softcap)
 
 
 def _fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
-              layout: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
+              layout: tuple[Any, ...] | None = None, softcap: Any = 0.0) -> tuple[Any, ...]:
     """A kept launch's key (``_FAST``): the inputs' addresses and their layout (``_move_key``; given where the
     caller has it)."""
-    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), *(layout or _move_key(q, k, v, causal, scale)))
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), *(layout or _move_key(q, k, v, causal, scale, softcap)))
 
 
 def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          scale: Any) -> torch.Tensor | None:
+                          scale: Any, softcap: Any = 0.0) -> torch.Tensor | None:
     """The output of a call that needs no preparing, else None: a decode step of a growing cache whose family is
     kept (``_GROW``: its launch re-targeted to the new keys; looked up first, since a decode step's inputs are new
     every step), or inputs whose launch is kept (``_FAST``). ``scale`` as the caller gave it (the keys hold the
-    user's argument)."""
-    fam = _GROW.get(_grow_key(q, k, v, causal, scale))
+    user's argument); ``softcap`` likewise (only a decode step has one here)."""
+    fam = _GROW.get(_grow_key(q, k, v, causal, scale, softcap))
     if fam is not None and k.shape == v.shape:  # the family checks the tensors are TMA-ready
         out = _empty_like(q, memory_format=_CF)
         if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             return out
-    layout = _move_key(q, k, v, causal, scale)
+    layout = _move_key(q, k, v, causal, scale, softcap)
     ln = _FAST.get(_fast_key(q, k, v, causal, scale, layout))
     if ln is not None:
         out = _empty_like(q, memory_format=_CF)
@@ -201,17 +204,19 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     return out if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()) else None
 
 
-def _move_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
+def _move_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
+              softcap: Any = 0.0) -> tuple[Any, ...]:
     """A dense call's layout (``_MOVE``; ``_fast_key`` adds the addresses): shapes, strides, dtypes, devices and the
     scalars as given."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(),
-            k.get_device(), v.get_device(), causal, scale)
+            k.get_device(), v.get_device(), causal, scale, softcap)
 
 
-def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any) -> tuple[Any, ...]:
+def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
+              softcap: Any = 0.0) -> tuple[Any, ...]:
     """A decode family's key: the inputs but the keys' count, addresses and strides (``serve.DecodeFamily``)."""
     return (q.shape, q.stride(), k.shape[0], k.shape[2:], q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-            v.get_device(), causal, scale)
+            v.get_device(), causal, scale, softcap)
 
 
 def _ready(x: torch.Tensor) -> bool:
@@ -220,10 +225,10 @@ def _ready(x: torch.Tensor) -> bool:
 
 
 def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                          given: Any) -> torch.Tensor:
+                          given: Any, softcap: float = 0.0) -> torch.Tensor:
     """A call whose launch is not kept yet: prepare it, launch it, keep it (``_FAST``, or a decode step's family,
     ``_GROW``) where the inputs went to the kernel as they are (no copy); ``given``: the scale as the caller gave
-    it (the keys')."""
+    it (the keys'); ``softcap`` (> 0, validated): a decode step's, run by the split-KV kernel's softcap variant."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
@@ -231,24 +236,27 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         return out.zero_()  # no key at all: every row is zeros
     q2, k2, v2 = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     dec = _decodes(q, k, causal)
+    if softcap and not dec:  # flash_attention sends a softcap here only for a decode step
+        raise PtsolveError(f"softcap={softcap} reached the dense path with q {tuple(q.shape)}, k {tuple(k.shape)}: "
+                           "only a decode step runs it there; call ptsolve.torch.flash_attention")
     if dec and q2 is q and k2 is k and v2 is v:
         # a decode step: its launch becomes a family's that later steps of a growing cache re-target (a new launch
         # per step cost 125-247 us of host time, more than the kernel at short caches: bench study torch_decode)
         if len(_GROW) >= 4096:
             _GROW.clear()
-        fam = _GROW[_grow_key(q, k, v, causal, given)] = _gen().DecodeFamily(q, k, v, _decode_class(q, k, causal),
-                                                                               scale)
+        fam = _GROW[_grow_key(q, k, v, causal, given, softcap)] = _gen().DecodeFamily(
+            q, k, v, _decode_class(q, k, causal, softcap), scale, softcap)
         if not fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             raise PtsolveError(f"a decode family refused the call that made it: q {tuple(q.shape)}, k "
                                f"{tuple(k.shape)}")
         return out
     if dec:
-        ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal), scale)
+        ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal, softcap), scale, softcap=softcap)
     else:
         ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v:
-        mk = _move_key(q, k, v, causal, given)
+        mk = _move_key(q, k, v, causal, given, softcap)
         if _fast_put(_fast_key(q, k, v, causal, given, mk), ln) and not dec:
             _moving(q, k, v, causal, scale, mk)
     return out
@@ -354,11 +362,11 @@ def _features(name: str, seq_q: int, seq_kv: int, causal: bool, softcap: Any, wi
 
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
-                 scale: float | None) -> tuple[Any, ...]:
+                 scale: float | None, softcap: Any = 0.0) -> tuple[Any, ...]:
     """The kept launch's key: the cache's and the lengths' addresses, not q's (a decode loop makes a new q every step;
     the launch's q map is re-pointed per call, ``runtime.Launch.repoint``)."""
     return ("kvc", k.data_ptr(), v.data_ptr(), lens.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
-            v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale)
+            v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale, softcap)
 
 
 def _kvcache_warm(q: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
@@ -374,16 +382,18 @@ def _kvcache_warm(q: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
 
 
 def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
-    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
+                                  cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float,
+                                  softcap: float = 0.0) -> torch.Tensor:
+    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap)
     out = _kvcache_warm(q, key)
-    return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key)
+    return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key,
+                                                     softcap=softcap)
 
 
 def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool, scale: float,
-                  key: tuple[Any, ...], table: torch.Tensor | None = None) -> torch.Tensor:
+                  key: tuple[Any, ...], table: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """As ``_flash_attention_cold``, for the decode kernel reading the sequences' lengths from ``lens`` (and a paged
-    cache's pages from ``table``)."""
+    cache's pages from ``table``); ``softcap`` (> 0, validated): its softcap variant."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
@@ -392,7 +402,8 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
     q2, k2, v2, l2 = _tma_ready(q), _tma_ready(k), _tma_ready(v), lens.contiguous()
     t2 = None if table is None else table.contiguous()
     kd = k if table is None else k[:1].expand(q.shape[0], *k.shape[1:])  # the class sees one cache per sequence
-    ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, kd, causal), scale, l2, page_table=t2)
+    ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, kd, causal, softcap), scale, l2, page_table=t2,
+                              softcap=softcap)
     ln.repoint("q", q2.data_ptr())  # kept launches are re-pointed per call: this one may point at another q now
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v and l2 is lens and t2 is table:
@@ -402,22 +413,23 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
 
 def _flash_attention_paged_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool,
-                                softmax_scale: float) -> torch.Tensor:
-    key = (*_kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale), page_table.data_ptr(),
+                                softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
+    key = (*_kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap), page_table.data_ptr(),
            page_table.shape, page_table.stride())
     out = _kvcache_warm(q, key)
     return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key,
-                                                     page_table)
+                                                     page_table, softcap)
 
 
 def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor | int,
-                   causal: bool, softmax_scale: float | None, table: torch.Tensor, asked: dict[str, Any]
-                   ) -> torch.Tensor:
-    """``flash_attention_kvcache`` on a paged cache (see there): the split-KV decode kernel, each key block loaded
-    from its page. ``asked``: the other arguments that ask for something, refused with a paged cache."""
+                   causal: bool, softmax_scale: float | None, table: torch.Tensor, asked: dict[str, Any],
+                   softcap: Any = 0.0) -> torch.Tensor:
+    """``flash_attention_kvcache`` on a paged cache (see there): the split-KV decode kernel (its softcap variant
+    where ``softcap`` > 0), each key block loaded from its page. ``asked``: the other arguments that ask for
+    something, refused with a paged cache."""
     if asked:
         raise NotImplementedError(f"flash_attention_kvcache: page_table with {', '.join(sorted(asked))} is not "
-                                  "supported by ptsolve yet (a paged cache runs plain decode steps)")
+                                  "supported by ptsolve yet (a paged cache runs decode steps, a softcap allowed)")
     B = q.shape[0]
     if q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
         raise NotImplementedError(f"flash_attention_kvcache: page_table with q {tuple(q.shape)}; a paged cache runs "
@@ -432,9 +444,10 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     scale = _check_attention(q, k_cache[:1].expand(B, *k_cache.shape[1:]), v_cache[:1].expand(B, *v_cache.shape[1:]),
                              4, causal, softmax_scale)
     _per_sequence("cache_seqlens", lens, B, q.device)
+    sc = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))[0]
     if _compiling():
-        return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale)
-    return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale)
+        return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale, sc)
+    return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale, sc)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -721,7 +734,8 @@ _LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
 
 
 @torch.library.register_fake("ptsolve::flash_attention", lib=_LIB)
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
+      softcap: float = 0.0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
@@ -733,13 +747,13 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Ten
 
 @torch.library.register_fake("ptsolve::flash_attention_kvcache", lib=_LIB)
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
-      softmax_scale: float) -> torch.Tensor:
+      softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_paged", lib=_LIB)
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-      page_table: torch.Tensor, causal: bool, softmax_scale: float) -> torch.Tensor:
+      page_table: torch.Tensor, causal: bool, softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
@@ -818,16 +832,27 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     any seq_q (the split-KV decode and exact-shape kernels do not write it). ``softcap`` > 0: scores become
     softcap · tanh(q·k · scale / softcap) (Gemma-2's); ``window_size`` (left, right): query i sees keys
     i + Skv − Sq − left .. i + Skv − Sq + right (-1 unbounded; causal sets right to 0), FlashAttention's sliding
-    window. Either runs the class's prefill kernel built with it, at any seq_q."""
+    window. Either runs the class's prefill kernel built with it, at any seq_q; a decode step (at most 16 query
+    positions, head_dim 64 or 128) with a softcap and no window runs the split-KV decode kernel's softcap variant."""
     if softcap or tuple(window_size) != (-1, -1):
+        if not (_compiling() or return_lse) and tuple(window_size) == (-1, -1) and isinstance(softcap, (int, float)):
+            out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap)  # a softcap decode step, kept
+            if out is not None:
+                return out
         causal = bool(causal)
         scale = _check_attention(q, k, v, 4, causal, softmax_scale)
         feat = _features("flash_attention", q.shape[1], k.shape[1], causal, softcap, window_size)
-        if not feat[0] and q.shape[1] == 1 and k.shape[1]:
-            # one query with a window sees keys skv - 1 - left .. skv - 1: plain attention over that view, whose
-            # dense kernels (split-KV for a decode step: a sliding-window model's decode on a long cache) need no mask
+        windowed = tuple(window_size) != (-1, -1)
+        if windowed and q.shape[1] == 1 and k.shape[1]:
+            # one query with a window sees keys skv - 1 - left .. skv - 1: attention over that view, whose dense
+            # kernels (split-KV for a decode step, capped or not: a sliding-window model's decode on a long cache,
+            # Gemma-2's local layers) need no mask
             start = max(0, k.shape[1] - 1 - feat[1]) if feat[1] >= 0 else 0
-            return flash_attention(q, k[:, start:], v[:, start:], False, scale, return_lse)
+            return flash_attention(q, k[:, start:], v[:, start:], False, scale, return_lse, feat[0])
+        if not (windowed or return_lse) and _decodes(q, k, causal):  # a capped decode step: the split-KV kernel
+            if _compiling():
+                return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale, feat[0])
+            return _flash_attention_cold(q, k, v, causal, scale, softmax_scale, feat[0])
         args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat)
         out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
             _flash_attention_features_cuda(*args)
@@ -909,8 +934,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     none is zeros). ``causal``: bottom-right aligned at that length (query i of Sq sees keys <= i + len − Sq). The
     kernel reads the lengths on the device: write the step's keys into the cache, update ``cache_seqlens`` in place,
     and the same launch (or captured CUDA graph) serves every step. The keys are split across CTAs as for the whole
-    cache (``ptsolve.ops.decode.length_pieces``). ``softcap``, ``window_size`` (``flash_attention``'s, the window
-    bottom-right at each length), ``return_lse`` (``(out, lse)``, lse float32 [B, H, Sq]), ``cache_batch_idx``
+    cache (``ptsolve.ops.decode.length_pieces``). ``softcap`` (``flash_attention``'s) alone runs the decode kernel's
+    softcap variant. ``window_size`` (``flash_attention``'s, the window bottom-right at each length),
+    ``return_lse`` (``(out, lse)``, lse float32 [B, H, Sq]), ``cache_batch_idx``
     (int32 [B]: sequence b reads cache row cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
     ending at cache_seqlens[b]), more than 16 query positions and head_dim 96, 192, 256 run the varlen kernel on the
     cache (``_kvcache_packed``: FlashAttention-3's semantics; no split-KV). ``k`` / ``v`` [B, S_new, Hkv, D]: written
@@ -924,18 +950,21 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     [total_new, Hkv, D]; each sequence's queries bottom-right aligned at its own length (the varlen kernel). A paged
     cache (vLLM's): ``page_table`` int32 [B, max_pages] with k_cache / v_cache [pages, PAGE, Hkv, D], sequence b's
     key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
-    divides the kernel's key block or that it divides); plain decode steps only (the split-KV decode kernel, each
-    key block loaded from its pages)."""
+    divides the kernel's key block or that it divides); decode steps with or without a softcap only (the split-KV
+    decode kernel, each key block loaded from its pages)."""
+    softcap = softcap or 0.0
+    if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first
+        _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))
     if page_table is not None:
         asked = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad), ("k", k),
                                    ("v", v), ("rotary_cos", rotary_cos), ("cu_seqlens_q", cu_seqlens_q),
                                    ("cu_seqlens_k_new", cu_seqlens_k_new)) if x is not None}
-        asked |= {n: x for n, x in (("softcap", softcap), ("return_lse", return_lse),
-                                    ("window_size", tuple(window_size) != (-1, -1))) if x}
-        return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked)
+        asked |= {n: x for n, x in (("return_lse", return_lse), ("window_size", tuple(window_size) != (-1, -1)))
+                  if x}
+        return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked, softcap)
     varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     rope = (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
-    general = varlen or softcap or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
+    general = varlen or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
         or cache_leftpad is not None or k is not None or v is not None
     if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
         return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale,
@@ -948,7 +977,7 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q = _kvcache_append(_rows("q", q, None, None, q.shape[0]), k_cache, v_cache, cache_seqlens, None, None, rope,
                             None, None, bool(causal))[0].x.view(q.shape)
     if not _compiling():
-        key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
+        key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap)
         out = _kvcache_warm(q, key)
         if out is not None:
             return out
@@ -956,9 +985,10 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
     lens = cache_seqlens
     _per_sequence("cache_seqlens", lens, q.shape[0], q.device)
+    sc = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))[0]
     if _compiling():
-        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale)
-    return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key)
+        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale, sc)
+    return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key, softcap=sc)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -1002,7 +1032,8 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     ``flash_attention_varlen``). No dropout (inference). A module's ``softcap`` (Gemma-2's
     ``attn_logit_softcapping``) and ``sliding_window`` (keys q − sliding_window + 1 .. q, transformers' sliding mask)
     run ``flash_attention``'s softcap and window (the mask then checked as the sliding one; a static cache's steps
-    through ``flash_attention_kvcache``'s varlen path), except under torch.compile with a mask (ShapeError)."""
+    through ``flash_attention_kvcache``: the decode kernel's softcap variant, the varlen path with a window), a window
+    except under torch.compile with a mask (ShapeError)."""
     if dropout:
         raise ShapeError(f"dropout={dropout}: ptsolve's attention is forward-only inference; use model.eval()")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
@@ -1021,11 +1052,10 @@ def hf_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
                              "bottom-right mask; pass the mask")
         return flash_attention(q, k, v, causal=causal, softmax_scale=scaling, **feat), None
     if _compiling():
-        if feat:
-            asked = ", ".join(f"{n}={x!r}" for n, x in (("softcap", cap), ("sliding_window", sw)) if x)
-            raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: {asked} with a masked "
-                             "(static) cache; ptsolve's kv-cache kernel has no softcap or window yet")
-        return _hf_compiled(q, k, v, attention_mask, causal, scaling), None
+        if sw:
+            raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: sliding_window={sw!r} with a "
+                             "masked (static) cache; ptsolve's kv-cache decode kernel has no window yet")
+        return _hf_compiled(q, k, v, attention_mask, causal, scaling, float(cap or 0.0)), None
     got = _mask_lengths(attention_mask, causal, q.shape[1], k.shape[1], q.shape[0], int(sw) - 1 if sw else -1)
     if got is None:
         raise ShapeError(f"attn_implementation='ptsolve': the model's attention mask {tuple(attention_mask.shape)} "
@@ -1072,13 +1102,13 @@ def _mask_prefix(mask: torch.Tensor, causal: bool, sq: int, skv: int, left: int 
 
 
 def _hf_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, causal: bool,
-                 scale: float | None) -> torch.Tensor:
+                 scale: float | None, softcap: float = 0.0) -> torch.Tensor:
     """``hf_attention`` with a mask inside a compiled graph (torch.compile, e.g. ``mode="reduce-overhead"`` over a
     static cache's decode steps): the lengths come from the mask on the device, with no host synchronisation and so
     no graph break, and the step runs ``flash_attention_kvcache`` on the whole cache (at most DECODE_MAX_SEQ_Q
     positions). The mask's shape is checked while tracing; that it is the causal mask on each sequence's first keys
     (``_mask_lengths``' check, which needs the host) is checked on the device, and a step whose mask is not (a padded
-    batch) returns NaN rather than a wrong answer."""
+    batch) returns NaN rather than a wrong answer. ``softcap``: the module's (the decode kernel's softcap variant)."""
     sq, skv, batch = q.shape[1], k.shape[1], q.shape[0]
     if not _mask_shaped(mask, sq, skv, batch):
         raise ShapeError(f"attn_implementation='ptsolve' under torch.compile: an attention mask of shape "
@@ -1090,7 +1120,7 @@ def _hf_compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, c
                          "prefill eagerly, as transformers' generate does)")
     n, ok = _mask_prefix(mask, causal, sq, skv)
     out = flash_attention_kvcache(q, k, v, n.to(torch.int32).expand(batch).contiguous(), causal=causal,
-                                  softmax_scale=scale)
+                                  softmax_scale=scale, softcap=softcap)
     return torch.where(ok, out, torch.full_like(out, math.nan))
 
 

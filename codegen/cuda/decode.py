@@ -14,7 +14,10 @@ warpgroup). The merge runs in the merge CTAs (``ptsolve.ops.decode.merge_units``
 operator's ``entry``): each spins until its tile's pieces are all counted, merges its rows (weights
 exp2(lse_k - max lse), partials read through L2 as float4, a row's pieces spread over several thread groups whose
 results meet in shared memory) and stores them; the tile's last merge CTA resets the counters for the next launch.
-``out`` has nothing left to do in a piece. Offsets into q/o and the workspace are 64-bit.
+``out`` has nothing left to do in a piece. Offsets into q/o and the workspace are 64-bit. A softcap (``softcap`` in
+the parameters) caps each score in rowmax before the mask, FlashAttention's way (``attention._softcap``:
+tanh(s · SOFTCAP_PRE), SOFTCAP_PRE = scale / softcap, the exp2 domain's scale then softcap · log2 e); the pieces'
+log-sum-exps are of the capped scores, so the merge is unchanged.
 """
 from __future__ import annotations
 
@@ -150,7 +153,7 @@ def _consts(ir: KernelIR) -> str:
                 f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
                 "  (void)G; (void)PR; (void)NSLOT; (void)TILES_;")
     gbox, sbox = packing(p, BM)
-    G = p["heads"] // p["kv_heads"]
+    G, sc = p["heads"] // p["kv_heads"], p.get("softcap", 0.0)
     return (f"  constexpr int H = {p['heads']}, HKV = {p['kv_heads']}, G = {G}, SQ = {p['seq_q']}, "
             f"SKV = {p['seq_kv']};\n"
             f"  constexpr int D = {D}, DCH = D / 64, BM = {BM}, BN = {t['BN']}, B_ = {p['batch']};\n"
@@ -162,20 +165,24 @@ def _consts(ir: KernelIR) -> str:
             f"  constexpr int TILES_ = B_ * HKV * NQT;  // query tiles (their counters)\n"
             f"  constexpr bool CAUSAL = {'true' if p['causal'] else 'false'};\n"
             "  constexpr int OFF = SKV - SQ;  // bottom-right aligned causal mask: position i sees keys <= i + OFF\n"
-            f"  constexpr float SCALE_LOG2 = {math.log2(math.e) / math.sqrt(D)!r}f;  // log2(e) / sqrt(D)\n"
+            f"  constexpr float SCALE_LOG2 = {math.log2(math.e) * (sc or 1 / math.sqrt(D))!r}f;"
+            "  // log2(e) / sqrt(D), or log2(e) · softcap\n"
+            + (f"  constexpr float SOFTCAP_PRE = {1 / (math.sqrt(D) * sc)!r}f;\n" if sc else "") +
             "  (void)B_; (void)NMAX; (void)NSLOT; (void)NM; (void)TILES_;")
 
 
 def _device(ir: KernelIR) -> str:
+    tanh = attention.TANH if ir.params.get("softcap") else ""
     if ir.generic:
         return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
-                + DEVICE + LD_ACQUIRE + FAST_DIV)
+                + DEVICE + LD_ACQUIRE + FAST_DIV + tanh)
     table = ", ".join(f"{{{q}, {kb}, {n}, {ns | (k << 16)}}}" for q, kb, n, ns, k in _work(ir))
     bases = _bases(ir)[0]
     nsp = {q: ns for q, _, _, ns, _ in _work(ir)}
     merge = ", ".join(f"{{{q}, {r0}, {n}, {nu}}}" for q, r0, n, nu in _merges(ir)) or "{0, 0, 0, 0}"
     return (wgmma_ss(ir.tiling["BN"], ir.params["dtype"]) + wgmma_rs(ir.params["head_dim"], ir.params["dtype"], 1)
-            + DEVICE + LD_ACQUIRE + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
+            + DEVICE + LD_ACQUIRE + tanh
+            + "// (query tile, first key block, key blocks, pieces of the tile | piece << 16): "
             "ptsolve.ops.decode.pieces\n"
             f"__device__ const int4 dec_work[{len(_work(ir))}] = {{{table}}};\n"
             "// first workspace slot of each query tile (tiles of several pieces only)\n"
@@ -285,7 +292,7 @@ def _body(t: Task) -> str:
         S = attention._buf(t, "sacc")
         skv, off = ("skv_", "off_") if ir.generic else ("SKV", "OFF")  # a generic build's are per sequence
         return "\n".join([
-            f"  fence_regs({S});", "  const int kb = (kb0 + it_) * BN;",
+            f"  fence_regs({S});", *attention._softcap(ir, S), "  const int kb = (kb0 + it_) * BN;",
             # the warpgroup's first row has the smallest position: no key of the block is masked for any row
             f"  if (kb + BN > {skv} || (CAUSAL && kb + BN - 1 > s0 + "
             f"{_by_gb(ir, 'ROW0') if ir.generic else 'ROW0 / GB'} + {off})) {{  // the block crosses a mask edge",
@@ -492,8 +499,13 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
            ("ptr:lse", "float* __restrict__ lse"), ("ptr:cnt", "int* __restrict__ cnt"))
     # a generic build: seqlens (int32 per batch, the keys each sequence attends to; null: all SKV) and a paged
     # cache's page table (int32 [B, MAXP]; null: a dense cache)
+    if not ir.generic:
+        return out
+    # a softcap build: the cap's value is a launch argument (SOFTCAP_PRE = scale / softcap; SCALE_LOG2 then
+    # softcap · log2 e), so one binary serves every model's cap
+    cap = (("f32:softcap_pre", "const float SOFTCAP_PRE"),) if ir.params.get("softcap") else ()
     return out + (("f32:scale_log2", "const float SCALE_LOG2"), ("ptr:seqlens", "const int* __restrict__ seqlens"),
-                  ("ptr:page_table", "const int* __restrict__ page_table")) if ir.generic else out
+                  ("ptr:page_table", "const int* __restrict__ page_table")) + cap
 
 
 def _fill_bytes(ir: KernelIR, task: str) -> str | None:

@@ -29,11 +29,13 @@ def flash_attention(batch: int, heads: int, kv_heads: int | None = None, seq_q: 
 
 
 def flash_decode(batch: int, heads: int, kv_heads: int | None = None, seq_q: int = 1, seq_kv: int | None = None,
-                 head_dim: int = 128, causal: bool = False, dtype: str = "fp16") -> Operator:
+                 head_dim: int = 128, causal: bool = False, dtype: str = "fp16", softcap: float = 0.0) -> Operator:
     """Split-KV attention (ptsolve.ops.decode): ``seq_q`` query positions (1-16 for decode; any for a
     low-occupancy prefill) against ``seq_kv`` keys, the GQA group's heads packed into one query tile and the
-    keys split across CTAs with a combine step; the tiling key ``splits`` is the solver's choice."""
-    p = {"batch": batch, "heads": heads, "seq_q": seq_q, "head_dim": head_dim, "causal": causal, "dtype": dtype}
+    keys split across CTAs with a combine step; the tiling key ``splits`` is the solver's choice. ``softcap`` > 0
+    caps the scores (Gemma-2's softcap · tanh(s · scale / softcap))."""
+    p = {"batch": batch, "heads": heads, "seq_q": seq_q, "head_dim": head_dim, "causal": causal, "dtype": dtype,
+         "softcap": softcap}
     for k, v in (("kv_heads", kv_heads), ("seq_kv", seq_kv)):
         if v is not None:
             p[k] = v

@@ -65,8 +65,7 @@ def features(p: dict[str, Any], softcap: float = 0.0, window_left: int = -1, win
     """The softcap and sliding-window parameters that ask something of shape ``p`` (FlashAttention-3's
     normalisation: causal is a right window of 0, a window that covers every key is none); ShapeError for a
     negative or non-finite softcap or a window size below -1."""
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
-        raise ShapeError(f"flash_attention: softcap={softcap!r} must be a finite number >= 0 (0: no softcap)")
+    softcap = softcap_value("flash_attention", softcap)
     for k, v in (("window_left", window_left), ("window_right", window_right)):
         if isinstance(v, bool) or not isinstance(v, int) or v < -1:
             raise ShapeError(f"flash_attention: {k}={v!r} must be an integer >= -1 (-1: unbounded)")
@@ -74,6 +73,14 @@ def features(p: dict[str, Any], softcap: float = 0.0, window_left: int = -1, win
     right = -1 if p["causal"] or window_right >= p["seq_q"] - 1 else window_right
     out: dict[str, Any] = {"softcap": float(softcap)} if softcap else {}
     return out | ({"window_left": left, "window_right": right} if left >= 0 or right >= 0 else {})
+
+
+def softcap_value(op: str, softcap: Any) -> float:
+    """``softcap`` as a float (0: none; a score cap, unitless like the scores); ShapeError naming ``op`` for a
+    negative, non-finite or non-numeric one (flash_attention's and flash_decode's rule)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < float("inf"):
+        raise ShapeError(f"{op}: softcap={softcap!r} must be a finite number >= 0 (0: no softcap)")
+    return float(softcap)
 
 
 def key_band(p: dict[str, Any], row: int) -> tuple[int, int]:

@@ -29,7 +29,10 @@ merge CTAs than SMs (``merge_units``), so whatever order the CTAs are dispatched
 even one merge CTA per tile is more (large batches, which rarely split), they have the highest CTA indices and the
 hardware dispatches CTAs in index order.
 
-Causal masking is bottom-right aligned: query position i sees keys <= i + seq_kv - seq_q.
+Causal masking is bottom-right aligned: query position i sees keys <= i + seq_kv - seq_q. ``softcap`` > 0 caps the
+scores, softcap · tanh(s · scale / softcap) (Gemma-2's, as ``ptsolve.ops.attention``): a multiply and a tanh per score
+that rowmax pays on the SFU; the merge is unchanged (it combines the pieces' log-sum-exps of the capped scores). A
+parameter only where it asks something, so a graph without it is the one it always was.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ from ..geometry.decode import (  # noqa: F401  (re-exported for its readers)
 )
 from ..hw import Hardware
 from ..ir import DTYPE_BYTES, Edge, STaskGraph
-from .attention import kept_pairs, qkv_loads, warpgroup_edges, warpgroup_tasks
+from .attention import kept_pairs, qkv_loads, softcap_value, warpgroup_edges, warpgroup_tasks
 from .attention import orders as orders_fa3
 from .attention import textbook as textbook_fa
 from .base import WG_ROWS, OpSpec, TextbookPlan, cdiv, check_keys, dtype_ok, positive, register, sms_of, task
@@ -65,6 +68,7 @@ DEPTHS = (2, 3, 4)
 
 
 def _validate(p: dict[str, Any]) -> dict[str, Any]:
+    softcap = softcap_value("flash_decode", p.pop("softcap", 0.0))
     if "heads" in p:
         p.setdefault("kv_heads", p["heads"])
     p = check_keys("flash_decode", p, ("batch", "heads", "seq_q", "seq_kv"),
@@ -89,7 +93,7 @@ def _validate(p: dict[str, Any]) -> dict[str, Any]:
     arguments.size("flash_decode", p["batch"] * p["kv_heads"] * max(SPLITS) * cdiv(rows, WG_ROWS),
                 "batch·kv_heads·seq_q·heads/kv_heads", 30 * T * distinct,
                 "seq_kv" + (" (causal)" if p["causal"] else ""))
-    return p
+    return p | ({"softcap": softcap} if softcap else {})
 
 
 def split_counts(p: dict[str, Any], BM: int, BN: int) -> list[int]:
@@ -151,7 +155,7 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     for g in range(W):
         s, r = f"@{g}", WG_ROWS
         rows = min(WG_ROWS, used - WG_ROWS * g)  # rows of this warpgroup that hold a query
-        tasks += warpgroup_tasks(g, r, D, BN, dt, out=False)
+        tasks += warpgroup_tasks(g, r, D, BN, dt, out=False, softcap="softcap" in p)
         edges += warpgroup_edges(g)
         if nmax == 1:
             tasks.append(task("store" + s, "store", phase="post", tile=(rows, D), dtype=dt, bytes=rows * D * e,
@@ -168,7 +172,8 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
         ]
         edges += [Edge("store" + s, "combine" + s), Edge("combine" + s, "out" + s)]
     flops = 4 * B * H * D * kept_pairs(p)
-    name = f"fd_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}_{dt}"
+    sc = f"_sc{p['softcap']:g}" if "softcap" in p else ""
+    name = f"fd_b{B}_h{H}_kv{Hkv}_q{p['seq_q']}_k{p['seq_kv']}_d{D}{'_causal' if p['causal'] else ''}{sc}_{dt}"
     return STaskGraph(name=name, op="flash_decode", params=dict(p), tiling=dict(t), tasks=tuple(tasks),
                       edges=tuple(edges), row=tuple(w[2] for w in work), rows=B * Hkv, useful_flops=flops)
 

@@ -7,7 +7,8 @@ hold that.
 
 A *shape class* (``classes.ShapeClass``) is what changes the schedule or the binary: the operator, the dtype and,
 for attention, head_dim, causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``)
-head_dim, causal and the consumer warpgroups its packed query tile needs; for Mamba2's chunk kernels head_dim,
+head_dim, causal and the consumer warpgroups its packed query tile needs (each with a softcap variant, its plain
+class's schedule with the tanh: ``OpClasses.derived``); for Mamba2's chunk kernels head_dim,
 d_state and chunk. The sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq,
 heads and ngroups) are kernel arguments (``lower(..., generic=True)``). The rooms:
 

@@ -2,7 +2,10 @@
 dtype, head_dim, causal and the consumer warpgroups a packed query tile needs, and the binaries each chooses from
 per shape (``decode_variants``). A shape's pieces per query tile (which do not change the binary) and its binary are
 chosen by the cost model: the classes' solved programs re-timed on the shape's graph for every piece count
-(``decode_pick``)."""
+(``decode_pick``). A softcap (Gemma-2's capped scores) is a variant of every class, ``.../softcap``: its plain class's
+schedule with the cap in its parameters (``OpClasses.derived``: the tanh changes no task's place in the loop), its
+kernel built with the cap, its value a launch argument; the shape's pieces are chosen on the graph with the cap (the
+tanh priced on the SFU), so a softcap decode step keeps the split over the KV cache."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +30,11 @@ DECODE_MAX_SEQ_Q = 16  # query positions up to which attention runs the split-KV
 DECODE_HEAD_DIMS = (64, 128)
 
 
-def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, seq_q: int) -> ShapeClass:
+def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: int, seq_q: int,
+                 softcap: bool = False) -> ShapeClass:
     """The split-KV decode class of a shape (seq_q <= DECODE_MAX_SEQ_Q): one consumer warpgroup when a query tile
-    packs at most 64 rows (the GQA group's heads times the positions), else two; ShapeError for a head_dim or dtype
-    the kernels do not cover."""
+    packs at most 64 rows (the GQA group's heads times the positions), else two; ``softcap``: the class's softcap
+    variant (its kernel caps the scores); ShapeError for a head_dim or dtype the kernels do not cover."""
     attention_class(dtype, head_dim, causal, heads, kv_heads)  # the same checks
     if head_dim not in DECODE_HEAD_DIMS:
         raise ShapeError(f"head_dim={head_dim}: the split-KV decode kernel covers head_dim {DECODE_HEAD_DIMS}; "
@@ -38,7 +42,7 @@ def decode_class(dtype: str, head_dim: int, causal: bool, heads: int, kv_heads: 
     if not 1 <= seq_q <= DECODE_MAX_SEQ_Q:
         raise ShapeError(f"seq_q={seq_q}: the split-KV decode kernel takes 1..{DECODE_MAX_SEQ_Q} query positions")
     groups = 1 if heads // kv_heads * seq_q <= 64 else 2
-    return ShapeClass("flash_decode", dtype, int(head_dim), bool(causal), groups=groups)
+    return ShapeClass("flash_decode", dtype, int(head_dim), bool(causal), groups=groups, softcap=bool(softcap))
 
 
 # head dims whose one-warpgroup decode class also has a two-CTAs-per-SM binary: with D 128 the output accumulator
@@ -70,7 +74,8 @@ def decode_variants(c: ShapeClass) -> list[ShapeClass]:
 
 def _key(c: ShapeClass) -> str:
     return (f"flash_decode/{c.dtype}/d{c.head_dim}/{'causal' if c.causal else 'full'}/wg{c.groups}"
-            + (f"/ctas{c.ctas}" if c.ctas > 1 else "") + ("/persistent" if c.persistent else ""))
+            + (f"/ctas{c.ctas}" if c.ctas > 1 else "") + ("/persistent" if c.persistent else "")
+            + ("/softcap" if c.softcap else ""))
 
 
 def _representative(c: ShapeClass) -> dict[str, Any]:
@@ -101,8 +106,25 @@ def _classes() -> list[ShapeClass]:
     return out
 
 
+# the cap a softcap variant's schedule carries in its parameters (Gemma-2's attn_logit_softcapping): its value changes
+# no cost and the generic kernel takes the call's as a launch argument
+DECODE_REP_SOFTCAP = 50.0
+
+
+def _variants() -> list[ShapeClass]:
+    """Every table class's softcap variant (``precompile`` compiles them; the table holds none)."""
+    return [dataclasses.replace(c, softcap=True) for c in _classes()]
+
+
+def _derived(c: ShapeClass) -> tuple[ShapeClass, dict[str, Any]] | None:
+    """A softcap variant runs its plain class's schedule with the cap in its parameters: rowmax's tanh is a few SFU
+    cycles per score within the softmax the schedule already places (the shape's pieces are chosen on the graph with
+    it, ``decode_retime``)."""
+    return (dataclasses.replace(c, softcap=False), {"softcap": DECODE_REP_SOFTCAP}) if c.softcap else None
+
+
 register("flash_decode", OpClasses(key=_key, representative=_representative, classes=_classes, fix=_fix,
-                                   keeps_program=True))
+                                   keeps_program=True, derived=_derived, variants=_variants))
 
 
 def _kv_bucket(blocks: int) -> int:
@@ -182,42 +204,50 @@ def decode_pick(c: ShapeClass, p: dict[str, Any]) -> tuple[ShapeClass, int]:
     return best[1], best[2]
 
 
-def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlens: Any = None) -> None:
+def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlens: Any = None,
+           softcap: float = 0.0) -> None:
     """Launch decode class ``c``'s split-KV kernel: q [B, Sq, H, D] (Sq <= DECODE_MAX_SEQ_Q), k/v [B, Skv, Hkv, D],
     ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). ``seqlens`` (int32 [B] on
     the device, or None): sequence b attends to the first seqlens[b] keys of the cache (clamped to 0 .. Skv; read by
     the kernel, so one launch or CUDA graph serves a growing cache; its pieces are chosen for the whole cache,
     ``ptsolve.ops.decode.length_pieces``). The launch's scratch (partial results and counters) is shared by every
-    decode launch of the class on the device: launches on one stream at a time."""
-    decode_launch(q, k, v, c, scale, seqlens)(prepared.current_stream(q.get_device()), out.data_ptr())
+    decode launch of the class on the device: launches on one stream at a time. ``softcap`` (> 0, a softcap
+    variant's): scores become softcap · tanh(q·k · scale / softcap)."""
+    decode_launch(q, k, v, c, scale, seqlens, softcap=softcap)(prepared.current_stream(q.get_device()),
+                                                                out.data_ptr())
 
 
 def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None,
-                  page_table: Any = None) -> Any:
-    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale); call it
-    with the stream and the output's address. ``page_table`` (int32 [B, MAXP], with ``seqlens``): k and v are a
-    paged cache [pages, PAGE, Hkv, D], sequence b's key j in page page_table[b, j // PAGE] at row j % PAGE."""
+                  page_table: Any = None, softcap: float = 0.0) -> Any:
+    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale, softcap); call
+    it with the stream and the output's address. ``page_table`` (int32 [B, MAXP], with ``seqlens``): k and v are a
+    paged cache [pages, PAGE, Hkv, D], sequence b's key j in page page_table[b, j // PAGE] at row j % PAGE.
+    ``softcap``: ``decode``'s (> 0 exactly where ``c`` is a softcap variant)."""
     key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            scale, 0 if seqlens is None else seqlens.data_ptr(),
-           None if page_table is None else (page_table.data_ptr(), page_table.shape))
+           None if page_table is None else (page_table.data_ptr(), page_table.shape), softcap)
     ln = prepared.LAUNCHES.get(key)
     return ln if ln is not None else prepared.keep(key, _decode_prepare(q, k, v, c, scale, seqlens,
-                                                                        page_table=page_table)[0])
+                                                                        page_table=page_table, softcap=softcap)[0])
 
 
 def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0,
-                    page_table: Any = None) -> tuple[Any, dict[str, Any], dict[str, int], int]:
+                    page_table: Any = None, softcap: float = 0.0) -> tuple[Any, dict[str, Any], dict[str, int], int]:
     """(the prepared launch, the shape's parameters, the tiling with its pieces, the loaded module's SMs) of decode
     class ``c`` on these inputs; ``bound``: the longest cache the launch may later be re-targeted to (its indices
     checked there too); ``page_table``: a paged cache's (``decode_launch``), whose capacity MAXP·PAGE keys is the
-    shape's seq_kv (the pieces are chosen for it)."""
+    shape's seq_kv (the pieces are chosen for it); ``softcap``: ``decode``'s."""
     from codegen.cuda import decode as cd
+
+    if bool(softcap) != c.softcap:
+        raise ShapeError(f"decode class {c.key} runs softcap={softcap!r}: the class and the call must agree on the "
+                         "softcap (ptsolve.torch chooses the class: decode_class(..., softcap=softcap > 0))")
 
     paging = (0, 0) if page_table is None else (k.shape[1], page_table.shape[1])
     (B, sq, H, D), Hkv = q.shape, k.shape[2]
     skv = k.shape[1] if page_table is None else paging[0] * paging[1]
     p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
-         "dtype": c.dtype}
+         "dtype": c.dtype} | ({"softcap": float(softcap)} if softcap else {})  # the pieces priced with the tanh
     v_, splits = decode_pick(c, p)
     if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
         raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
@@ -235,8 +265,10 @@ def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens
                    None if page_table is None else (k.shape[0], paging[0]))
     ws = {n: prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
     vals = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "o": 0, **ws,
-            "scale_log2": scale * math.log2(math.e), "seqlens": 0 if seqlens is None else seqlens.data_ptr(),
-            "page_table": 0 if page_table is None else page_table.data_ptr(), **sz}
+            "scale_log2": (softcap or scale) * math.log2(math.e), "seqlens": 0 if seqlens is None else
+            seqlens.data_ptr(), "page_table": 0 if page_table is None else page_table.data_ptr(), **sz}
+    if softcap:  # tanh(s · scale / softcap), then the exp2 domain's scale is softcap · log2 e
+        vals["softcap_pre"] = scale / softcap
     return mod.prepare(vals, maps, cd.grid(sz), out="o"), p, t, mod.sms
 
 
@@ -256,14 +288,16 @@ class DecodeFamily:
     ``_kv_bucket`` (so the binary and pieces ``decode_pick`` chose stay the ones it would choose). A call re-targets
     the one prepared launch: the sizes and tensor maps of a new key count (computed once per count: a model's layers
     share them), the maps of the new addresses, then launches. The caller keys families by everything else (shapes
-    but the keys', dtypes, strides of q, scale); a call checks the tensors are TMA-ready."""
+    but the keys', dtypes, strides of q, scale, softcap: ``softcap`` as ``decode``'s); a call checks the tensors are
+    TMA-ready."""
 
     __slots__ = ("ln", "p", "t", "sms", "bn", "lo", "hi", "skv", "strides", "specs", "sz")
 
-    def __init__(self, q: Any, k: Any, v: Any, c: ShapeClass, scale: float):
+    def __init__(self, q: Any, k: Any, v: Any, c: ShapeClass, scale: float, softcap: float = 0.0):
         self.bn = class_program(c).graph.tiling["BN"]  # decode_bucketed's blocks: the class's, not its variants'
         self.lo, self.hi = _bucket_blocks(-(-k.shape[1] // self.bn))
-        self.ln, self.p, self.t, self.sms = _decode_prepare(q, k, v, c, scale, None, bound=self.hi * self.bn)
+        self.ln, self.p, self.t, self.sms = _decode_prepare(q, k, v, c, scale, None, bound=self.hi * self.bn,
+                                                            softcap=softcap)
         self.skv, self.strides, self.specs, self.sz = k.shape[1], (k.stride(), v.stride()), None, {}
 
     def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:

@@ -390,3 +390,47 @@ def test_generic_sizes_move_with_key_blocks_only(B, heads, sq, skv, causal, D, B
          "dtype": "fp16"}
     t = {"BM": 64, "BN": BN, "groups": 1 if H // Hkv * sq <= 64 else 2, "splits": splits}
     assert sizes(dict(p, seq_kv=other), t) == sizes_at(sizes(p, t), other)
+
+
+def test_softcap_is_a_validated_parameter_priced_on_the_sfu() -> None:
+    """``softcap`` (Gemma-2's, Grok's) is a decode parameter only where it asks something (0: the graph it always
+    was); rowmax pays a multiply and a tanh per score on the SFU, as flash_attention's does, and nothing else of the
+    graph moves (the merge combines the pieces' log-sum-exps of the capped scores); a bad cap is a ShapeError naming
+    the value."""
+    base = dict(batch=1, heads=16, kv_heads=8, seq_q=1, seq_kv=8192)
+    t = {"BM": 64, "BN": 128, "depth": 2, "groups": 1, "splits": 8}
+    assert "softcap" not in ptsolve.ops.flash_decode(**base, softcap=0.0).params
+    plain, capped = ptsolve.ops.flash_decode(**base).graph(t), ptsolve.ops.flash_decode(**base, softcap=50).graph(t)
+    assert capped.params["softcap"] == 50.0 and "_sc50_" in capped.name and "_sc" not in plain.name
+    fa = ptsolve.ops.make("flash_attention", batch=1, heads=16, kv_heads=8, seq_q=64, seq_kv=8192, softcap=50.0).graph(
+        {"BM": 64, "BN": 128, "depth": 2, "groups": 1})
+    rm = {g.name: next(x for x in g.tasks if x.name == "rowmax@0") for g in (plain, capped, fa)}
+    assert rm[capped.name].sfu == rm[fa.name].sfu == 64 * 128 and rm[plain.name].sfu == 0
+    assert rm[capped.name].flops == 2 * rm[plain.name].flops
+    others = {x.name: x for x in capped.tasks if x.name != "rowmax@0"}
+    assert others == {x.name: x for x in plain.tasks if x.name != "rowmax@0"}
+    for bad in (-1.0, float("inf"), float("nan"), True, "30"):
+        with pytest.raises(ShapeError, match=r"flash_decode: softcap=.* must be a finite number >= 0"):
+            ptsolve.ops.flash_decode(**base, softcap=bad)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("p,t", [
+    (dict(batch=1, heads=16, kv_heads=8, seq_q=1, seq_kv=8192, softcap=50.0),
+     {"BM": 64, "BN": 128, "depth": 3, "groups": 1, "splits": 8}),
+    (dict(batch=1, heads=71, kv_heads=1, seq_q=2, seq_kv=1000, head_dim=64, causal=True, softcap=30.0, dtype="bf16"),
+     {"BM": 128, "BN": 64, "depth": 2, "groups": 2, "splits": 4}),
+])
+def test_softcap_exact_build_caps_scores_before_the_mask(p: dict, t: dict) -> None:
+    """The exact-shape kernel with a softcap: each score capped, tanh(s · SOFTCAP_PRE) with SOFTCAP_PRE = 1 / (sqrt(D)
+    · softcap), before the mask (a masked score stays -inf), the exp2 domain's scale softcap · log2 e; it compiles
+    for sm_90a without spills or a serialised wgmma pipeline."""
+    from codegen.runtime import compile_kernel
+    ks = _ks(p, t)
+    D, sc = p.get("head_dim", 128), p["softcap"]
+    assert "tanh.approx.f32" in ks.source and f"SOFTCAP_PRE = {1 / (math.sqrt(D) * sc)!r}f" in ks.source
+    assert f"SCALE_LOG2 = {math.log2(math.e) * sc!r}f" in ks.source
+    body = ks.source[ks.source.index("fast_tanh(sacc"):]
+    assert body.index("fast_tanh(sacc") < body.index("= -INFINITY")  # the cap, then the mask
+    rep = compile_kernel(ks).report
+    assert rep["spill_stores"] == 0 and rep["spill_loads"] == 0 and not rep["wgmma_serialized"], rep["warnings"]

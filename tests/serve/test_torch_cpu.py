@@ -24,6 +24,11 @@ def test_fake_shapes(pt):
     q, k = _meta(2, 100, 8, 128), _meta(2, 37, 2, 128)
     o = torch.ops.ptsolve.flash_attention(q, k, k, True, 0.1)
     assert o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
+    lens = torch.empty(2, device="meta", dtype=torch.int32)
+    for o in (torch.ops.ptsolve.flash_attention(q, k, k, True, 0.1, 30.0),  # a softcap decode step's ops
+              torch.ops.ptsolve.flash_attention_kvcache(q, k, k, lens, True, 0.1, 30.0),
+              torch.ops.ptsolve.flash_attention_paged(q, k, k, lens, lens.view(2, 1), True, 0.1, 30.0)):
+        assert o.shape == q.shape and o.dtype == q.dtype
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     o = torch.ops.ptsolve.flash_attention_varlen(_meta(50, 4, 64), _meta(70, 1, 64), _meta(70, 1, 64), cu, cu, 30,
                                                  40, False, 0.125)
@@ -272,8 +277,8 @@ def test_new_tensors_of_one_layout_re_point_a_family(pt, fake_gpu, monkeypatch):
 
 def test_one_query_with_a_window_runs_dense_over_its_keys(pt, fake_gpu, monkeypatch):
     """A decode step with a sliding window (Mistral, Gemma's local layers) sees only the last left + 1 keys: it runs
-    the dense decode kernel (split-KV) on that view of the cache, with no mask; more queries, or a softcap, run the
-    window class's kernel."""
+    the dense decode kernel (split-KV) on that view of the cache, with no mask, and with a softcap too (Gemma-2's
+    local layers: the decode kernel's softcap variant on the view); more queries run the window class's kernel."""
     from codegen import runtime
     log = fake_gpu
     monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: None)
@@ -284,8 +289,12 @@ def test_one_query_with_a_window_runs_dense_over_its_keys(pt, fake_gpu, monkeypa
     pt.flash_attention(q[:, :1], k, k, causal=False, window_size=(100, 3))  # covers every key: all 40
     fam = next(iter(pt._GROW.values()))  # the decode family of the first call, re-targeted
     assert fam.skv == 40 and fam.ln._at["k"][0] == k.data_ptr() and len(log["prepares"]) == 1
+    pt.flash_attention(q[:, :1], k, k, causal=True, softcap=30.0, window_size=(7, 0))
+    ks, vals = log["prepares"][-1]
+    assert "decode" in ks.name and "fast_tanh" in ks.source and vals["k"] == k[:, 32:].data_ptr()
+    assert vals["SKV"] == 8 and vals["softcap_pre"] == pytest.approx(64 ** -0.5 / 30)
     for kw in ({"window_size": (7, 0)}, {"softcap": 30.0, "window_size": (7, 0)}):
-        pt.flash_attention(q[:, :2] if "softcap" not in kw else q[:, :1], k, k, causal=True, **kw)
+        pt.flash_attention(q[:, :2], k, k, causal=True, **kw)
         assert "decode" not in log["prepares"][-1][0].name and log["prepares"][-1][1]["wl"] == 7
 
 
@@ -310,8 +319,8 @@ def test_a_paged_cache_runs_the_decode_kernel_on_its_pages(pt, fake_gpu, page):
     assert vals["SKV"] == page * maxp and vals["seqlens"] == lens.data_ptr()
     km = log["prepares_maps"][-1]["k"]
     assert km.dims == (D, Hkv, page, pages) and km.box[2] == min(page, 64)
-    with pytest.raises(NotImplementedError, match="page_table with k, softcap, v"):
-        pt.flash_attention_kvcache(q, kc, kc, lens, page_table=table, softcap=5.0, k=q, v=q)
+    with pytest.raises(NotImplementedError, match="page_table with k, v, window_size"):
+        pt.flash_attention_kvcache(q, kc, kc, lens, page_table=table, window_size=(5, 0), k=q, v=q)
     with pytest.raises(ShapeError, match="24-key pages"):
         k24 = torch.randn(pages, 24, Hkv, D, dtype=torch.float16)
         pt.flash_attention_kvcache(q, k24, k24, lens, page_table=table)
@@ -379,9 +388,9 @@ def test_compiled_hf_attention_reads_lengths_on_the_device(pt, monkeypatch):
     causal mask on each sequence's first keys (left padding) turns the output into NaN, not a wrong answer; a prefill
     longer than the decode kernel takes is a ShapeError naming the fix."""
     from ptsolve.errors import ShapeError
-    got = []
-    monkeypatch.setattr(pt, "flash_attention_kvcache",
-                        lambda q, k, v, lens, causal, softmax_scale: got.append(lens.tolist()) or torch.ones_like(q))
+    got, caps = [], []
+    monkeypatch.setattr(pt, "flash_attention_kvcache", lambda q, k, v, lens, causal, softmax_scale, softcap:
+                        got.append(lens.tolist()) or caps.append(softcap) or torch.ones_like(q))
     B, H, Hkv, D, sq, cap = 2, 8, 2, 64, 2, 40
     q, kv = torch.zeros(B, sq, H, D), torch.zeros(B, cap, Hkv, D)
     lens = torch.tensor([17, 30])
@@ -394,6 +403,8 @@ def test_compiled_hf_attention_reads_lengths_on_the_device(pt, monkeypatch):
     padded = mask.clone()
     padded[1, :, :, :3] = False  # the second sequence left-padded by 3
     assert pt._hf_compiled(q, kv, kv, padded, True, None).isnan().all()
+    pt._hf_compiled(q, kv, kv, mask, True, None, 30.0)  # a softcap model's (Gemma-2's global layers): passed on
+    assert caps == [0.0, 0.0, 0.0, 30.0] and got[-1] == [17, 30]
     with pytest.raises(ShapeError, match="prefill eagerly"):
         pt._hf_compiled(torch.zeros(B, 17, H, D), kv, kv, torch.ones(B, 1, 17, cap, dtype=torch.bool), True, None)
 
@@ -479,7 +490,7 @@ def test_kvcache_features_run_the_varlen_kernel_and_append_in_place(pt, fake_gpu
     ks, vals = log["prepares"][-1]
     assert "fast_tanh" in ks.source and vals["used_k"] != 0 and vals["cu_k"] != 0 and vals["used_q"] == 0
     with pytest.raises(ShapeError, match="3 sequences for q's 2; give cache_batch_idx"):
-        pt.flash_attention_kvcache(q, kc, vc, lens, softcap=10.0)
+        pt.flash_attention_kvcache(q, kc, vc, lens, softcap=10.0, return_lse=True)
     with pytest.raises(ShapeError, match="cache_leftpad must be a torch.int32 tensor of shape \\(2,\\)"):
         pt.flash_attention_kvcache(q, kc, vc, lens, cache_batch_idx=idx, cache_leftpad=lens.long())
 
@@ -526,3 +537,59 @@ def test_ssd_launches_the_variant_with_its_pointers(fake_gpu):
     assert fake_gpu["prepares"][-1][0].params["epilogue"] == "D"
     ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, dt_bias=a["dt_bias"])
     assert "epilogue" not in fake_gpu["prepares"][-1][0].params and "d_skip" not in fake_gpu["prepares"][-1][0].source
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_softcap_decode_steps_run_the_split_kv_kernel(pt, fake_gpu, monkeypatch, D):
+    """A Gemma-2 / Grok decode step (one or a few positions, a softcap, no window) runs the split-KV decode kernel's
+    softcap variant, not the prefill kernel with no split: its source caps the scores (``fast_tanh``), the cap reaches
+    it as launch arguments (SOFTCAP_PRE = scale / softcap, SCALE_LOG2 = softcap · log2 e), a long cache of few kv
+    heads in several pieces; through ``flash_attention`` (a decode family kept: a repeat prepares nothing),
+    ``flash_attention_kvcache`` (lengths on the device), a paged cache and the FA3 interface. Another cap is another
+    launch; with the log-sum-exp a softcap still runs the prefill kernel (the decode kernel writes none)."""
+    import math
+
+    from codegen import runtime
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    log = fake_gpu
+    monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: None)
+    monkeypatch.setattr(pt, "_GROW", {})
+    B, H, Hkv, S, scale = 1, 16, 8, 8192, 0.0625  # Gemma-2-9B: 16 query / 8 kv heads, query_pre_attn_scalar 256
+
+    def last(kind: str = "decode", cap: float = 50.0) -> dict:
+        ks, vals = log["prepares"][-1]
+        assert kind in ks.name and "fast_tanh(sacc" in ks.source and "f32:softcap_pre" in ks.args, ks.name
+        assert vals["softcap_pre"] == pytest.approx(scale / cap)
+        assert vals["scale_log2"] == pytest.approx(cap * math.log2(math.e))
+        return vals
+    for sq in (1, 4):
+        q, k = torch.randn(B, sq, H, D, dtype=torch.float16), torch.randn(B, S, Hkv, D, dtype=torch.float16)
+        n = log["prepared"]
+        outs = [pt.flash_attention(q, k, k, causal=True, softmax_scale=scale, softcap=50.0) for _ in range(2)]
+        assert last()["NSP"] > 1 and log["prepared"] == n + 1 and len(log["launches"]) == 2 * (sq > 1) + 2
+        assert [a for _, a in log["launches"][-2:]] == [o.data_ptr() for o in outs]
+        assert pt._decode_class(q, k, True, 50.0).key.endswith("/softcap")
+    pt.flash_attention(q, k, k, causal=True, softmax_scale=scale, softcap=30.0)
+    last(cap=30.0)
+    assert log["prepared"] == 3
+    pt.flash_attention(q, k, k, causal=True, softmax_scale=scale)  # no cap: the plain decode kernel
+    assert "fast_tanh" not in log["prepares"][-1][0].source and "decode" in log["prepares"][-1][0].name
+    pt.flash_attention(q, k, k, causal=True, softmax_scale=scale, softcap=50.0, return_lse=True)
+    assert "decode" not in log["prepares"][-1][0].name and last("flash_attention")
+    lens = torch.tensor([5000], dtype=torch.int32)
+    q1 = q[:, :1].contiguous()
+    for _ in range(2):
+        pt.flash_attention_kvcache(q1, k, k, lens, causal=True, softmax_scale=scale, softcap=50.0)
+    assert last()["seqlens"] == lens.data_ptr() and log["prepared"] == 6
+    flash_attn_with_kvcache(q1, k, k, cache_seqlens=lens, causal=True, softmax_scale=scale, softcap=50.0)
+    assert log["prepared"] == 6  # the same call: the kept launch
+    pages = torch.randn(S // 64, 64, Hkv, D, dtype=torch.float16)
+    table = torch.randperm(S // 64).view(1, -1).int()
+    pt.flash_attention_kvcache(q1, pages, pages, lens, causal=True, softmax_scale=scale, softcap=50.0,
+                               page_table=table)
+    assert last()["page_table"] == table.data_ptr()
+    for bad in (-1.0, "50", [50.0]):  # named, not hashed into a key first
+        with pytest.raises(ShapeError, match=f"softcap={bad!r}".replace("[", r"\[").replace("]", r"\]")):
+            pt.flash_attention_kvcache(q1, k, k, lens, softcap=bad)
+        with pytest.raises(ShapeError, match="softcap="):
+            pt.flash_attention(q1, k, k, softcap=bad)
