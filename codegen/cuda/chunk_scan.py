@@ -250,9 +250,9 @@ def _store_fused(dt: str, ep: str) -> str:
     cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
     h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
     body = ["      float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];"]
-    if "D" in ep:
+    if "D" in ep:  # D per head read where used (an L1 hit): held across the loops, it spilled at 80 registers
         dv = ("const float2 dd = *reinterpret_cast<const float2*>(d_skip + h * P + 8 * j + 2 * (lane & 3));"
-              if "Dp" in ep else "const float2 dd = make_float2(dh, dh);")
+              if "Dp" in ep else "const float dh = __ldg(d_skip + h); const float2 dd = make_float2(dh, dh);")
         body += [f"      {{ const float2 xf = {cvt}(*reinterpret_cast<const {h2}*>(xrow + 4 * j + (lane & 3)));",
                  f"        {dv}", "        v0 = fmaf(dd.x, xf.x, v0); v1 = fmaf(dd.y, xf.y, v1); }"]
     if "z" in ep:  # silu(z) = z / (1 + exp(-z)), mamba_ssm's z·sigmoid(z)
@@ -260,7 +260,7 @@ def _store_fused(dt: str, ep: str) -> str:
                  "        v0 *= zf.x / (1.f + __expf(-zf.x)); v1 *= zf.y / (1.f + __expf(-zf.y)); }"]
     rows = "    const size_t row_ = ((size_t)(bz * SEQ + pos) * H + h) * P;"
     return "\n".join([
-        "fence_regs(acc);", *(["const float dh = d_skip[h];  // D of this head"] if ep in ("D", "Dz") else []),
+        "fence_regs(acc);",
         "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
         "  const int pos = CQ + m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
         "  if (pos < SEQ) {  // the ragged last chunk: positions past seq are not written", rows,
