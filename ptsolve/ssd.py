@@ -21,7 +21,8 @@ in chunks of ``chunk_size`` positions (the SSD algorithm): the steps and where t
 - chunk state (each chunk's own final state): ptsolve's generated ChunkState kernel (through ``ptsolve.serve``);
 - state passing (the states entering each chunk, and the final one): PyTorch, one in-place multiply-add per chunk
   on the float32 states, then one conversion to the input dtype (the ChunkScan kernel's wgmma operand);
-- CB (C·Bᵀ per chunk and group): one batched matmul in the input dtype (float32 accumulation, no float32 copy);
+- CB (C·Bᵀ per chunk and group): one batched matmul, float32 out for bf16 (rounded once, in the chunk scan's P,
+  as mamba_ssm's), fp16 out for fp16 (``geometry.mamba2.DEFAULT_CB_DTYPE`` says why);
 - chunk scan, D skip and z gate: ptsolve's generated ChunkScan kernel, a variant with the epilogue fused where D or
   z is given (out = (scan + D·x)·silu(z) in float32, one rounding; z is read in x's dtype);
 - (``skip_gate``, the same epilogue as PyTorch ops, serves chunk-scan kernels that do not fuse it: the CPU tests'.)
@@ -91,12 +92,16 @@ def _chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA: to
                      states: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None
                      ) -> torch.Tensor:
     """ptsolve's ChunkScan kernel (``serve.chunk_scan``) → out (b, L, h, p) in x's dtype; with D and/or z its fused
-    variant, (out + D·x)·silu(z) in float32 before the one rounding (D as float32, z in x's dtype)."""
+    variant, (out + D·x)·silu(z) in float32 before the one rounding (D as float32, z in x's dtype). cb float32 or
+    in x's dtype: the class whose kernel reads it as it is (ShapeError for another dtype)."""
     from . import serve
 
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     ep = ("" if D is None else "Dp" if D.dim() == 2 else "D") + ("" if z is None else "z")
-    c = serve.mamba_class("mamba2_chunk_scan", _DTYPE_NAMES[x.dtype], x.shape[-1], C.shape[-1], dt.shape[-1], ep)
+    # the class that reads cb as it is: float32 (the bf16 default, chunk_bmm's) or x's dtype
+    cbd = "fp32" if cb.dtype == torch.float32 else _DTYPE_NAMES.get(cb.dtype, str(cb.dtype))
+    c = serve.mamba_class("mamba2_chunk_scan", _DTYPE_NAMES[x.dtype], x.shape[-1], C.shape[-1], dt.shape[-1], ep,
+                          cbd)
     Df = _aligned(D.float()) if D is not None else None
     zx = _aligned(z.to(x.dtype)) if z is not None else None
     return serve.chunk_scan(*(_aligned(t) for t in (cb, x, dt, dA, C, states)), out, c, Df, zx)
@@ -272,15 +277,45 @@ def state_passing(states: torch.Tensor, dA_cumsum: torch.Tensor, initial_states:
     return entering, states[:, -1].clone()
 
 
-def chunk_bmm(C: torch.Tensor, B: torch.Tensor, chunk: int, cb_keep: torch.Tensor | None = None) -> torch.Tensor:
-    """CB = C·Bᵀ per chunk and group: C, B (b, L, g, n) → (b, nc, g, chunk, chunk) in the inputs' dtype (float32
-    accumulation in the matmul, one rounding; rows and columns past L are 0), zeroed where ``cb_keep`` is False."""
+# whether torch.bmm takes out_dtype (the aten::bmm.dtype overload, torch >= 2.8; its kernel is CUDA's)
+_BMM_OUT_DTYPE = hasattr(torch.ops.aten.bmm, "dtype")
+
+
+def cb_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``chunk_bmm`` gives CB in for C and B of ``dtype``: ``geometry.mamba2.DEFAULT_CB_DTYPE`` (float32
+    for bf16, fp16 for fp16: the ChunkScan class ptsolve runs by default), ``dtype`` itself for others."""
+    from .geometry.mamba2 import CB_FP32, DEFAULT_CB_DTYPE
+
+    name = _DTYPE_NAMES.get(dtype)
+    return torch.float32 if name is not None and DEFAULT_CB_DTYPE[name] == CB_FP32 else dtype
+
+
+def _bmm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (k, m, n) · b (k, n, p) → float32 (k, m, p), fp16/bf16 operands with float32 accumulation and output:
+    cuBLAS's mixed-precision GEMM through torch.bmm's ``out_dtype`` on CUDA (no float32 copies of the operands, one
+    kernel); elsewhere (a CPU, torch < 2.8) the same products in a float32 matmul of float32 copies."""
+    if _BMM_OUT_DTYPE and a.is_cuda:
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())
+
+
+def chunk_bmm(C: torch.Tensor, B: torch.Tensor, chunk: int, cb_keep: torch.Tensor | None = None,
+              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """CB = C·Bᵀ per chunk and group: C, B (b, L, g, n) → (b, nc, g, chunk, chunk) in ``out_dtype`` (None:
+    ``cb_dtype(C.dtype)``; float32, or the inputs' dtype) with float32 accumulation and one rounding, rows and
+    columns past L 0, zeroed where ``cb_keep`` is False. ShapeError for another ``out_dtype``."""
     b, L, g, n = C.shape
+    out_dtype = cb_dtype(C.dtype) if out_dtype is None else out_dtype
+    if out_dtype not in (C.dtype, torch.float32):
+        raise ShapeError(f"chunk_bmm: out_dtype={out_dtype} must be torch.float32 or C's dtype {C.dtype}")
     nc = -(-L // chunk)
     pad = (0, 0, 0, 0, 0, nc * chunk - L)
     Cc = F.pad(C, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 2, 4)
     Bc = F.pad(B, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 4, 2)
-    cb = torch.matmul(Cc, Bc)
+    if out_dtype == C.dtype:
+        cb = torch.matmul(Cc, Bc)
+    else:  # (b·nc·g) matrices: a view of Cc where g is 1, Bc's transpose taken by the GEMM as it is
+        cb = _bmm_float32(Cc.reshape(-1, chunk, n), Bc.reshape(-1, n, chunk)).view(b, nc, g, chunk, chunk)
     return cb.masked_fill_(~cb_keep, 0) if cb_keep is not None else cb
 
 

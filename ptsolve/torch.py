@@ -632,11 +632,12 @@ def _gemm_cold(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], key: tu
 _MAMBA_CLASSES: dict[tuple[Any, ...], Any] = {}
 
 
-def _mamba_class(op: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor) -> Any:
-    key = (op, x.dtype, x.shape[-1], BC.shape[-1], dt.shape[-1])
+def _mamba_class(op: str, x: torch.Tensor, BC: torch.Tensor, dt: torch.Tensor, cb_dtype: str | None = None) -> Any:
+    key = (op, x.dtype, x.shape[-1], BC.shape[-1], dt.shape[-1], cb_dtype)
     c = _MAMBA_CLASSES.get(key)
     if c is None:
-        c = _MAMBA_CLASSES[key] = _gen().mamba_class(op, _dtype(x, "x"), x.shape[-1], BC.shape[-1], dt.shape[-1])
+        c = _MAMBA_CLASSES[key] = _gen().mamba_class(op, _dtype(x, "x"), x.shape[-1], BC.shape[-1], dt.shape[-1],
+                                                     cb_dtype=cb_dtype)
     return c
 
 
@@ -680,10 +681,13 @@ def _scan_cold(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cumsum: t
     out = _empty_like(x, memory_format=_CF)
     if out.numel() == 0:
         return out
-    c = _mamba_class("mamba2_chunk_scan", x, C, dt)
     d = x.dtype
+    # the class that reads cb as it is: float32 (mamba_ssm's _bmm_chunk_fwd output) or x's dtype; else the default
+    cbd = "fp32" if cb.dtype == torch.float32 else _dtype(x, "x") if cb.dtype == d else None
+    c = _mamba_class("mamba2_chunk_scan", x, C, dt, cbd)
     ins = (cb, x, dt, dA_cumsum, C, states)
-    ops = tuple(_operand(t, f) for t, f in zip(ins, (d, d, torch.float32, torch.float32, d, d)))
+    cbt = torch.float32 if c.cb_dtype else d
+    ops = tuple(_operand(t, f) for t, f in zip(ins, (cbt, d, torch.float32, torch.float32, d, d)))
     ln = _gen().chunk_scan_launch(*ops, c)
     ln(_raw_stream(x.get_device()), out.data_ptr())
     if all(a is b for a, b in zip(ops, ins)):
@@ -1173,8 +1177,10 @@ def mamba_chunk_scan(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA_cum
                      states: torch.Tensor) -> torch.Tensor:
     """Mamba2 SSD ChunkScan with mamba_ssm's argument layout (``_chunk_scan_fwd`` without D, z, seq_idx):
     cb (b, nc, g, chunk, chunk), x (b, L, h, p), dt / dA_cumsum (b, h, nc, chunk) float32, C (b, L, g, n), states
-    (b, nc, h, p, n) → out (b, L, h, p) in x's dtype. Shape-generic: one kernel per class (dtype, head_dim p,
-    d_state n, chunk), batch, seq, heads and ngroups are its arguments (the cubin is cached on disk)."""
+    (b, nc, h, p, n) → out (b, L, h, p) in x's dtype. A float32 cb (mamba_ssm's ``_bmm_chunk_fwd`` output) is read
+    as it is (the class with ``cb_dtype`` "fp32": P = CB·decay rounded once), a cb in x's dtype too. Shape-generic:
+    one kernel per class (dtype, head_dim p, d_state n, chunk, cb dtype), batch, seq, heads and ngroups are its
+    arguments (the cubin is cached on disk)."""
     if not _compiling():
         key = _scan_key(cb, x, dt, dA_cumsum, C, states)
         ln = _FAST.get(key)

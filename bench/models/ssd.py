@@ -90,13 +90,15 @@ def _steps(sets: list[dict[str, Any]], k: Any) -> tuple[dict[str, Any], dict[str
     from ptsolve import ssd
 
     prep = []
-    for s in sets:  # mamba_ssm's own preprocessing: dt, dA_cumsum, states, CB (float32), entering states
+    # mamba_ssm's own preprocessing: dt, dA_cumsum, states, CB (float32), entering states; ptsolve's chunk scan gets
+    # CB in the dtype its forward gives it (ssd.cb_dtype: float32 for bf16, fp16 for fp16)
+    for s in sets:
         dA, dt = k.chunk_cumsum_fwd(s["dt"], s["A"], Q, dt_bias=s["dt_bias"], dt_softplus=True)
         st = k.chunk_state_fwd(s["B"], s["x"], dt, dA, states_in_fp32=True)
         ent, _ = k.state_passing_fwd(st.flatten(-2), dA[:, :, :, -1], chunk_size=Q, out_dtype=s["C"].dtype)
         cb = k.bmm_chunk_fwd(s["C"], s["B"], Q, output_dtype=torch.float32)
-        prep.append({**s, "dtc": dt, "dA": dA, "ent": ent.view(st.shape), "cb32": cb, "cb": cb.to(s["x"].dtype),
-                     "st_out": torch.empty_like(st)})
+        prep.append({**s, "dtc": dt, "dA": dA, "ent": ent.view(st.shape), "cb32": cb,
+                     "cb": cb.to(ssd.cb_dtype(s["x"].dtype)), "st_out": torch.empty_like(st)})
         del st
     scan = {"ptsolve": lambda i: ssd._chunk_scan_cuda(prep[i]["cb"], prep[i]["x"], prep[i]["dtc"], prep[i]["dA"],
                                                        prep[i]["C"], prep[i]["ent"]),

@@ -1,9 +1,9 @@
 """Mamba2 ChunkScan task bodies, in mamba_ssm's ``_chunk_scan_fwd`` layouts (its baseline takes the same tensors).
 
-cb (batch, nchunks, ngroups, chunk, chunk); x, out (batch, seq, nheads, headdim); dt, dA_cumsum (batch, nheads,
-nchunks, chunk) float32; C (batch, seq, ngroups, dstate); prev_states (batch, nchunks, nheads, headdim, dstate).
-cb, x, C, states and out in the plan's dtype (the states are a wgmma operand; ``runtime.run_chunk_scan``
-converts float32 ones).
+cb (batch, nchunks, ngroups, chunk, chunk) in the plan's ``cb_dtype`` (float32) or its dtype; x, out (batch, seq,
+nheads, headdim); dt, dA_cumsum (batch, nheads, nchunks, chunk) float32; C (batch, seq, ngroups, dstate); prev_states
+(batch, nchunks, nheads, headdim, dstate). x, C, states and out in the plan's dtype (the states are a wgmma operand;
+``runtime.run_chunk_scan`` converts float32 ones).
 
     out[b, cQ+m, h, p] = exp(dA[m]) · Σ_n C[cQ+m, g, n] · states[c, h, p, n]
                          + Σ_{k ≤ m} cb[c, g, m, k] · exp(dA[m] − dA[k]) · dt[k] · x[cQ+k, h, p],   g = h // (H/G)
@@ -14,7 +14,9 @@ warpgroup ``mma_state`` (acc = C·statesᵀ) and ``scale_state`` (acc *= exp(dA[
 ``load_dA``, ``load_dt`` (unswizzled TMA tiles of the float32 (chunk rows, chunk) view) and ``load_x``;
 ``decay`` reads the swizzled CB tile straight into the wgmma accumulator layout, multiplies it by
 exp2((dA[m] − dA[k])·log2 e)·dt[k] (zero where k > m or k ≥ seq) and packs A fragments; ``mma`` accumulates
-W·x (A from registers, x MN-major). CB is loaded in 64-column boxes whatever BK (the graph counts the box).
+W·x (A from registers, x MN-major). CB is loaded in 128-byte swizzled boxes whatever BK (the graph counts the
+box): 64 columns of fp16/bf16, or with ``cb_dtype`` "fp32" 32 columns of float32 that the decay reads as they are,
+so P is rounded once, when it is packed (mamba_ssm's arithmetic); otherwise CB is converted to float32 there.
 
 A fused epilogue (params ``epilogue``, ``ptsolve.geometry.mamba2.EPILOGUES``) makes a kernel variant whose store
 computes mamba_ssm's (acc + D·x)·silu(z) in float32 before the one rounding: x and z read from global memory in
@@ -28,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptsolve.errors import CodegenError, UnsupportedOperatorError
-from ptsolve.geometry.mamba2 import EPILOGUES
+from ptsolve.geometry.mamba2 import CB_FP32, EPILOGUES, cb_box_cols, cb_bytes
 
 from ..kernel_ir import KernelIR, Role
 from ..walk import LAST_READ
@@ -78,6 +80,9 @@ def _check(ir: KernelIR) -> None:
     p, t = ir.params, ir.tiling
     check_dtype(p)
     _epilogue(p)
+    if p.get("cb_dtype", CB_FP32) != CB_FP32:  # the input dtype is the parameter's absence (ops.chunk_scan)
+        raise UnsupportedOperatorError(f"{OP}: cb_dtype {p['cb_dtype']!r}: the generator reads CB as float32 "
+                                       f"({CB_FP32!r}) or, without the parameter, in the input dtype")
     B, L, H, P, N, Q, G = _dims(p)
     if P != 64:
         raise UnsupportedOperatorError(f"{OP}: the CUDA generator supports head_dim 64, got {P}")
@@ -98,11 +103,11 @@ def _consts(ir: KernelIR) -> str:
     if ir.generic:  # SEQ, H, G, NC, B_ and NTILES are kernel arguments (sizes)
         return (f"  constexpr int P = {P}, Q = {Q};\n"
                 f"  constexpr int NMB = {Q // t['BM']}, BM = {t['BM']}, BK = {t['BK']}, NCH = {N // 64}, "
-                f"CBCH = {max(1, t['BK'] // 64)};\n"
+                f"CBCH = {max(1, t['BK'] // cb_box_cols(p))};\n"
                 f"  constexpr float LOG2E = {LOG2E!r}f;")
     return (f"  constexpr int SEQ = {L}, H = {H}, G = {G}, P = {P}, Q = {Q}, NC = {-(-L // Q)}, B_ = {B};\n"
             f"  constexpr int NMB = {Q // t['BM']}, BM = {t['BM']}, BK = {t['BK']}, NCH = {N // 64}, "
-            f"CBCH = {max(1, t['BK'] // 64)};\n"
+            f"CBCH = {max(1, t['BK'] // cb_box_cols(p))};\n"
             f"  constexpr float LOG2E = {LOG2E!r}f;")
 
 
@@ -127,8 +132,8 @@ def _decls(ir: KernelIR, role: Role) -> str:
     return "\n".join(out)
 
 
-def _load(b: str) -> str:
-    """A load task's copies into its slot (``fbar_`` its full barrier)."""
+def _load(b: str, cols: int) -> str:
+    """A load task's copies into its slot (``fbar_`` its full barrier; ``cols``: columns of one CB box)."""
     if b == "load_c":
         return ("#pragma unroll\nfor (int cc = 0; cc < NCH; ++cc)\n"
                 "  tma_load_4d(c_s + cc * BM * 128, &tm_c, fbar_, 64 * cc, grp, CQ + m0, bz);")
@@ -139,7 +144,7 @@ def _load(b: str) -> str:
         return "bulk_load(dacs_s, da_ptr + (size_t)vrow * Q + m0, BM * 4, fbar_);"
     if b == "load_cb":
         return ("#pragma unroll\n  for (int cc = 0; cc < CBCH; ++cc)\n"
-                "    tma_load_2d(cb_cur + cc * BM * 128, &tm_cb, fbar_, it_ * BK + 64 * cc, cb_row);")
+                f"    tma_load_2d(cb_cur + cc * BM * 128, &tm_cb, fbar_, it_ * BK + {cols} * cc, cb_row);")
     if b in ("load_dA", "load_dt"):
         # a TMA tile of the (rows of chunk, chunk) view: compute-sanitizer's racecheck follows tensor copies
         return f"  tma_load_2d({b[5:].lower()}_cur, &tm_{b[5:]}, fbar_, it_ * BK, vrow);"
@@ -148,10 +153,26 @@ def _load(b: str) -> str:
     raise AssertionError(b)
 
 
-def _decay(dt: str, buf: str) -> str:
-    """CB decayed by exp(dA_m - dA_k)·dt_k and masked, packed into the A fragments (``buf``) of the next mma."""
+def _cb_pair(dt: str, fp32: bool) -> list[str]:
+    """The decay's read of CB[r, col], CB[r, col + 1] into ``cf`` (float2) from the swizzled tile (``fp32``: float32
+    CB, read as it is; else two fp16/bf16 values converted)."""
+    if fp32:
+        # 32 float32 columns a 128-byte row: column col sits in box col / 32 at byte 4 * (col % 32), in granule
+        # (col % 32) / 4 = 2 (j % 4) + (lane & 3) / 2, swizzled, at byte 8 (lane & 1) of it; a warp's 8 rows cover
+        # the 32 banks twice (its 256 bytes, two wavefronts)
+        return ["      const float2 cf = *reinterpret_cast<const float2*>(cb_cur + (j >> 2) * BM * 128 + r * 128 +"
+                " ((((2 * (j & 3) + ((lane & 3) >> 1)) ^ (r & 7))) << 4) + 8 * (lane & 1));"]
     cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
     h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
+    return ["      // 128-byte swizzle: 16-byte granule (col / 8) % 8 of row r sits at granule ^ (r % 8)",
+            "      const uint32_t cbv = *reinterpret_cast<const uint32_t*>(cb_cur + (j >> 3) * BM * 128 + r * 128 +"
+            " ((((j & 7) ^ (r & 7))) << 4) + 4 * (lane & 3));",
+            f"      const float2 cf = {cvt}(*reinterpret_cast<const {h2}*>(&cbv));"]
+
+
+def _decay(dt: str, buf: str, fp32: bool = False) -> str:
+    """CB decayed by exp(dA_m - dA_k)·dt_k and masked, packed into the A fragments (``buf``) of the next mma: the one
+    rounding of P to ``dt`` (``fp32``: CB read as float32; else CB itself was rounded to ``dt`` before)."""
     return "\n".join([
         f"  fence_regs({buf}_flat);",
         "  const float* das = reinterpret_cast<const float*>(da_cur);",
@@ -166,10 +187,7 @@ def _decay(dt: str, buf: str) -> str:
         "    const float2 dtk = *reinterpret_cast<const float2*>(dts + col);",
         "#pragma unroll", "    for (int hh = 0; hh < 2; ++hh) {",
         "      const int r = ROW0 + w * 16 + (lane >> 2) + 8 * hh;  // row within the CTA's block",
-        "      // 128-byte swizzle: 16-byte granule (col / 8) % 8 of row r sits at granule ^ (r % 8)",
-        "      const uint32_t cbv = *reinterpret_cast<const uint32_t*>(cb_cur + (j >> 3) * BM * 128 + r * 128 +"
-        " ((((j & 7) ^ (r & 7))) << 4) + 4 * (lane & 3));",
-        f"      const float2 cf = {cvt}(*reinterpret_cast<const {h2}*>(&cbv));",
+        *_cb_pair(dt, fp32),
         "      float w0 = cf.x * fast_exp2(dam[hh] - dak.x * LOG2E) * dtk.x;",
         "      float w1 = cf.y * fast_exp2(dam[hh] - dak.y * LOG2E) * dtk.y;",
         "      if (!full_) {  // causal (k <= m) and ragged (k < seq) mask: select, so inf/nan never pass",
@@ -191,7 +209,7 @@ def _body(t: Task) -> str:
     ptx = PTXTYPE[dt]
     buf = f"pf{t.parity if ir.copies.get(f'w@{t.role.group}', 1) == 2 and t.parity is not None else 0}"
     if b.startswith("load_"):
-        return _load(b)
+        return _load(b, cb_box_cols(ir.params))
     if b == "mma_state":
         lines = ["{ const uint32_t sc = smem_u32(c_s) + ROW0 * 128, ss = smem_u32(states_s);", "  wg_fence();"]
         for kk in range(N // 16):
@@ -208,7 +226,7 @@ def _body(t: Task) -> str:
             "#pragma unroll", "  for (int j = 0; j < P / 8; ++j) {",
             "    acc[4 * j + 2 * hh] *= e; acc[4 * j + 2 * hh + 1] *= e;", "  }", "}"])
     if b == "decay":
-        return _decay(dt, buf)
+        return _decay(dt, buf, cb_bytes(ir.params) == 4)
     if b == "mma":
         lines = ["  const uint32_t sx = smem_u32(x_cur);", "  wg_fence();"]
         for kk in range(BK // 16):
@@ -232,9 +250,9 @@ def _store_fused(dt: str, ep: str) -> str:
     cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
     h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
     body = ["      float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];"]
-    if "D" in ep:
+    if "D" in ep:  # D per head read where used (an L1 hit): held across the loops, it spilled at 80 registers
         dv = ("const float2 dd = *reinterpret_cast<const float2*>(d_skip + h * P + 8 * j + 2 * (lane & 3));"
-              if "Dp" in ep else "const float2 dd = make_float2(dh, dh);")
+              if "Dp" in ep else "const float dh = __ldg(d_skip + h); const float2 dd = make_float2(dh, dh);")
         body += [f"      {{ const float2 xf = {cvt}(*reinterpret_cast<const {h2}*>(xrow + 4 * j + (lane & 3)));",
                  f"        {dv}", "        v0 = fmaf(dd.x, xf.x, v0); v1 = fmaf(dd.y, xf.y, v1); }"]
     if "z" in ep:  # silu(z) = z / (1 + exp(-z)), mamba_ssm's z·sigmoid(z)
@@ -242,7 +260,7 @@ def _store_fused(dt: str, ep: str) -> str:
                  "        v0 *= zf.x / (1.f + __expf(-zf.x)); v1 *= zf.y / (1.f + __expf(-zf.y)); }"]
     rows = "    const size_t row_ = ((size_t)(bz * SEQ + pos) * H + h) * P;"
     return "\n".join([
-        "fence_regs(acc);", *(["const float dh = d_skip[h];  // D of this head"] if ep in ("D", "Dz") else []),
+        "fence_regs(acc);",
         "#pragma unroll", "for (int hh = 0; hh < 2; ++hh) {",
         "  const int pos = CQ + m0 + ROW0 + w * 16 + (lane >> 2) + 8 * hh;",
         "  if (pos < SEQ) {  // the ragged last chunk: positions past seq are not written", rows,
@@ -265,12 +283,12 @@ def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
 
 
 def maps(p: Mapping[str, Any], t: Mapping[str, int]) -> tuple[TensorMapSpec, ...]:
-    """Tensor maps of contiguous cb, x, C, states, dt and dA_cumsum of shape ``p`` (a generic kernel's launcher
-    encodes them per shape)."""
+    """Tensor maps of contiguous cb (float32 with ``cb_dtype`` "fp32"), x, C, states, dt and dA_cumsum of shape ``p``
+    (a generic kernel's launcher encodes them per shape)."""
     B, L, H, P, N, Q, G = _dims(p)
-    dt, nc, e = p["dtype"], -(-L // Q), 2
+    dt, nc, e, ce = p["dtype"], -(-L // Q), 2, cb_bytes(p)
     return (
-        TensorMapSpec("cb", dt, (Q, B * nc * G * Q), (Q * e,), (64, t["BM"])),
+        TensorMapSpec("cb", CB_FP32 if ce == 4 else dt, (Q, B * nc * G * Q), (Q * ce,), (cb_box_cols(p), t["BM"])),
         TensorMapSpec("x", dt, (P, H, L, B), (P * e, H * P * e, L * H * P * e), (64, 1, t["BK"], 1)),
         TensorMapSpec("c", dt, (N, G, L, B), (N * e, G * N * e, L * G * N * e), (64, 1, t["BM"], 1)),
         TensorMapSpec("states", dt, (N, B * nc * H * P), (N * e,), (64, P)),

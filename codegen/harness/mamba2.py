@@ -5,8 +5,8 @@ hand-written plans measurements compare against. (The timing next to mamba_ssm's
 
 ``params`` use ptsolve's mamba2 names (batch, seq, heads, head_dim, d_state, chunk, groups, dtype; dtype defaults
 to fp16 as in the generators). Shapes: x (b, L, h, p); B, C (b, L, g, n); dt, dA_cumsum (b, h, c, Q) float32;
-cb (b, c, g, Q, Q) in the dtype; ChunkScan's entering states (b, c, h, p, n) in the dtype; ChunkState's output
-(b, c, h, p, n) float32.
+cb (b, c, g, Q, Q) in the plan's ``cb_dtype`` (float32) or the dtype; ChunkScan's entering states (b, c, h, p, n) in
+the dtype; ChunkState's output (b, c, h, p, n) float32.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _gen(seed: int | None) -> Any:
 
 def scan_inputs(p: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
     """Fresh ChunkScan inputs (keys are ``run_chunk_scan``'s): x, B, C ~ randn, cb = C·Bᵀ per chunk (in float32,
-    then the dtype), entering states ~ 0.1·randn."""
+    kept so where ``p``'s cb_dtype is "fp32", else rounded to the dtype), entering states ~ 0.1·randn."""
     import torch
     import torch.nn.functional as F
     b, L, h, P, N, Q, G, tdt = _shape(p)
@@ -60,7 +60,8 @@ def scan_inputs(p: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
     pad = nc * Q - L
     Cp = F.pad(C.float(), (0, 0, 0, 0, 0, pad)).reshape(b, nc, Q, G, N)
     Bp = F.pad(Bm.float(), (0, 0, 0, 0, 0, pad)).reshape(b, nc, Q, G, N)
-    cb = torch.einsum("bcmgn,bckgn->bcgmk", Cp, Bp).to(tdt)
+    cb = torch.einsum("bcmgn,bckgn->bcgmk", Cp, Bp)
+    cb = cb if p.get("cb_dtype") == "fp32" else cb.to(tdt)
     del Cp, Bp
     dt, da = _dt_da(g, b, h, nc, Q)
     states = (torch.randn(b, nc, h, P, N, device="cuda", generator=g) * 0.1).to(tdt)
@@ -132,16 +133,16 @@ def _sizes(p: dict[str, Any]) -> tuple[int, ...]:
 
 def run_chunk_scan(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, plan: Any, out: Any = None) -> Any:
     """Mamba2 ChunkScan with the kernel emitted for ``plan`` (mamba_ssm layouts): cb (b, nc, g, Q, Q), x (b, L, h, p),
-    dt / dA_cumsum (b, h, nc, Q) float32, C (b, L, g, n), states (b, nc, h, p, n) -> out (b, L, h, p). cb, x, C,
-    out in the plan's dtype; states and cb of another float dtype (the float32 that mamba_ssm's state passing and
-    ``_bmm_chunk_fwd`` may return) are converted to it (a wgmma operand)."""
+    dt / dA_cumsum (b, h, nc, Q) float32, C (b, L, g, n), states (b, nc, h, p, n) -> out (b, L, h, p). x, C, out
+    in the plan's dtype, cb in its ``cb_dtype`` (float32) or dtype; states and cb of another float dtype (the float32
+    that mamba_ssm's state passing and ``_bmm_chunk_fwd`` may return) are converted to it (a wgmma operand)."""
     import torch
 
     ks = emit_cached(plan)
     p = ks.params
     B, L, H, P, N, Q, G = _sizes(p)
     nc, d = -(-L // Q), p["dtype"]
-    cb = need(cb, "cb", (B, nc, G, Q, Q), d, convert=True)
+    cb = need(cb, "cb", (B, nc, G, Q, Q), p.get("cb_dtype", d), convert=True)
     need(x, "x", (B, L, H, P), d)
     need(dt, "dt", (B, H, nc, Q), "fp32")
     need(dA_cumsum, "dA_cumsum", (B, H, nc, Q), "fp32")

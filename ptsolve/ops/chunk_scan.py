@@ -3,7 +3,9 @@
 The loop runs over BK-position blocks k ≤ m (causal inside the chunk): load_cb, load_dA, load_dt,
 decay (exp on the CUDA cores and MUFU), load_x, mma. The state contribution C·states is the prologue.
 Its parameters are Mamba2's (ptsolve.ops.mamba2), plus an optional ``epilogue`` (``EPILOGUES``): mamba_ssm's D skip
-and z gate fused into the store, out = (out + D·x)·silu(z), which reads x (and z) once more per output tile.
+and z gate fused into the store, out = (out + D·x)·silu(z), which reads x (and z) once more per output tile; and an
+optional ``cb_dtype`` (``ptsolve.geometry.mamba2``): "fp32" reads CB as float32, twice the CB tile's bytes and
+shared memory, so that the decayed P is the only rounding; the input dtype (or its absence) reads CB as it is.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ShapeError
-from ..geometry.mamba2 import EPILOGUES
+from ..geometry.mamba2 import CB_FP32, EPILOGUES, cb_box_cols, cb_bytes
 from ..hw import Hardware
 from ..ir import Edge, STaskGraph
 from .base import MMA_K, WG_ROWS, OpSpec, TextbookPlan, cdiv, reg, register, smem, task
@@ -19,12 +21,16 @@ from .mamba2 import KEYS, E, validate
 
 
 def _scan_validate(p: dict[str, Any]) -> dict[str, Any]:
-    """Mamba2's parameters (``validate``) and ChunkScan's optional ``epilogue`` (kept only when one is asked)."""
-    ep = p.pop("epilogue", "")
+    """Mamba2's parameters (``validate``) and ChunkScan's optional ``epilogue`` and ``cb_dtype``, each kept only when
+    it changes the kernel (an epilogue asked; CB in float32)."""
+    ep, cbd = p.pop("epilogue", ""), p.pop("cb_dtype", None)
     if ep and ep not in EPILOGUES:
         raise ShapeError(f"mamba2_chunk_scan: epilogue={ep!r} must be one of {EPILOGUES} (or absent)")
     p = validate(p)
-    return p | {"epilogue": ep} if ep else p
+    if cbd not in (None, CB_FP32, p["dtype"]):
+        raise ShapeError(f"mamba2_chunk_scan: cb_dtype={cbd!r} must be {CB_FP32!r} (CB read as float32) or the input "
+                         f"dtype {p['dtype']!r} (or absent: the input dtype)")
+    return p | ({"epilogue": ep} if ep else {}) | ({"cb_dtype": CB_FP32} if cbd == CB_FP32 else {})
 
 
 def _store_bytes(p: dict[str, Any], rows: int) -> int:
@@ -56,6 +62,7 @@ def _scan_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None
     nchunks = cdiv(L, Q)
     mblocks = cdiv(Q, BM)
     trips = [cdiv(min(Q, (i + 1) * BM), BK) for i in range(mblocks)]
+    cb_tile = BM * max(BK, cb_box_cols(p)) * cb_bytes(p)
     tasks = [
         task("load_c", "load", phase="pre", tile=(BM, N), bytes=BM * N * E, reuse=share, is_async=True,
              allocs=(smem("c", BM * N * E),)),
@@ -63,9 +70,10 @@ def _scan_build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None
              allocs=(smem("states", N * P * E),)),
         task("load_dacs", "load", phase="pre", tile=(BM,), dtype="fp32", bytes=BM * 4, is_async=True,
              allocs=(smem("dacs", BM * 4),)),
-        # CB comes in 64-column (128-byte swizzled) boxes whatever BK: that many bytes move and sit in the slot
-        task("load_cb", "load", tile=(BM, BK), bytes=BM * max(BK, 64) * E, reuse=share, is_async=True,
-             allocs=(smem("cb", BM * max(BK, 64) * E),)),
+        # CB comes in 128-byte swizzled boxes (64 columns of fp16/bf16, 32 of float32) whatever BK: that many bytes
+        # move and sit in the slot (the task's dtype is the element's width, "fp16" for either 16-bit type as above)
+        task("load_cb", "load", tile=(BM, BK), dtype="fp32" if cb_bytes(p) == 4 else "fp16", bytes=cb_tile,
+             reuse=share, is_async=True, allocs=(smem("cb", cb_tile),)),
         task("load_dA", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("da", BK * 4),)),
         task("load_dt", "load", tile=(BK,), dtype="fp32", bytes=BK * 4, is_async=True, allocs=(smem("dt", BK * 4),)),
         task("load_x", "load", tile=(BK, P), bytes=BK * P * E, is_async=True, allocs=(smem("x", BK * P * E),)),

@@ -20,7 +20,8 @@ DTYPES = ("fp16", "bf16")
 class ShapeClass:
     """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
     ``causal``, ``gqa``, ``softcap``, ``window`` only attention's; ``d_state``, ``chunk`` only Mamba2's;
-    ``epilogue`` only ChunkScan's (a fused D skip / z gate, ``ptsolve.geometry.mamba2.EPILOGUES``)."""
+    ``epilogue`` and ``cb_dtype`` only ChunkScan's (a fused D skip / z gate, ``ptsolve.geometry.mamba2.EPILOGUES``;
+    "fp32": CB read as float32, '' in the input dtype)."""
 
     op: str
     dtype: str
@@ -35,13 +36,15 @@ class ShapeClass:
     softcap: bool = False  # attention's capped scores (the cap's value is a launch argument)
     window: bool = False  # attention's sliding window (its sizes are launch arguments)
     epilogue: str = ""  # Mamba2 ChunkScan's fused D skip and z gate (a variant: ``OpClasses.derived``)
+    cb_dtype: str = ""  # Mamba2 ChunkScan's CB operand: "fp32", or '' for the input dtype (a schedule of its own)
 
     def __hash__(self) -> int:
         """Hashed once (a launcher's cache key hashes the class on every call)."""
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.op, self.dtype, self.head_dim, self.causal, self.gqa, self.d_state, self.chunk,
-                      self.groups, self.ctas, self.persistent, self.softcap, self.window, self.epilogue))
+                      self.groups, self.ctas, self.persistent, self.softcap, self.window, self.epilogue,
+                      self.cb_dtype))
             object.__setattr__(self, "_hash", h)
         return h
 

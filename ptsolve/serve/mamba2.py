@@ -1,13 +1,16 @@
 """Mamba2's chunk kernels (ChunkScan, ChunkState) in the serving layer: classes by dtype, head_dim, d_state and chunk
 (batch, seq, heads and ngroups are kernel arguments) and their launchers, in mamba_ssm's layouts. ChunkScan's fused
 epilogues (D skip, z gate: ``ptsolve.geometry.mamba2.EPILOGUES``) are variant classes, ``.../q256/Dz``: the plain
-class's schedule with the epilogue added (``OpClasses.derived``), compiled only when asked."""
+class's schedule with the epilogue added (``OpClasses.derived``), compiled only when asked. ChunkScan's CB operand
+(``cb_dtype``) is a class choice with a schedule of its own (float32 CB doubles the CB tile): ``.../q256/cb32`` reads
+CB as float32, the key without it in the input dtype; each dtype's default is ``geometry.mamba2.DEFAULT_CB_DTYPE``
+(float32 for bf16, fp16 for fp16) and the table holds both."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from ptsolve.errors import ShapeError
+from ptsolve.errors import PtsolveError, ShapeError
 
 from . import prepared
 from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
@@ -18,19 +21,40 @@ MAMBA_HEAD_DIMS, D_STATES, CHUNKS = (64,), (64, 128), (64, 128, 256)
 _TORCH_NAMES = {"mamba2_chunk_scan": "mamba_chunk_scan", "mamba2_chunk_state": "mamba_chunk_state"}  # in errors
 
 
-def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int, epilogue: str = "") -> ShapeClass:
-    """The Mamba2 chunk-kernel class of a shape (``epilogue``: ChunkScan's fused one, '' none); ShapeError for sizes
-    the table does not cover."""
-    from ptsolve.geometry.mamba2 import EPILOGUES
+def mamba_class(op: str, dtype: str, head_dim: int, d_state: int, chunk: int, epilogue: str = "",
+                cb_dtype: str | None = None) -> ShapeClass:
+    """The Mamba2 chunk-kernel class of a shape (``epilogue``: ChunkScan's fused one, '' none; ``cb_dtype``:
+    ChunkScan's CB operand, "fp32" or ``dtype``, None the dtype's default ``DEFAULT_CB_DTYPE``); ShapeError for
+    sizes the table does not cover and for a CB dtype the kernel does not read."""
+    from ptsolve.geometry.mamba2 import CB_FP32, DEFAULT_CB_DTYPE, EPILOGUES
 
     dtype_ok(dtype)
     if epilogue and (op != "mamba2_chunk_scan" or epilogue not in EPILOGUES):
         raise ShapeError(f"{op}: epilogue={epilogue!r}; ChunkScan fuses one of {EPILOGUES}, ChunkState none")
+    if op != "mamba2_chunk_scan":
+        if cb_dtype not in (None, ""):
+            raise ShapeError(f"{op}: cb_dtype={cb_dtype!r}; only ChunkScan reads CB")
+        cb_dtype = ""
+    elif cb_dtype is None:
+        cb_dtype = DEFAULT_CB_DTYPE[dtype]
+    if cb_dtype not in ("", dtype, CB_FP32):
+        raise ShapeError(f"{op}: cb_dtype={cb_dtype!r}; ChunkScan reads CB as {CB_FP32!r} or in the input dtype "
+                         f"{dtype!r}")
     for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES),
                         ("chunk", chunk, CHUNKS)):
         if v not in ok:
             raise ShapeError(f"{op}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
-    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk), epilogue=epilogue)
+    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state), chunk=int(chunk), epilogue=epilogue,
+                      cb_dtype=CB_FP32 if cb_dtype == CB_FP32 else "")
+
+
+def _classes(op: str) -> list[ShapeClass]:
+    """The table's classes of ``op``: dtype × head_dim × d_state × chunk, and for ChunkScan each CB dtype."""
+    from ptsolve.geometry.mamba2 import CB_FP32
+
+    cbs = ("", CB_FP32) if op == "mamba2_chunk_scan" else ("",)
+    return [mamba_class(op, d, hd, n, q, cb_dtype=cb) for d in DTYPES for cb in cbs for hd in MAMBA_HEAD_DIMS
+            for n in D_STATES for q in CHUNKS]
 
 
 def _variants(op: str) -> list[ShapeClass]:
@@ -39,8 +63,7 @@ def _variants(op: str) -> list[ShapeClass]:
 
     if op != "mamba2_chunk_scan":
         return []
-    return [mamba_class(op, d, hd, n, q, e) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES
-            for q in CHUNKS for e in EPILOGUES]
+    return [dataclasses.replace(c, epilogue=e) for c in _classes(op) for e in EPILOGUES]
 
 
 def _derived(c: ShapeClass) -> tuple[ShapeClass, dict[str, Any]] | None:
@@ -51,13 +74,13 @@ def _derived(c: ShapeClass) -> tuple[ShapeClass, dict[str, Any]] | None:
 def _spec(op: str) -> OpClasses:
     # Mamba2-1.3b's heads at batch 4, seq 8k
     return OpClasses(
-        key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}/q{c.chunk}" + (f"/{c.epilogue}" if c.epilogue
-                                                                                  else ""),
+        key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}/q{c.chunk}" + ("/cb32" if c.cb_dtype else "")
+        + (f"/{c.epilogue}" if c.epilogue else ""),
         derived=_derived, variants=lambda: _variants(op),
         representative=lambda c: {"batch": 4, "seq": 8192, "heads": 64, "head_dim": c.head_dim, "d_state": c.d_state,
-                                  "chunk": c.chunk, "groups": 1, "dtype": c.dtype},
-        classes=lambda: [mamba_class(op, d, hd, n, q) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES
-                         for q in CHUNKS])
+                                  "chunk": c.chunk, "groups": 1, "dtype": c.dtype}
+        | ({"cb_dtype": c.cb_dtype} if c.cb_dtype else {}),
+        classes=lambda: _classes(op))
 
 
 register("mamba2_chunk_scan", _spec("mamba2_chunk_scan"))
@@ -138,6 +161,19 @@ def _epilogue_args(c: ShapeClass, x: Any, D: Any, z: Any) -> dict[str, int]:
 _DT_NAMES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "float32"}
 
 
+def _check_cb(c: ShapeClass, cb: Any, params: dict[str, Any]) -> None:
+    """ShapeError where cb's dtype is not the one class ``c`` reads (float32 for a ``cb_dtype`` "fp32" class, else
+    the class's dtype); PtsolveError where the class's kernel was scheduled for the other CB (a stale table)."""
+    want = "float32" if c.cb_dtype else c.dtype
+    if _DT_NAMES.get(str(cb.dtype)) != want:
+        raise ShapeError(f"mamba_chunk_scan (class {c.key}): cb must be {want}, got {cb.dtype}; convert it, or take "
+                         f"the class of cb's dtype (mamba_class(..., cb_dtype=...))")
+    if params.get("cb_dtype", "") != c.cb_dtype:
+        raise PtsolveError(f"the schedule of {c.key} reads cb_dtype {params.get('cb_dtype', params['dtype'])!r}, "
+                           f"not the class's; rebuild the table with `python3 -m ptsolve.serve table --only "
+                           f"mamba2_chunk_scan`")
+
+
 def _chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states: Any, c: ShapeClass,
                        D: Any = None, z: Any = None) -> Any:
     from codegen.cuda.chunk_scan import maps, sizes
@@ -145,6 +181,8 @@ def _chunk_scan_launch(cb: Any, x: Any, dt: Any, dA_cumsum: Any, C: Any, states:
     p = mamba_params(c, x, C, dt, dA_cumsum, cb, states)
     extra = _epilogue_args(c, x, D, z) if c.epilogue or D is not None or z is not None else {}
     ck = kernel(c)
+    _check_cb(c, cb, ck.ir.params)
+    p |= {"cb_dtype": c.cb_dtype} if c.cb_dtype else {}  # the cb tensor map's dtype
     sz = sizes(p, ck.ir.tiling)
     vals = {"cb": cb.data_ptr(), "x": x.data_ptr(), "c": C.data_ptr(), "states": states.data_ptr(),
             "dt": dt.data_ptr(), "dA": dA_cumsum.data_ptr(), "out": 0, **extra, **sz}

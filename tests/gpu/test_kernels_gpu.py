@@ -245,6 +245,7 @@ def test_solver_schedules(name):
         assert err <= TOL, err
 
 
+CB32 = {"cb_dtype": "fp32"}
 CS_CASES = [
     # (params, tiling, overlap)
     (_ms(2, 1000, 8, 2, "fp16"), cs_tiling(2, 64), False),
@@ -256,12 +257,17 @@ CS_CASES = [
     (_ms(2, 1000, 8, 2, "bf16"), cs_tiling(1, 64, ctas=2), False),
     (_ms(1, 512, 4, 1, "fp16"), cs_tiling(1, 32, 3, ctas=3), True),
     (_ms(1, 700, 4, 1, "bf16", chunk=128, d_state=64), cs_tiling(2, 64), True),
+    # CB read as float32 (cb_dtype "fp32": 32-column boxes, two per 64-column k-block, one per 32)
+    (_ms(2, 1000, 8, 2, "bf16") | CB32, cs_tiling(1, 64, ctas=2), False),
+    (_ms(2, 1000, 8, 2, "bf16") | CB32, cs_tiling(2, 32), True),
+    (_ms(1, 512, 4, 1, "fp16") | CB32, cs_tiling(2, 128), False),
+    (_ms(1, 700, 4, 1, "bf16", chunk=128, d_state=64) | CB32, cs_tiling(1, 64, 3), True),
 ]
 
 
 @pytest.mark.parametrize("case", CS_CASES, ids=lambda c: f"{c[0]['batch']}x{c[0]['seq']}_h{c[0]['heads']}_"
                          f"g{c[0]['groups']}_q{c[0]['chunk']}_w{c[1]['groups']}_bk{c[1]['BK']}_c{c[1]['ctas']}"
-                         f"{'_ov' if c[2] else ''}")
+                         f"{'_ov' if c[2] else ''}{'_cb32' if c[0].get('cb_dtype') else ''}")
 def test_chunk_scan(case):
     from codegen.harness import check_mamba as check
     p, t, ov = case

@@ -125,6 +125,27 @@ def test_chunk_bmm_in_the_input_dtype():
     assert cb[:, 1, :, 3].abs().max() == 0 and cb[:, 1, :, :, 3].abs().max() == 0  # past L
 
 
+def test_chunk_bmm_gives_float32_cb_for_bf16():
+    """bf16 C and B give CB in float32 (the products exact, float32 sums: one rounding, ChunkScan's P); fp16 ones in
+    fp16 (``geometry.mamba2.DEFAULT_CB_DTYPE``); ``out_dtype`` picks either, and nothing else."""
+    gen = torch.Generator().manual_seed(5)
+    C, B = (torch.randn(2, 300, 2, 64, generator=gen).bfloat16() for _ in range(2))
+    want = torch.einsum("bcmgn,bckgn->bcgmk", *(torch.nn.functional.pad(t.double(), (0, 0, 0, 0, 0, 84))
+                                               .view(2, 3, 128, 2, 64) for t in (C, B)))
+    cb = ssd.chunk_bmm(C, B, 128)
+    assert cb.dtype == torch.float32 and cb.shape == (2, 3, 2, 128, 128)
+    err32 = (cb.double() - want).abs().max().item()
+    err16 = (ssd.chunk_bmm(C, B, 128, out_dtype=torch.bfloat16).double() - want).abs().max().item()
+    assert err32 <= 64 * 2.0 ** -24 * want.abs().max().item() and err32 < err16 / 100, (err32, err16)
+    assert ssd.chunk_bmm(C.half(), B.half(), 128).dtype == torch.float16
+    assert ssd.chunk_bmm(C.half(), B.half(), 128, out_dtype=torch.float32).dtype == torch.float32
+    assert ssd.cb_dtype(torch.bfloat16) == torch.float32 and ssd.cb_dtype(torch.float64) == torch.float64
+    keep = torch.zeros(2, 3, 1, 128, 128, dtype=torch.bool)
+    assert ssd.chunk_bmm(C, B, 128, keep).abs().max() == 0
+    with pytest.raises(ShapeError, match="out_dtype=torch.float16"):
+        ssd.chunk_bmm(C, B, 128, out_dtype=torch.float16)
+
+
 def test_seq_masks_follow_mamba_ssms_kernels():
     seq = torch.tensor([[0, 0, 0, 1, 1, 1, 2]])  # chunks of 3: [0 0 0] [1 1 1] [2]
     m = ssd.seq_masks(seq, 3)

@@ -593,3 +593,46 @@ def test_softcap_decode_steps_run_the_split_kv_kernel(pt, fake_gpu, monkeypatch,
             pt.flash_attention_kvcache(q1, k, k, lens, softcap=bad)
         with pytest.raises(ShapeError, match="softcap="):
             pt.flash_attention(q1, k, k, softcap=bad)
+
+
+@pytest.mark.parametrize("dtype, cb", [(torch.bfloat16, "fp32"), (torch.float16, "fp16")])
+def test_ssd_hands_chunk_scan_the_cb_of_its_class(fake_gpu, dtype, cb):
+    """On the fake GPU: ``ptsolve.ssd`` gives ChunkScan CB in the dtype's default (``DEFAULT_CB_DTYPE``: float32 for
+    bf16, fp16 for fp16), the kernel built for it (``cb_dtype`` in its parameters) with the cb tensor map of that
+    dtype, at the address of the tensor chunk_bmm made."""
+    import ssd_torch as kt
+
+    from ptsolve import ssd
+
+    made = []
+    real = ssd.chunk_bmm
+    a = kt.inputs(2, 300, 4, 64, 128, 2, dtype, D="h", z=True, seqs=2)
+    pos = [a[k] for k in ("x", "dt", "A", "B", "C")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ssd, "chunk_bmm", lambda *args, **kw: made.append(real(*args, **kw)) or made[-1])
+        ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
+                        seq_idx=a["seq_idx"], dt_softplus=True)
+    ks, vals = fake_gpu["prepares"][-1]
+    cb_map = fake_gpu["prepares_maps"][-1]["cb"]
+    assert ks.op == "mamba2_chunk_scan" and ks.params.get("cb_dtype", ks.params["dtype"]) == cb
+    assert cb_map.dtype == cb and cb_map.strides_bytes == (256 * (4 if cb == "fp32" else 2),)
+    assert made[0].dtype == (torch.float32 if cb == "fp32" else dtype) and vals["cb"] == made[0].data_ptr()
+
+
+def test_mamba_chunk_scan_reads_a_float32_cb_as_it_is(pt, fake_gpu):
+    """ptsolve.torch's ChunkScan with mamba_ssm's float32 cb runs the float32-CB class on it (no conversion: the
+    launch is kept), with a cb in x's dtype the plain class; another float cb is converted to the default's."""
+    log = fake_gpu
+    b, L, h, g, n, q, nc = 1, 300, 4, 1, 128, 256, 2
+    x, C = torch.randn(b, L, h, 64, dtype=torch.bfloat16), torch.randn(b, L, g, n, dtype=torch.bfloat16)
+    dt, dA = torch.rand(b, h, nc, q), torch.rand(b, h, nc, q)
+    states = torch.randn(b, nc, h, 64, n, dtype=torch.bfloat16)
+    cb32 = torch.randn(b, nc, g, q, q)
+    for cb, want in ((cb32, "fp32"), (cb32.bfloat16(), "bf16"), (cb32.double(), "fp32")):
+        kept = len(pt._FAST)
+        pt.mamba_chunk_scan(cb, x, dt, dA, C, states)
+        ks, vals = log["prepares"][-1]
+        assert ks.params.get("cb_dtype", ks.params["dtype"]) == want
+        assert log["prepares_maps"][-1]["cb"].dtype == want
+        assert (vals["cb"] == cb.data_ptr()) == (cb.dtype != torch.float64)  # float64: a float32 copy, not kept
+        assert len(pt._FAST) == kept + (cb.dtype != torch.float64)
