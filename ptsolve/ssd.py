@@ -19,8 +19,10 @@ in chunks of ``chunk_size`` positions (the SSD algorithm): the steps and where t
 
 - chunk cumsum (dt's bias, softplus and clamp; dA's cumulative sum per chunk): PyTorch ops, float32;
 - chunk state (each chunk's own final state): ptsolve's generated ChunkState kernel (through ``ptsolve.serve``);
-- state passing (the states entering each chunk, and the final one): PyTorch, one in-place multiply-add per chunk
-  on the float32 states, then one conversion to the input dtype (the ChunkScan kernel's wgmma operand);
+- state passing (the states entering each chunk, in the input dtype: the ChunkScan kernel's wgmma operand, and
+  the final one, float32): ptsolve's generated state-passing kernel, one launch that runs the recurrence over the
+  chunks in float32 registers (``state_passing`` is the same in PyTorch, one multiply-add per chunk: the CPU path
+  and the reference);
 - CB (C·Bᵀ per chunk and group): one batched matmul in the input dtype (float32 accumulation, no float32 copy);
 - chunk scan, D skip and z gate: ptsolve's generated ChunkScan kernel, a variant with the epilogue fused where D or
   z is given (out = (scan + D·x)·silu(z) in float32, one rounding; z is read in x's dtype);
@@ -55,14 +57,17 @@ _SOFTPLUS_LINEAR = 20.0  # mamba_ssm's softplus is the identity above 20 (F.soft
 
 
 class Kernels(NamedTuple):
-    """The two chunk kernels the forward calls (mamba_ssm's layouts): ``chunk_state(B, x, dt, dA_cumsum)`` → states
+    """The kernels the forward calls (mamba_ssm's layouts): ``chunk_state(B, x, dt, dA_cumsum)`` → states
     (b, nc, h, p, n) float32; ``chunk_scan(cb, x, dt, dA_cumsum, C, states)`` → out (b, L, h, p) in x's dtype, and
-    where ``fused``, ``chunk_scan(..., D, z)`` → (out + D·x)·silu(z) (the epilogue in the kernel). ptsolve's by
-    default (``PTSOLVE_KERNELS``); the CPU tests pass PyTorch versions of the same formulas."""
+    where ``fused``, ``chunk_scan(..., D, z)`` → (out + D·x)·silu(z) (the epilogue in the kernel);
+    ``state_passing(states, dA_cumsum, initial_states, pass_keep, out_dtype)`` → (entering, final) as
+    ``state_passing`` (which runs where it is None). ptsolve's by default (``PTSOLVE_KERNELS``); the CPU tests pass
+    PyTorch versions of the same formulas."""
 
     chunk_state: Callable[..., torch.Tensor]
     chunk_scan: Callable[..., torch.Tensor]
     fused: bool = False
+    state_passing: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -102,8 +107,28 @@ def _chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA: to
     return serve.chunk_scan(*(_aligned(t) for t in (cb, x, dt, dA, C, states)), out, c, Df, zx)
 
 
+def _state_passing_cuda(states: torch.Tensor, dA_cumsum: torch.Tensor, initial_states: torch.Tensor | None = None,
+                        pass_keep: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ptsolve's state-passing kernel (``serve.state_passing``): ``state_passing``'s (entering in ``out_dtype``,
+    final float32) in one launch, ``states`` left as they are. pass_keep (b, nc) goes to the kernel as float32 rows
+    padded to a multiple of 4 chunks (its 16-byte copies)."""
+    from . import serve
+
+    b, nc, h, p, n = states.shape
+    c = serve.state_passing_class(_DTYPE_NAMES[out_dtype], p, n)
+    keep = None
+    if pass_keep is not None:
+        keep = states.new_zeros((b, -(-nc // 4) * 4))
+        keep[:, :nc] = pass_keep
+    init = _aligned(initial_states.float()) if initial_states is not None else None
+    entering = states.new_empty(states.shape, dtype=out_dtype)
+    final = states.new_empty((b, h, p, n))
+    return serve.state_passing(_aligned(states), _aligned(dA_cumsum), keep, init, entering, final, c)
+
+
 # ptsolve's kernels, reached through the serving layer (not ptsolve.torch, which may re-export this module)
-PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda, fused=True)
+PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda, fused=True, state_passing=_state_passing_cuda)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -315,7 +340,8 @@ def ssd_forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     masks = seq_masks(seq_idx, chunk) if seq_idx is not None else None
     # seq_idx: a position outside its chunk's last sequence adds nothing to the chunk's state (dt there is 0)
     states = kernels.chunk_state(B, x, dtc * masks.state_keep if masks else dtc, dA)
-    entering, final = state_passing(states, dA, initial_states, masks.pass_keep if masks else None, x.dtype)
+    passing = kernels.state_passing or state_passing
+    entering, final = passing(states, dA, initial_states, masks.pass_keep if masks else None, x.dtype)
     del states
     cb = chunk_bmm(C, B, chunk, masks.cb_keep if masks else None)
     # the kernel reads C only for the entering state's term: there, seq_idx keeps the previous chunk's sequence

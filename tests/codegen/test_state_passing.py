@@ -181,3 +181,37 @@ def test_the_serving_classes_compile(tmp_path, monkeypatch) -> None:
     for c in cs:
         rep = serve.compile_class(c)
         assert rep["spill_stores"] == rep["spill_loads"] == 0 and rep["registers"] > 0, (c.key, rep)
+
+
+def test_the_harness_reference_is_ssd_state_passing() -> None:
+    """The GPU tests' float64 recurrence (codegen.harness.state_passing.reference) and ``ptsolve.ssd.state_passing``
+    (float32, in place, bool keep flags) agree, keep's padding past the last chunk unread."""
+    import torch
+
+    from codegen.harness.state_passing import reference
+    from ptsolve import ssd
+    g = torch.Generator().manual_seed(3)
+    b, nc, h, Q = 2, 5, 3, 64
+    states = torch.randn(b, nc, h, 64, 64, generator=g)
+    da = torch.cumsum(-torch.rand(b, h, nc, Q, generator=g) / 32, dim=-1)
+    keep = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 1], [1, 1, 0, 1, 1, 0, 0, 0]], dtype=torch.float32)
+    init = torch.randn(b, h, 64, 64, generator=g)
+    for k, i in ((keep, init), (None, None), (keep, None)):
+        ent, fin = reference(states, da, k, i)
+        e32, f32 = ssd.state_passing(states.clone(), da, i, None if k is None else k[:, :nc] > 0, torch.float32)
+        assert (ent - e32.double()).abs().max() < 1e-5 and (fin - f32.double()).abs().max() < 1e-5
+    assert torch.equal(reference(states, da, keep, init)[0][:, 0], init.double())  # s_{-1}: the initial state
+    assert torch.equal(reference(states, da, keep, init)[0][0, 1], states[0, 0].double())  # keep 0 drops init
+
+
+@needs_nvcc
+def test_the_gpu_tests_kernels_compile(tmp_path, monkeypatch) -> None:
+    """Every exact-shape plan tests/gpu/test_state_passing_gpu.py launches (``plans()``) compiles with no spill: the
+    list the lead's precompile command compiles."""
+    import test_state_passing_gpu as gpu
+
+    from codegen.runtime import compile_kernel
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    for plan in gpu.plans():
+        rep = compile_kernel(emit(plan)).report
+        assert rep["spill_stores"] == rep["spill_loads"] == rep["stack_bytes"] == 0, (plan.tiling, rep)
