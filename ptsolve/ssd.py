@@ -225,8 +225,8 @@ def process_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool
     d = dt.float()
     if dt_bias is not None:
         d = d + dt_bias.float()
-    if dt_softplus:
-        d = torch.where(d <= _SOFTPLUS_LINEAR, F.softplus(d, threshold=_SOFTPLUS_LINEAR), d)
+    if dt_softplus:  # F.softplus is already the identity above its threshold: one kernel, not a compare and a where
+        d = F.softplus(d, threshold=_SOFTPLUS_LINEAR)
     return d.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
 
 
@@ -238,8 +238,10 @@ def chunk_cumsum(dt: torch.Tensor, A: torch.Tensor, chunk: int, dt_bias: torch.T
     within each chunk (flat past L)."""
     b, L, h = dt.shape
     nc = -(-L // chunk)
-    d = F.pad(process_dt(dt, dt_bias, dt_softplus, dt_limit), (0, 0, 0, nc * chunk - L))  # zeros after the clamp
-    d = d.view(b, nc, chunk, h).permute(0, 3, 1, 2).contiguous()
+    d = process_dt(dt, dt_bias, dt_softplus, dt_limit)
+    if nc * chunk != L:  # zeros after the clamp; F.pad copies even when it adds nothing
+        d = F.pad(d, (0, 0, 0, nc * chunk - L))
+    d = d.reshape(b, nc, chunk, h).permute(0, 3, 1, 2).contiguous()
     return d, torch.cumsum(d * A.float().view(1, h, 1, 1), dim=-1)
 
 
@@ -303,8 +305,10 @@ def chunk_bmm(C: torch.Tensor, B: torch.Tensor, chunk: int, cb_keep: torch.Tenso
     b, L, g, n = C.shape
     nc = -(-L // chunk)
     pad = (0, 0, 0, 0, 0, nc * chunk - L)
-    Cc = F.pad(C, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 2, 4)
-    Bc = F.pad(B, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 4, 2)
+    if nc * chunk != L:  # F.pad copies even when it adds nothing
+        C, B = F.pad(C, pad), F.pad(B, pad)
+    Cc = C.reshape(b, nc, chunk, g, n).permute(0, 1, 3, 2, 4)
+    Bc = B.reshape(b, nc, chunk, g, n).permute(0, 1, 3, 4, 2)
     cb = torch.matmul(Cc, Bc)
     return cb.masked_fill_(~cb_keep, 0) if cb_keep is not None else cb
 
