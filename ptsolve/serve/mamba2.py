@@ -230,16 +230,21 @@ def state_passing(states: Any, dA_cumsum: Any, keep: Any, init: Any, out: Any, f
     aligned; keep and init may be None): writes the entering states ``out`` (b, nc, h, p, n) in the class's dtype
     and the final state ``final`` (b, h, p, n) float32, both contiguous. Returns (out, final)."""
     ln = state_passing_launch(states, dA_cumsum, keep, init, c)
-    ln.ptrs["fin"].value = final.data_ptr()
+    # no tensor map: every address is a plain pointer argument, written per call (the forward's chunk states and
+    # keep flags are fresh tensors each call, so a launch kept per address would be prepared again and again)
+    p = ln.ptrs
+    p["states"].value, p["da"].value, p["fin"].value = states.data_ptr(), dA_cumsum.data_ptr(), final.data_ptr()
+    p["keep"].value = 0 if keep is None else keep.data_ptr()
+    p["init"].value = 0 if init is None else init.data_ptr()
     ln(prepared.current_stream(states.get_device()), out.data_ptr())
     return out, final
 
 
 def state_passing_launch(states: Any, dA_cumsum: Any, keep: Any, init: Any, c: ShapeClass) -> Any:
-    """The prepared launch of ``state_passing`` for these inputs, kept per (addresses, shapes); set its ``fin``
-    pointer and call it with the stream and the entering states' address."""
-    ts = (states, dA_cumsum, *(t for t in (keep, init) if t is not None))
-    key = ("passing", c, keep is not None, init is not None, *(t.data_ptr() for t in ts), *(t.shape for t in ts))
+    """The prepared launch of ``state_passing`` for inputs of these shapes and layouts (kept per class, shapes,
+    dtypes and contiguity, not addresses); ``state_passing`` writes every pointer argument and calls it."""
+    ts = (states, dA_cumsum, keep, init)
+    key = ("passing", c, *((None, None, None) if t is None else (t.shape, t.dtype, t.is_contiguous()) for t in ts))
     ln = prepared.LAUNCHES.get(key)
     return ln if ln is not None else prepared.keep(key, _state_passing_launch(states, dA_cumsum, keep, init, c))
 

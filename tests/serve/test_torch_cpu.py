@@ -556,10 +556,17 @@ def test_ssd_state_passing_launch_takes_its_pointers(fake_gpu):
     assert ln.ptrs["fin"].value == fin.data_ptr()
     assert ent.dtype == torch.bfloat16 and ent.shape == states.shape and fin.dtype == torch.float32
     assert fin.shape == (b, h, 64, 64)
-    ent2, fin2 = ssd.PTSOLVE_KERNELS.state_passing(states, dA, None, None, torch.bfloat16)  # another launch: no
-    _, v2 = fake_gpu["prepares"][-1]  # initial states, no keep flags
-    assert v2["init"] == 0 and v2["keep"] == 0 and len(fake_gpu["prepares"]) == 2
-    assert ln is not None and fake_gpu["launches"][-1][1] == ent2.data_ptr()
+    # new tensors of the same shapes: the same launch, every pointer written anew (no second prepare)
+    s2, dA2, h2 = states.clone(), dA.clone(), a["initial_states"].clone()
+    ent2, fin2 = ssd.PTSOLVE_KERNELS.state_passing(s2, dA2, h2, keep, torch.bfloat16)
+    assert len(fake_gpu["prepares"]) == 1 and fake_gpu["launches"][-1][1] == ent2.data_ptr()
+    assert [ln.ptrs[k].value for k in ("states", "da", "init", "fin")] == [t.data_ptr() for t in (s2, dA2, h2, fin2)]
+    assert ln.ptrs["keep"].value != 0  # this call's keep flags (a fresh tensor, wherever the allocator put it)
+    ent3, _ = ssd.PTSOLVE_KERNELS.state_passing(states, dA, None, None, torch.bfloat16)  # another launch: no
+    _, v3 = fake_gpu["prepares"][-1]  # initial states, no keep flags
+    assert v3["init"] == 0 and v3["keep"] == 0 and len(fake_gpu["prepares"]) == 2
+    ln3 = next(x for k, x in serve.prepared.LAUNCHES.items() if k[0] == "passing" and k[-1] == (None, None, None))
+    assert ln3.ptrs["init"].value == ln3.ptrs["keep"].value == 0 and fake_gpu["launches"][-1][1] == ent3.data_ptr()
     with pytest.raises(ShapeError, match="d_state=96"):
         ssd.PTSOLVE_KERNELS.state_passing(torch.zeros(1, 2, 4, 64, 96), dA[:1], None, None, torch.bfloat16)
     with pytest.raises(ShapeError, match="dA_cumsum must be a contiguous float32"):
