@@ -84,7 +84,8 @@ def _build(p: dict[str, Any], t: dict[str, int], hw: Hardware | None = None) -> 
     for g in range(W):
         s = f"@{g}"
         tasks += [
-            # the initial state (or zeros) into this warpgroup's running state, float32 registers
+            # the initial state (or zeros) into this warpgroup's running state, float32 registers; its read from
+            # global memory (once per tile: 1/chunks of the loop's traffic) is left out of the priced bytes
             task("init" + s, "vector", phase="pre", tile=(ew,), dtype="fp32", flops=ew, group=g,
                  allocs=(reg("st" + s, ew * 4),)),
             # the state entering this chunk, converted to the dtype and written straight from registers
