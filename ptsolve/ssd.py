@@ -19,8 +19,10 @@ in chunks of ``chunk_size`` positions (the SSD algorithm): the steps and where t
 
 - chunk cumsum (dt's bias, softplus and clamp; dA's cumulative sum per chunk): PyTorch ops, float32;
 - chunk state (each chunk's own final state): ptsolve's generated ChunkState kernel (through ``ptsolve.serve``);
-- state passing (the states entering each chunk, and the final one): PyTorch, one in-place multiply-add per chunk
-  on the float32 states, then one conversion to the input dtype (the ChunkScan kernel's wgmma operand);
+- state passing (the states entering each chunk, in the input dtype: the ChunkScan kernel's wgmma operand, and
+  the final one, float32): ptsolve's generated state-passing kernel, one launch that runs the recurrence over the
+  chunks in float32 registers (``state_passing`` is the same in PyTorch, one multiply-add per chunk: the CPU path
+  and the reference);
 - CB (C·Bᵀ per chunk and group): one batched matmul, float32 out for bf16 (rounded once, in the chunk scan's P,
   as mamba_ssm's), fp16 out for fp16 (``geometry.mamba2.DEFAULT_CB_DTYPE`` says why);
 - chunk scan, D skip and z gate: ptsolve's generated ChunkScan kernel, a variant with the epilogue fused where D or
@@ -56,14 +58,17 @@ _SOFTPLUS_LINEAR = 20.0  # mamba_ssm's softplus is the identity above 20 (F.soft
 
 
 class Kernels(NamedTuple):
-    """The two chunk kernels the forward calls (mamba_ssm's layouts): ``chunk_state(B, x, dt, dA_cumsum)`` → states
+    """The kernels the forward calls (mamba_ssm's layouts): ``chunk_state(B, x, dt, dA_cumsum)`` → states
     (b, nc, h, p, n) float32; ``chunk_scan(cb, x, dt, dA_cumsum, C, states)`` → out (b, L, h, p) in x's dtype, and
-    where ``fused``, ``chunk_scan(..., D, z)`` → (out + D·x)·silu(z) (the epilogue in the kernel). ptsolve's by
-    default (``PTSOLVE_KERNELS``); the CPU tests pass PyTorch versions of the same formulas."""
+    where ``fused``, ``chunk_scan(..., D, z)`` → (out + D·x)·silu(z) (the epilogue in the kernel);
+    ``state_passing(states, dA_cumsum, initial_states, pass_keep, out_dtype)`` → (entering, final) as
+    ``state_passing`` (which runs where it is None). ptsolve's by default (``PTSOLVE_KERNELS``); the CPU tests pass
+    PyTorch versions of the same formulas."""
 
     chunk_state: Callable[..., torch.Tensor]
     chunk_scan: Callable[..., torch.Tensor]
     fused: bool = False
+    state_passing: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -107,8 +112,28 @@ def _chunk_scan_cuda(cb: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, dA: to
     return serve.chunk_scan(*(_aligned(t) for t in (cb, x, dt, dA, C, states)), out, c, Df, zx)
 
 
+def _state_passing_cuda(states: torch.Tensor, dA_cumsum: torch.Tensor, initial_states: torch.Tensor | None = None,
+                        pass_keep: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float16
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ptsolve's state-passing kernel (``serve.state_passing``): ``state_passing``'s (entering in ``out_dtype``,
+    final float32) in one launch, ``states`` left as they are. pass_keep (b, nc) goes to the kernel as float32 rows
+    padded to a multiple of 4 chunks (its 16-byte copies)."""
+    from . import serve
+
+    b, nc, h, p, n = states.shape
+    c = serve.state_passing_class(_DTYPE_NAMES[out_dtype], p, n)
+    keep = None
+    if pass_keep is not None:
+        keep = states.new_zeros((b, -(-nc // 4) * 4))
+        keep[:, :nc] = pass_keep
+    init = _aligned(initial_states.float()) if initial_states is not None else None
+    entering = states.new_empty(states.shape, dtype=out_dtype)
+    final = states.new_empty((b, h, p, n))
+    return serve.state_passing(_aligned(states), _aligned(dA_cumsum), keep, init, entering, final, c)
+
+
 # ptsolve's kernels, reached through the serving layer (not ptsolve.torch, which may re-export this module)
-PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda, fused=True)
+PTSOLVE_KERNELS = Kernels(_chunk_state_cuda, _chunk_scan_cuda, fused=True, state_passing=_state_passing_cuda)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -205,8 +230,8 @@ def process_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool
     d = dt.float()
     if dt_bias is not None:
         d = d + dt_bias.float()
-    if dt_softplus:
-        d = torch.where(d <= _SOFTPLUS_LINEAR, F.softplus(d, threshold=_SOFTPLUS_LINEAR), d)
+    if dt_softplus:  # F.softplus is already the identity above its threshold: one kernel, not a compare and a where
+        d = F.softplus(d, threshold=_SOFTPLUS_LINEAR)
     return d.clamp(min=float(dt_limit[0]), max=float(dt_limit[1]))
 
 
@@ -218,8 +243,10 @@ def chunk_cumsum(dt: torch.Tensor, A: torch.Tensor, chunk: int, dt_bias: torch.T
     within each chunk (flat past L)."""
     b, L, h = dt.shape
     nc = -(-L // chunk)
-    d = F.pad(process_dt(dt, dt_bias, dt_softplus, dt_limit), (0, 0, 0, nc * chunk - L))  # zeros after the clamp
-    d = d.view(b, nc, chunk, h).permute(0, 3, 1, 2).contiguous()
+    d = process_dt(dt, dt_bias, dt_softplus, dt_limit)
+    if nc * chunk != L:  # zeros after the clamp; F.pad copies even when it adds nothing
+        d = F.pad(d, (0, 0, 0, nc * chunk - L))
+    d = d.reshape(b, nc, chunk, h).permute(0, 3, 1, 2).contiguous()
     return d, torch.cumsum(d * A.float().view(1, h, 1, 1), dim=-1)
 
 
@@ -310,8 +337,10 @@ def chunk_bmm(C: torch.Tensor, B: torch.Tensor, chunk: int, cb_keep: torch.Tenso
         raise ShapeError(f"chunk_bmm: out_dtype={out_dtype} must be torch.float32 or C's dtype {C.dtype}")
     nc = -(-L // chunk)
     pad = (0, 0, 0, 0, 0, nc * chunk - L)
-    Cc = F.pad(C, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 2, 4)
-    Bc = F.pad(B, pad).view(b, nc, chunk, g, n).permute(0, 1, 3, 4, 2)
+    if nc * chunk != L:  # F.pad copies even when it adds nothing
+        C, B = F.pad(C, pad), F.pad(B, pad)
+    Cc = C.reshape(b, nc, chunk, g, n).permute(0, 1, 3, 2, 4)
+    Bc = B.reshape(b, nc, chunk, g, n).permute(0, 1, 3, 4, 2)
     if out_dtype == C.dtype:
         cb = torch.matmul(Cc, Bc)
     else:  # (b·nc·g) matrices: a view of Cc where g is 1, Bc's transpose taken by the GEMM as it is
@@ -350,7 +379,8 @@ def ssd_forward(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     masks = seq_masks(seq_idx, chunk) if seq_idx is not None else None
     # seq_idx: a position outside its chunk's last sequence adds nothing to the chunk's state (dt there is 0)
     states = kernels.chunk_state(B, x, dtc * masks.state_keep if masks else dtc, dA)
-    entering, final = state_passing(states, dA, initial_states, masks.pass_keep if masks else None, x.dtype)
+    passing = kernels.state_passing or state_passing
+    entering, final = passing(states, dA, initial_states, masks.pass_keep if masks else None, x.dtype)
     del states
     cb = chunk_bmm(C, B, chunk, masks.cb_keep if masks else None)
     # the kernel reads C only for the entering state's term: there, seq_idx keeps the previous chunk's sequence

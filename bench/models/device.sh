@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PTSOLVE_E
 OUT=${OUT:-/tmp/models_out}
 mkdir -p "$OUT" .cubin_dev
 tar xJf "${PACK:-.cubin_dev_pack}/cache.tar.xz" -C . || { echo "no cubin pack: carry ${PACK:-.cubin_dev_pack}"; exit 2; }
-[ -d .cubin_ssd/cubin ] && cp --update=none .cubin_ssd/cubin/* .cubin_dev/cubin/  # Mamba2's chunk kernels and their D/z variants
+[ -d .cubin_ssd/cubin ] && cp --update=none .cubin_ssd/cubin/* .cubin_dev/cubin/  # Mamba2: chunk kernels, D/z variants, state passing
 export PTSOLVE_CACHE_DIR=$PWD/.cubin_dev
 if ls .whl_mamba/*.whl > /dev/null 2>&1; then  # mamba_ssm's Python files (baselines.mamba2 loads its Triton kernels)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_mamba/*.whl > /dev/null 2>&1
@@ -30,7 +30,7 @@ if ! skip tests; then
 fi
 if ! skip ssd && [ -d .cubin_ssd ]; then  # Mamba2's SSD forward: its GPU tests, then its rows next to mamba_ssm
   timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/gpu/test_ssd_gpu.py \
-    > "$OUT/ssd_tests.log" 2>&1
+    tests/gpu/test_state_passing_gpu.py > "$OUT/ssd_tests.log" 2>&1
   echo "ssd tests: exit $? $(tail -1 "$OUT/ssd_tests.log")" >> "$S"
   grep -E "^(FAILED|ERROR)" "$OUT/ssd_tests.log" | head -20 >> "$S"
   timeout 300 python3 -m bench models ssd --out "$OUT/ssd_h200.json" > "$OUT/ssd.log" 2>&1

@@ -12,7 +12,9 @@ log-uniform dt in [1e-3, 1e-1], dt_softplus, D per head; z only with ``--z``), b
   step of each, host work included: what a caller waits for);
 - ``chunk_scan``: ptsolve's ChunkScan kernel on its own inputs (CB in bf16, the entering states in bf16) vs
   ``_chunk_scan_fwd`` on mamba_ssm's (CB float32), no D, no z (the paper's kernel);
-- ``chunk_state``: ptsolve's ChunkState kernel vs ``_chunk_state_fwd`` (states in float32).
+- ``chunk_state``: ptsolve's ChunkState kernel vs ``_chunk_state_fwd`` (states in float32);
+- ``state_passing``: ptsolve's state-passing kernel (one launch over the chunks; ``ptsolve.ssd``'s CUDA path) vs
+  ``_state_passing_fwd``, both from the float32 chunk states to the entering states in bf16 and the final state.
 
 Timing: ``codegen.harness.time_many`` (interleaved rounds, rotated input sets, median; with ``--graphs`` each timed
 block is a CUDA graph replay, so host time per call is left out, otherwise it is in), after a warm-up that compiles,
@@ -112,8 +114,26 @@ def _steps(sets: list[dict[str, Any]], k: Any) -> tuple[dict[str, Any], dict[str
     return scan, state, e_scan, e_state
 
 
+def _passing(sets: list[dict[str, Any]], k: Any) -> tuple[dict[str, Any], float]:
+    """The state_passing phase's callables (the same float32 chunk states and dA_cumsum for both) and the max
+    difference of their entering states."""
+    import torch
+
+    from ptsolve import ssd
+
+    prep = []
+    for s in sets:
+        dA, dt = k.chunk_cumsum_fwd(s["dt"], s["A"], Q, dt_bias=s["dt_bias"], dt_softplus=True)
+        prep.append({"dA": dA, "st": k.chunk_state_fwd(s["B"], s["x"], dt, dA, states_in_fp32=True)})
+    passing = {"ptsolve": lambda i: ssd._state_passing_cuda(prep[i]["st"], prep[i]["dA"], None, None, torch.bfloat16),
+               "mamba_ssm": lambda i: k.state_passing_fwd(prep[i]["st"].flatten(-2), prep[i]["dA"][:, :, :, -1],
+                                                          chunk_size=Q, out_dtype=torch.bfloat16)}
+    ours, theirs = passing["ptsolve"](0)[0], passing["mamba_ssm"](0)[0].view(prep[0]["st"].shape)
+    return passing, (ours.float() - theirs.float()).abs().max().item()
+
+
 def _row(name: str, nsets: int, z: bool, graphs: bool) -> list[dict[str, Any]]:
-    """One row's three phases."""
+    """One row's four phases."""
     import torch
 
     from baselines.mamba2 import load_combined, load_kernels
@@ -137,7 +157,11 @@ def _row(name: str, nsets: int, z: bool, graphs: bool) -> list[dict[str, Any]]:
     scan, state, e_scan, e_state = _steps(sets, k)
     rows.append({**base, "phase": "chunk_scan", "max_abs_err": e_scan, **_ms(time_many(scan, nsets, graphs=graphs))})
     rows.append({**base, "phase": "chunk_state", "max_abs_err": e_state, **_ms(time_many(state, nsets, graphs=graphs))})
-    del scan, state, sets
+    del scan, state
+    passing, e_pass = _passing(sets, k)
+    rows.append({**base, "phase": "state_passing", "max_abs_err": e_pass,
+                 **_ms(time_many(passing, nsets, graphs=graphs))})
+    del passing, sets
     torch.cuda.empty_cache()
     return rows
 

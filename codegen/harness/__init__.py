@@ -2,17 +2,17 @@
 timed. ``codegen``'s own plugins use it (``tune_runner`` checks every candidate on a reduced shape and times it,
 ``profile`` launches on random inputs), and so do the GPU tests, the baselines and the bench studies.
 
-Each operator's part is its own module (``gemm``, ``attention``, ``mamba2``: its ``run_*`` launcher, reference,
-check, random inputs, reduced shape and hand plan), registered with one line (``common.register``); the functions
-here dispatch on the plan's operator through that table, and no code here names an operator. The shape-generic
-kernels PyTorch users call are the serving layer's (``ptsolve.serve``), not this.
+Each operator's part is its own module (``gemm``, ``attention``, ``mamba2``, ``state_passing``: its ``run_*``
+launcher, reference, check, random inputs, reduced shape and hand plan), registered with one line
+(``common.register``); the functions here dispatch on the plan's operator through that table, and no code here names
+an operator. The shape-generic kernels PyTorch users call are the serving layer's (``ptsolve.serve``), not this.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from . import attention, gemm, mamba2  # noqa: F401  (each registers its operators)
+from . import attention, gemm, mamba2, state_passing  # noqa: F401  (each registers its operators)
 from .attention import FA_TILING, FIXED, attention_ref, check_fa, run_attention, run_decode
 from .common import HARNESS, TOL, OpHarness, entry, need, precompile, register, rel_err, time_many, time_ms
 from .gemm import GEMM_TILING, check_gemm, run_gemm

@@ -21,15 +21,17 @@ heads and ngroups) are kernel arguments (``lower(..., generic=True)``). The room
 - ``build``: the table's command line (``python3 -m ptsolve.serve table|precompile``, or ``ptsolve serve ...``).
 
 The launchers take torch tensors: ``attention.attention``, ``decode.decode`` and ``gemm.gemm`` (reached through
-their modules, whose names they share), ``chunk_scan``, ``chunk_state`` and every ``*_launch`` (re-exported here).
+their modules, whose names they share), ``chunk_scan``, ``chunk_state``, ``state_passing`` and every ``*_launch``
+(re-exported here).
 ``ptsolve.torch`` is the user's front door over them. Importing this package imports neither torch nor cuda-python.
 """
 from __future__ import annotations
 
 # the operators' modules register their classes on import: this order is the table's and ``classes()``'s
 from .gemm import gemm_class, gemm_launch  # isort: skip
-from .mamba2 import (MAMBA_OPS, chunk_scan, chunk_scan_launch, chunk_state, chunk_state_launch,  # isort: skip
-                     mamba_class, mamba_params)
+from .mamba2 import (MAMBA_OPS, STATE_PASSING, chunk_scan, chunk_scan_launch, chunk_state,  # isort: skip
+                     chunk_state_launch, mamba_class, mamba_params, state_passing, state_passing_class,
+                     state_passing_launch, state_passing_params)
 from .attention import (GQA_BUCKETS, HEAD_DIMS, AttentionFamily, attention_class, attention_family,  # isort: skip
                         attention_launch, gqa_bucket)
 from .decode import (DECODE_HEAD_DIMS, DECODE_MAX_SEQ_Q, DECODE_REP_SPLITS, DECODE_REPLAY_TRIPS,  # isort: skip
@@ -53,10 +55,11 @@ from .table import TABLE, class_program, load_table, schedule, solve, solvers_in
 
 __all__ = ["DECODE_HEAD_DIMS", "DECODE_MAX_SEQ_Q", "DECODE_REPLAY_TRIPS", "DECODE_REP_SPLITS", "DTYPES",
            "GQA_BUCKETS", "HEAD_DIMS", "HW", "AttentionFamily", "DecodeFamily",
-           "MAMBA_OPS", "TABLE", "ClassKernel", "OpClasses", "ShapeClass", "attention_class",
+           "MAMBA_OPS", "STATE_PASSING", "TABLE", "ClassKernel", "OpClasses", "ShapeClass", "attention_class",
            "attention_family", "attention_launch", "build_table", "chunk_scan", "chunk_scan_launch", "chunk_state",
            "chunk_state_launch",
            "class_fix", "class_program", "classes", "compile_class", "current_stream", "decode_bucketed",
            "decode_class", "decode_launch", "decode_pick", "decode_retime", "decode_splits", "decode_variants",
            "gemm_class", "gemm_launch", "gqa_bucket", "kernel", "load_table", "mamba_class", "mamba_params",
-           "register", "representative", "schedule", "solve", "solvers_installed", "table_path", "variants"]
+           "register", "representative", "schedule", "solve", "solvers_installed", "state_passing",
+           "state_passing_class", "state_passing_launch", "state_passing_params", "table_path", "variants"]

@@ -4,7 +4,9 @@ epilogues (D skip, z gate: ``ptsolve.geometry.mamba2.EPILOGUES``) are variant cl
 class's schedule with the epilogue added (``OpClasses.derived``), compiled only when asked. ChunkScan's CB operand
 (``cb_dtype``) is a class choice with a schedule of its own (float32 CB doubles the CB tile): ``.../q256/cb32`` reads
 CB as float32, the key without it in the input dtype; each dtype's default is ``geometry.mamba2.DEFAULT_CB_DTYPE``
-(float32 for bf16, fp16 for fp16) and the table holds both."""
+(float32 for bf16, fp16 for fp16) and the table holds both. State passing (the recurrence between the chunks,
+``mamba2_state_passing``) has classes by dtype, head_dim and d_state (batch, chunks, heads and the chunk's positions
+are kernel arguments) and its launcher ``state_passing``."""
 from __future__ import annotations
 
 import dataclasses
@@ -85,6 +87,27 @@ def _spec(op: str) -> OpClasses:
 
 register("mamba2_chunk_scan", _spec("mamba2_chunk_scan"))
 register("mamba2_chunk_state", _spec("mamba2_chunk_state"))
+
+STATE_PASSING = "mamba2_state_passing"
+
+
+def state_passing_class(dtype: str, head_dim: int, d_state: int) -> ShapeClass:
+    """The state-passing class of a shape (dtype: the entering states'); ShapeError for sizes the table does not
+    cover."""
+    dtype_ok(dtype)
+    for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES)):
+        if v not in ok:
+            raise ShapeError(f"{STATE_PASSING}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
+    return ShapeClass(STATE_PASSING, dtype, int(head_dim), d_state=int(d_state))
+
+
+# Mamba2-780m's heads at batch 1, seq 8k (32 chunks of 256): few (batch, head) states, so the solve picks a tile that
+# still gives every SM work at batch 1 (the class's tiling serves every batch)
+register(STATE_PASSING, OpClasses(
+    key=lambda c: f"{c.op}/{c.dtype}/p{c.head_dim}/n{c.d_state}",
+    representative=lambda c: {"batch": 1, "chunks": 32, "heads": 48, "head_dim": c.head_dim, "d_state": c.d_state,
+                              "chunk": 256, "dtype": c.dtype},
+    classes=lambda: [state_passing_class(d, hd, n) for d in DTYPES for hd in MAMBA_HEAD_DIMS for n in D_STATES]))
 
 
 def _shape_error(name: str, got: Any, want: tuple[int, ...], what: str) -> ShapeError:
@@ -212,4 +235,64 @@ def _chunk_state_launch(B: Any, x: Any, dt: Any, dA_cumsum: Any, c: ShapeClass) 
     ck = kernel(c)
     sz = sizes(p, ck.ir.tiling)
     vals = {"x": x.data_ptr(), "b": B.data_ptr(), "dt": dt.data_ptr(), "da": dA_cumsum.data_ptr(), "out": 0, **sz}
+    return ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out")
+
+
+def state_passing_params(c: ShapeClass, states: Any, dA_cumsum: Any, keep: Any = None, init: Any = None
+                         ) -> dict[str, Any]:
+    """The operator parameters of a state-passing call of class ``c``: states (b, nc, h, p, n) float32, dA_cumsum
+    (b, h, nc, chunk) float32, keep None or (b, nc rounded up to 4) float32, init None or (b, h, p, n) float32, all
+    contiguous; ShapeError naming the tensor otherwise."""
+    from ptsolve.ops.state_passing import validate
+
+    if states.dim() != 5 or dA_cumsum.dim() != 4:
+        raise ShapeError(f"{STATE_PASSING}: states must be (batch, chunks, heads, head_dim, d_state) and dA_cumsum "
+                         f"(batch, heads, chunks, chunk); got {tuple(states.shape)} and {tuple(dA_cumsum.shape)}")
+    b, nc, h, p, n = states.shape
+    want = {"states": (states, (b, nc, h, c.head_dim, c.d_state)), "dA_cumsum": (dA_cumsum, (b, h, nc,
+                                                                                            dA_cumsum.shape[-1]))}
+    if keep is not None:
+        want["keep"] = (keep, (b, -(-nc // 4) * 4))
+    if init is not None:
+        want["initial_states"] = (init, (b, h, p, n))
+    for k, (t, shape) in want.items():
+        if tuple(t.shape) != shape or str(t.dtype) != "torch.float32" or not t.is_contiguous():
+            raise ShapeError(f"{STATE_PASSING}: {k} must be a contiguous float32 tensor of shape {shape} (states "
+                             f"{tuple(states.shape)}, class {c.key}), got {t.dtype} {tuple(t.shape)}")
+    return validate({"batch": b, "chunks": nc, "heads": h, "head_dim": p, "d_state": n,
+                     "chunk": dA_cumsum.shape[-1], "dtype": c.dtype})
+
+
+def state_passing(states: Any, dA_cumsum: Any, keep: Any, init: Any, out: Any, final: Any, c: ShapeClass) -> Any:
+    """Mamba2 state passing with class ``c``'s generic kernel (``state_passing_params`` for the inputs, all 16-byte
+    aligned; keep and init may be None): writes the entering states ``out`` (b, nc, h, p, n) in the class's dtype
+    and the final state ``final`` (b, h, p, n) float32, both contiguous. Returns (out, final)."""
+    ln = state_passing_launch(states, dA_cumsum, keep, init, c)
+    # no tensor map: every address is a plain pointer argument, written per call (the forward's chunk states and
+    # keep flags are fresh tensors each call, so a launch kept per address would be prepared again and again)
+    p = ln.ptrs
+    p["states"].value, p["da"].value, p["fin"].value = states.data_ptr(), dA_cumsum.data_ptr(), final.data_ptr()
+    p["keep"].value = 0 if keep is None else keep.data_ptr()
+    p["init"].value = 0 if init is None else init.data_ptr()
+    ln(prepared.current_stream(states.get_device()), out.data_ptr())
+    return out, final
+
+
+def state_passing_launch(states: Any, dA_cumsum: Any, keep: Any, init: Any, c: ShapeClass) -> Any:
+    """The prepared launch of ``state_passing`` for inputs of these shapes and layouts (kept per class, shapes,
+    dtypes and contiguity, not addresses); ``state_passing`` writes every pointer argument and calls it."""
+    ts = (states, dA_cumsum, keep, init)
+    key = ("passing", c, *((None, None, None) if t is None else (t.shape, t.dtype, t.is_contiguous()) for t in ts))
+    ln = prepared.LAUNCHES.get(key)
+    return ln if ln is not None else prepared.keep(key, _state_passing_launch(states, dA_cumsum, keep, init, c))
+
+
+def _state_passing_launch(states: Any, dA_cumsum: Any, keep: Any, init: Any, c: ShapeClass) -> Any:
+    from codegen.cuda.state_passing import maps, sizes
+
+    p = state_passing_params(c, states, dA_cumsum, keep, init)
+    ck = kernel(c)
+    sz = sizes(p, ck.ir.tiling)
+    vals = {"states": states.data_ptr(), "da": dA_cumsum.data_ptr(), "out": 0, "fin": 0, **sz,
+            "keep": 0 if keep is None else keep.data_ptr(), "init": 0 if init is None else init.data_ptr()}
     return ck.module().prepare(vals, maps(p, ck.ir.tiling), sz["NTILES"], out="out")

@@ -527,8 +527,8 @@ def test_ssd_launches_the_variant_with_its_pointers(fake_gpu):
     pos = [a[k] for k in ("x", "dt", "A", "B", "C")]
     ssd.ssd_forward(*pos, 256, ssd.PTSOLVE_KERNELS, D=a["D"], z=a["z"], dt_bias=a["dt_bias"],
                     initial_states=a["initial_states"], seq_idx=a["seq_idx"], dt_softplus=True)
-    (ks0, v0), (ks1, v1) = fake_gpu["prepares"]
-    assert ks0.op == "mamba2_chunk_state" and ks1.op == "mamba2_chunk_scan"
+    (ks0, v0), (ksp, vp), (ks1, v1) = fake_gpu["prepares"]
+    assert ks0.op == "mamba2_chunk_state" and ksp.op == "mamba2_state_passing" and ks1.op == "mamba2_chunk_scan"
     assert ks1.params["epilogue"] == "Dpz" and ks1.params["d_state"] == 128 and ks1.params["chunk"] == 256
     assert v1["xres"] == v1["x"] == a["x"].data_ptr()
     assert v1["D"] == a["D"].data_ptr() and v1["z"] == a["z"].data_ptr()
@@ -636,3 +636,62 @@ def test_mamba_chunk_scan_reads_a_float32_cb_as_it_is(pt, fake_gpu):
         assert log["prepares_maps"][-1]["cb"].dtype == want
         assert (vals["cb"] == cb.data_ptr()) == (cb.dtype != torch.float64)  # float64: a float32 copy, not kept
         assert len(pt._FAST) == kept + (cb.dtype != torch.float64)
+
+
+def test_ssd_state_passing_launch_takes_its_pointers(fake_gpu):
+    """On the fake GPU: ``ptsolve.ssd``'s state passing is one launch of its class kernel over (batch, head, element
+    block) tiles, reading the chunk states and dA_cumsum where they are, the initial states (float32 as given) and
+    seq_idx's keep flags (float32 rows padded to 4 chunks) where given, null pointers where not; the entering states
+    (x's dtype) and the final state (float32) are fresh outputs pointed at per call."""
+    import ssd_torch as kt
+
+    from ptsolve import serve, ssd
+
+    a = kt.inputs(2, 700, 4, 64, 64, 1, torch.bfloat16, init=True, seqs=3)
+    b, nc, h = 2, 3, 4
+    states = torch.randn(b, nc, h, 64, 64)
+    dA = torch.cumsum(-torch.rand(b, h, nc, 256), dim=-1)
+    keep = ssd.seq_masks(a["seq_idx"], 256).pass_keep
+    ent, fin = ssd.PTSOLVE_KERNELS.state_passing(states, dA, a["initial_states"], keep, torch.bfloat16)
+    (ks, v), = fake_gpu["prepares"]
+    assert ks.op == "mamba2_state_passing" and ks.params["dtype"] == "bf16" and ks.generic
+    assert ks.args == ("ptr:states", "ptr:da", "ptr:keep", "ptr:init", "ptr:out", "ptr:fin", "i32:B_", "i32:NC",
+                       "i32:H", "i32:Q", "i32:NTILES")
+    be = ks.info["tiling"]["BE"]
+    assert (v["B_"], v["NC"], v["H"], v["Q"], v["NTILES"]) == (b, nc, h, 256, b * h * 64 * 64 // be)
+    assert v["states"] == states.data_ptr() and v["da"] == dA.data_ptr()
+    assert v["init"] == a["initial_states"].data_ptr() and v["keep"] != 0
+    assert fake_gpu["launches"][-1] == (b * h * 64 * 64 // be, ent.data_ptr())
+    ln = next(x for k, x in serve.prepared.LAUNCHES.items() if k[0] == "passing")
+    assert ln.ptrs["fin"].value == fin.data_ptr()
+    assert ent.dtype == torch.bfloat16 and ent.shape == states.shape and fin.dtype == torch.float32
+    assert fin.shape == (b, h, 64, 64)
+    # new tensors of the same shapes: the same launch, every pointer written anew (no second prepare)
+    s2, dA2, h2 = states.clone(), dA.clone(), a["initial_states"].clone()
+    ent2, fin2 = ssd.PTSOLVE_KERNELS.state_passing(s2, dA2, h2, keep, torch.bfloat16)
+    assert len(fake_gpu["prepares"]) == 1 and fake_gpu["launches"][-1][1] == ent2.data_ptr()
+    assert [ln.ptrs[k].value for k in ("states", "da", "init", "fin")] == [t.data_ptr() for t in (s2, dA2, h2, fin2)]
+    assert ln.ptrs["keep"].value != 0  # this call's keep flags (a fresh tensor, wherever the allocator put it)
+    ent3, _ = ssd.PTSOLVE_KERNELS.state_passing(states, dA, None, None, torch.bfloat16)  # another launch: no
+    _, v3 = fake_gpu["prepares"][-1]  # initial states, no keep flags
+    assert v3["init"] == 0 and v3["keep"] == 0 and len(fake_gpu["prepares"]) == 2
+    ln3 = next(x for k, x in serve.prepared.LAUNCHES.items() if k[0] == "passing" and k[-1] == (None, None, None))
+    assert ln3.ptrs["init"].value == ln3.ptrs["keep"].value == 0 and fake_gpu["launches"][-1][1] == ent3.data_ptr()
+    with pytest.raises(ShapeError, match="d_state=96"):
+        ssd.PTSOLVE_KERNELS.state_passing(torch.zeros(1, 2, 4, 64, 96), dA[:1], None, None, torch.bfloat16)
+    with pytest.raises(ShapeError, match="dA_cumsum must be a contiguous float32"):
+        ssd.PTSOLVE_KERNELS.state_passing(states, dA[:, :, :2], None, None, torch.bfloat16)
+
+
+def test_ssd_state_passing_keep_flags_are_seq_idx_s(fake_gpu, monkeypatch):
+    """The keep flags the kernel reads are ``seq_masks``' pass_keep, as float32, the pad after the last chunk 0."""
+    from ptsolve import serve, ssd
+
+    seen = {}
+    monkeypatch.setattr(serve, "state_passing", lambda states, dA, keep, init, out, fin, c: seen.update(keep=keep)
+                        or (out, fin))
+    keep = torch.tensor([[True, False, True, True, False], [False, True, True, True, True]])
+    ssd.PTSOLVE_KERNELS.state_passing(torch.zeros(2, 5, 4, 64, 64), torch.zeros(2, 4, 5, 64), None, keep,
+                                      torch.float16)
+    assert seen["keep"].dtype == torch.float32 and seen["keep"].shape == (2, 8)
+    assert seen["keep"].tolist() == [[1, 0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0]]
