@@ -5,7 +5,8 @@ median cold, < 1 s warm, on 2 cores), each in a fresh process pinned to ``--cpus
 Cold: an empty schedule and cubin cache (a fresh ``PTSOLVE_CACHE_DIR``), so every compile check runs nvcc. Warm: the
 same call again on the cache the cold run filled. Besides the wall time, the CPU seconds of the whole process tree
 (user + system, the solver workers and nvcc included) are reported: on a shared machine the wall time moves with
-the load, the CPU time much less."""
+the load, the CPU time much less. ``--ab TREE`` times another source tree (e.g. a ``git archive`` of the commit
+before a change) in turn with this one, run for run, so that both meet the same load."""
 from __future__ import annotations
 
 import argparse
@@ -33,16 +34,17 @@ CONFIGS = {
 }
 
 
-def once(params: str, cache: str, cpus: str | None, hw: str) -> tuple[float, float, int, str]:
-    """(wall s, CPU s of the process tree, exit status, first line of the answer) of one ``ptsolve optimize fa``."""
+def once(params: str, cache: str, cpus: str | None, hw: str, root: Path = ROOT) -> tuple[float, float, int, str]:
+    """(wall s, CPU s of the process tree, exit status, first line of the answer) of one ``ptsolve optimize fa`` of
+    the source tree ``root``."""
     env = {**os.environ, "PTSOLVE_CACHE_DIR": cache, "PTSOLVE_OUT_DIR": tempfile.mkdtemp(prefix="ptsolve_out_"),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "ptsolve.cli", "optimize", "fa", *params.split(), "--hw", hw]
     if cpus and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpus, *cmd]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=root)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -50,21 +52,23 @@ def once(params: str, cache: str, cpus: str | None, hw: str) -> tuple[float, flo
     return wall, cpu, p.returncode, (out.strip().splitlines() or [""])[0 if p.returncode == 0 else -1][:150]
 
 
-def measure(params: str, repeat: int, cpus: str | None, hw: str) -> dict[str, object]:
-    """Median cold and warm wall and CPU seconds over ``repeat`` fresh caches, and the answers seen (one expected)."""
-    cold, warm, answers = [], [], set()
+def measure(params: str, repeat: int, cpus: str | None, hw: str, roots: tuple[Path, ...] = (ROOT,)
+            ) -> list[dict[str, object]]:
+    """Per source tree in ``roots``: median cold and warm wall and CPU seconds over ``repeat`` fresh caches, and the
+    answers seen (one expected); the trees take turns, run for run."""
+    runs: list[tuple[list, list, set]] = [([], [], set()) for _ in roots]
     for _ in range(repeat):
-        cache = tempfile.mkdtemp(prefix="ptsolve_cache_")
-        w, c, rc, line = once(params, cache, cpus, hw)
-        cold.append((w, c))
-        answers.add(line.split(", ")[0] if rc == 0 else f"exit {rc}: {line}")
-        w2, c2, _, _ = once(params, cache, cpus, hw)
-        warm.append((w2, c2))
-        shutil.rmtree(cache, ignore_errors=True)
+        for root, (cold, warm, answers) in zip(roots, runs):
+            cache = tempfile.mkdtemp(prefix="ptsolve_cache_")
+            w, c, rc, line = once(params, cache, cpus, hw, root)
+            cold.append((w, c))
+            answers.add(line.split(", ")[0] if rc == 0 else f"exit {rc}: {line}")
+            warm.append(once(params, cache, cpus, hw, root)[:2])
+            shutil.rmtree(cache, ignore_errors=True)
     med = statistics.median
-    return {"cold": med(w for w, _ in cold), "cold_cpu": med(c for _, c in cold),
-            "cold_all": [w for w, _ in cold], "warm": med(w for w, _ in warm),
-            "warm_cpu": med(c for _, c in warm), "answers": sorted(answers), "line": line}
+    return [{"cold": med(w for w, _ in cold), "cold_cpu": med(c for _, c in cold), "cold_all": [w for w, _ in cold],
+             "warm": med(w for w, _ in warm), "warm_cpu": med(c for _, c in warm), "answers": sorted(answers)}
+            for cold, warm, answers in runs]
 
 
 def main() -> None:
@@ -74,18 +78,21 @@ def main() -> None:
     ap.add_argument("--cpus", default="0,1", help="taskset's CPU list (default 0,1: two cores; '' for all)")
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--only", nargs="*", default=None, help="configuration names (default: all)")
+    ap.add_argument("--ab", default=None, help="another source tree, timed in turn with this one (rows 'ab')")
     a = ap.parse_args()
+    roots = (ROOT,) + ((Path(a.ab).resolve(),) if a.ab else ())
     rows = []
     for name, params in CONFIGS.items():
         if a.only and name not in a.only:
             continue
-        r = measure(params, a.repeat, a.cpus or None, a.hw)
-        rows.append((name, params, r))
-        print(f"{name}: cold {r['cold']:.2f} s ({r['cold_cpu']:.1f} CPU s), warm {r['warm']:.2f} s; {r['answers']}",
-              flush=True)
+        for tag, r in zip(("", " (ab)"), measure(params, a.repeat, a.cpus or None, a.hw, roots)):
+            rows.append((name + tag, params, r))
+            print(f"{name}{tag}: cold {r['cold']:.2f} s ({r['cold_cpu']:.1f} CPU s), warm {r['warm']:.2f} s; "
+                  f"{r['answers']}", flush=True)
     st = stamp()
     lines = ["# Cold and warm optimize times (issue 34: <= 3 s cold, < 1 s warm, 2 cores)", "",
-             f"- command: `python -m bench real_software cold --repeat {a.repeat} --cpus '{a.cpus}' --hw {a.hw}`",
+             f"- command: `python -m bench real_software cold --repeat {a.repeat} --cpus '{a.cpus}' --hw {a.hw}"
+             + (f" --ab {a.ab}`" if a.ab else "`") + (f"; (ab) rows: the tree {a.ab}" if a.ab else ""),
              f"- date: {st['date']}", f"- commit: {st['commit']}", f"- machine: {st['machine']}",
              f"- cores: {os.cpu_count()}, pinned to: {a.cpus or 'all'}", "",
              "| configuration | cold s (median) | cold runs s | cold CPU s | warm s | warm CPU s | answer |",
