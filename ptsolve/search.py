@@ -369,9 +369,6 @@ class _Search:
         self.kernels: dict[int, tuple[SProgram, str]] = {}  # per program asked about, its kernel's key
         # the caller's work for a candidate answer while a lone compile check of it leaves a slot idle (_check)
         self.spare = spare
-        self.ends: tuple[dict[str, int] | None, Sequence[dict[str, int]]] | None = None  # run()'s fix and exclude
-        self.guessed: dict[int, SProgram] = {}  # schedules _guess asked the compiler about, by id
-        self.polished: dict[int, tuple[SProgram, SProgram]] = {}  # per solver schedule (by id): it, polished
 
     # ------------------------------------------------------------------ the tilings
     def collect(self, graphs: list[STaskGraph]) -> None:
@@ -470,31 +467,12 @@ class _Search:
                 running[pool.submit(_worker, *args) if pool is not None else _Done(_worker(*args))] = c
             if not running:
                 break
-            inc = self._inc()
-            if len(running) < self.jobs and all((self.lbs[c.key], self.lat_lbs[c.key], c.key) > inc for c in todo):
-                self._guess()  # what is left to start cannot win: the running solves are the last
             for fut in _first_done(list(running), pool):
                 c = running.pop(fut)
                 self._take(c, *fut.result())
         for c in todo:  # not reached before the deadline
             self.own[c.key] = self.lbs[c.key]
             self.limited.add(c.key)
-
-    def _guess(self) -> None:
-        """With no tiling left to start and a core free (the last solves' tail), ask the compiler already about the
-        best schedule in hand as run() would return it (polished, deepened): where the last solves do not displace
-        it, run() finds its verdict asked (or ready) instead of starting the compile only after them. Only a solver's
-        proven optimum, the usual answer; a guess the solves displace cost a compile on a core that was idle. The
-        verdict is the same whenever it is asked, and _finish is a function of the schedule: no answer changes."""
-        if self.verify is None or self.unbuildable is not None or self.jobs < 2 or self.ends is None or \
-                not all(f.done() for f in self.verdicts.values()):  # one core is the running solve's, one a compile's
-            return
-        obj, _, k = self._inc()
-        prog = self.alts[k][0][2] if obj < math.inf else None
-        if prog is None or prog.policy != self.solver or self.cands[k].opt is None or id(prog) in self.guessed:
-            return
-        self.guessed[id(prog)] = prog  # kept with the program, so that its id is not reused
-        self._ask(self._finish(k, prog, "OPTIMAL", *self.ends))
 
     def _take(self, c: _Cand, pj: str | None, st: dict[str, Any]) -> None:
         """Record one tiling's solve: its schedule among the tiling's schedules, the bound it proves for it and its
@@ -548,7 +526,6 @@ class _Search:
                                                                                           KernelCheck | None]:
         """(program, status, bound, the compiler's verdict or None): solve, ask the compiler about the best schedule,
         and while it refuses, go on with the refused tiling's next schedule and whatever that lets back in."""
-        self.ends = (fix, exclude)
         while True:
             self.solve_all()
             obj, _, k = self._inc()
@@ -661,9 +638,7 @@ class _Search:
         """The schedule as returned: CP-SAT's optimum polished, the ring deepened where the table asks (neither
         changes the objective), never into a tiling the caller excluded or the compiler refused."""
         if self.solver == "cpsat" and status == "OPTIMAL":
-            if id(prog) not in self.polished:  # _guess may have polished it already: the same schedule comes out
-                self.polished[id(prog)] = (prog, _polish(prog, [self.cands[k].P], self.hw, self.say))
-            prog = self.polished[id(prog)][1]
+            prog = _polish(prog, [self.cands[k].P], self.hw, self.say)
         if not self.graph and "depth" not in (fix or {}):  # a given graph or depth is the caller's
             prog = _deepen(prog, self.hw, self.say, [*exclude, *(t for t, _ in self.rejected)])
         return prog

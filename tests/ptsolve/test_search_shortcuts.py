@@ -290,22 +290,3 @@ def test_the_spare_core_compiles_the_declared_order_only_where_it_replays_faster
     ahead._compile(SimpleNamespace(program=fast), slow, stop)
     assert asked == [fast]
 
-
-def test_the_last_solves_tail_compiles_the_likely_answer_and_changes_nothing(monkeypatch):
-    """While the last solves run with a core free, the compiler is asked about the best schedule in hand as it would
-    be returned: here that guess is the answer (its verdict was asked before the solves ended), and the answer is the
-    one a search without guesses returns."""
-    S = sys.modules["ptsolve.search"]
-    real, guessed = S._Search._guess, []
-
-    def spy(self):
-        before = set(self.verdicts)
-        real(self)
-        guessed.extend(set(self.verdicts) - before)
-    monkeypatch.setattr(S._Search, "_guess", spy)
-    kw = dict(time_limit=120, verify=lambda p: KernelCheck("ok", kernel="k"), jobs=2, executor="serial",
-              fix={"persistent": 1, "groups": 2})
-    guess = S.search(FA, "h200", **kw)
-    assert guess.program.to_json() in guessed
-    monkeypatch.setattr(S._Search, "_guess", lambda self: None)
-    assert _digest(S.search(FA, "h200", **kw)) == _digest(guess)
