@@ -554,7 +554,7 @@ class _Search:
                     self.late_drops.add(k)
                 self._drop(k)  # past the model's register estimate, only the compiler's yes admits it: none to be had
                 continue
-            if self.verify is not None and self.unbuildable is None and self.jobs > 1:
+            if self.verify is not None and self.unbuildable is None and self.jobs > 1 and self._doubtful(k):
                 self._ask(prog)  # the compiler starts on the solver's schedule while it is polished and deepened
             final = self._finish(k, prog, status, fix, exclude)
             if self.verify is None or self.unbuildable is not None:
@@ -567,13 +567,16 @@ class _Search:
                bound: int) -> tuple[SProgram, str, int, KernelCheck] | None:
         """Ask the compiler about tiling ``k``'s candidate answer, ``variants`` (the schedule as returned, then the
         solver's own): (program, status, bound, verdict) of the first it admits; None where it refuses them (the
-        tiling's next schedule takes their place, or the tiling is out). Where the checks leave one of ``jobs``
+        tiling's next schedule takes their place, or the tiling is out). The variants are asked side by side only
+        where a refusal is likely (_doubtful: the second verdict is then ready when the first is a refusal);
+        otherwise the second is asked only after the first is refused. Where the checks leave one of ``jobs``
         compile slots idle, the caller's ``spare(schedule)`` starts its work for the candidate (e.g. optimize's
         declared-order solve of its tiling) and returns what cancels it, called if the compiler refuses it; the
         work changes no answer."""
-        for v in variants:  # asked side by side: the second verdict is ready if the first is a refusal
+        asked = variants if self._doubtful(k) else variants[:1]
+        for v in asked:
             self._ask(v)
-        cancel = self._idle(k, variants)
+        cancel = self._idle(k, asked)
         for v in variants:
             kc = self._verdict(v)
             if kc.refused and kc.scope == "operator":
@@ -592,17 +595,23 @@ class _Search:
         self._drop(k)
         return None
 
+    def _doubtful(self, k: tuple) -> bool:
+        """Whether the compiler is likely to refuse tiling ``k``'s candidate: past the model's register estimate
+        (``over``; ptxas refused all 12 such tilings it was asked about in the five held-out attention configurations
+        of issue 34, on h100) or a tiling it refused a schedule of already (``fallback``). Elsewhere the first
+        candidate compiled clean, and a second compile beside it (the solver's schedule next to its polished twin)
+        only took the core the declared-order solve (``spare``) needed: b1 h32/8 s1536 d128 causal, 2 cores."""
+        return k in self.over or k in self.fallback
+
     def _idle(self, k: tuple, variants: tuple[SProgram, ...]) -> Callable[[], None]:
-        """Put a compile slot the checks leave free to use (what cancels that work; a no-op where there is none). Where
-        a refusal is likely, the compiler is asked ahead about the schedule that comes next if it refuses this one:
-        past the model's register estimate (``over``; ptxas refused all 12 such tilings it was asked about in the five
-        held-out attention configurations of issue 34, on h100) or on a tiling it refused a schedule of already
-        (``fallback``); otherwise the caller's ``spare`` work for the candidate starts. Neither changes the answer: a
-        verdict is the same whenever it is asked."""
+        """Put a compile slot the checks of ``variants`` (those asked) leave free to use (what cancels that work; a
+        no-op where there is none). Where a refusal is likely (_doubtful), the compiler is asked ahead about the
+        schedule that comes next if it refuses this one; otherwise the caller's ``spare`` work for the candidate
+        starts. Neither changes the answer: a verdict is the same whenever it is asked."""
         # nothing to overlap once the verdicts are in (with one job the candidate's check holds the only slot)
         if sum(not f.done() for f in self.verdicts.values()) >= self.jobs or all(self._ask(v).done() for v in variants):
             return _nothing
-        if k in self.over or k in self.fallback:
+        if self._doubtful(k):
             nxt = self._runner_up(k)
             if nxt is not None:
                 self._ask(nxt)

@@ -244,3 +244,49 @@ def test_compile_checks_keep_to_their_slots_and_close_cancels_the_rest():
     c.close()
     release.set()
     assert first.result(30) == 1 and all(f.cancelled() for f in rest) and most[0] == 1
+
+
+def test_a_candidate_unlikely_refused_is_compiled_alone(monkeypatch):
+    """The solver's schedule and its polished twin are two kernels: the polished one (the answer as returned) is
+    compiled alone, its twin only once the compiler has refused it, and then taken in its place."""
+    S = sys.modules["ptsolve.search"]
+    from dataclasses import replace
+    monkeypatch.setattr(S, "_polish", lambda prog, problems, hw, say: replace(prog, registers=1))
+    asked = []
+
+    def verify(p):
+        asked.append(p.registers)
+        return KernelCheck("ok", kernel="k")
+    r = S.search(FA, "h200", fix=T, time_limit=120, verify=verify, jobs=2, executor="serial")
+    assert r.status == "OPTIMAL" and asked == [1] and r.program.registers == 1
+
+    def refuse_polished(p):
+        asked.append(p.registers)
+        return KernelCheck("rejected", "fake") if p.registers == 1 else KernelCheck("ok", kernel="k")
+    asked.clear()
+    r = S.search(FA, "h200", fix=T, time_limit=120, verify=refuse_polished, jobs=2, executor="serial")
+    assert asked == [1, 0] and r.program.registers == 0 and r.kernel_check["status"] == "ok"
+
+
+def test_the_spare_core_compiles_the_declared_order_only_where_it_replays_faster():
+    """optimize's spare-core work asks the compiler about the declared-order schedule _replayed_order will ask about
+    (one that replays faster than the candidate), and about nothing else: not a slower one, not once cancelled."""
+    from types import SimpleNamespace
+
+    from ptsolve.simulate import replay_us
+    opt = sys.modules["ptsolve.optimize"]
+    S = sys.modules["ptsolve.search"]
+    a, b = (S.search(FA, H200, fix=T, solver=s).program for s in ("greedy", "cpsat"))
+    fast, slow = sorted((a, b), key=lambda p: replay_us(p, H200))
+    assert replay_us(fast, H200) < replay_us(slow, H200)
+    asked = []
+    ahead = opt._Ahead(FA, H200, {"verify": lambda p: asked.append(p) or KernelCheck("ok")}, time.perf_counter())
+    stop = threading.Event()
+    ahead._compile(SimpleNamespace(program=slow), fast, stop)
+    assert asked == []
+    ahead._compile(SimpleNamespace(program=fast), slow, stop)
+    assert asked == [fast]
+    stop.set()
+    ahead._compile(SimpleNamespace(program=fast), slow, stop)
+    assert asked == [fast]
+
