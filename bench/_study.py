@@ -77,3 +77,13 @@ def dispatch(pkg: str, argv: list[str] | None, default: str | None = None) -> in
         print(f"bench {study}: no tool {argv[0]!r}; tools: {', '.join(found)}", file=sys.stderr)
         return 2
     return run_tool(pkg, default, found[default], argv)
+
+
+def picked_rows(arg: str, rows: dict) -> list[str]:
+    """The row names a tool's comma-separated ``--rows`` picks (all of ``rows`` when empty); SystemExit naming the
+    first unknown one and the choices."""
+    names = [r for r in arg.split(",") if r] or list(rows)
+    bad = [n for n in names if n not in rows]
+    if bad:
+        raise SystemExit(f"--rows: no row {bad[0]!r}; choose from {', '.join(rows)}")
+    return names

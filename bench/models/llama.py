@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench._study import picked_rows  # noqa: E402  (after the path insert)
+
 ROWS = {"b1_k1024": (1, 1024), "b1_k8192": (1, 8192), "b1_k32768": (1, 32768), "b4_k2048": (4, 2048),
         "b4_k8192": (4, 8192), "b16_k1024": (16, 1024), "b16_k4096": (16, 4096)}
 IMPLS = ("sdpa_flash", "sdpa_cudnn", "sdpa_default", "ptsolve")
@@ -152,10 +154,7 @@ def main() -> None:
     import transformers
 
     import ptsolve.torch as pt
-    names = [r for r in a.rows.split(",") if r] or list(ROWS)
-    bad = [r for r in names if r not in ROWS]
-    if bad:
-        raise SystemExit(f"--rows: no row {bad[0]!r}; choose from {', '.join(ROWS)}")
+    names = picked_rows(a.rows, ROWS)
     pt_name = pt.register_transformers()
     model = _model(a.layers)
     commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

@@ -37,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench._study import picked_rows  # noqa: E402  (after the path insert)
+
 MODELS = {"130m": (768, 24), "370m": (1024, 48), "780m": (1536, 48), "1.3b": (2048, 48)}  # d_model, layers
 PREFILL = [(1, 512), (4, 2048), (8, 4097)]
 DECODE = [1, 8]
@@ -206,10 +208,7 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="decode rows also replayed from CUDA graphs (GPU time)")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
-    names = [r for r in a.rows.split(",") if r] or list(ROWS)
-    bad = [n for n in names if n not in ROWS]
-    if bad:
-        raise SystemExit(f"--rows: no row {bad[0]!r}; choose from {', '.join(ROWS)}")
+    names = picked_rows(a.rows, ROWS)
     import torch
     import transformers
 

@@ -37,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench._study import picked_rows  # noqa: E402  (after the path insert)
+
 MODELS = {"130m": 24, "370m": 32, "780m": 48, "1.3b": 64}  # heads (d_model·2 / head_dim 64)
 SHAPES = [("130m", 4, 2048), ("130m", 16, 4097), ("370m", 1, 8192), ("370m", 8, 2047), ("780m", 4, 4096),
           ("780m", 2, 16384), ("1.3b", 1, 2048), ("1.3b", 4, 8192), ("1.3b", 16, 8000), ("1.3b", 32, 8192)]
@@ -179,10 +181,7 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (host time per call left out)")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
-    names = [r for r in a.rows.split(",") if r] or list(ROWS)
-    bad = [n for n in names if n not in ROWS]
-    if bad:
-        raise SystemExit(f"--rows: no row {bad[0]!r}; choose from {', '.join(ROWS)}")
+    names = picked_rows(a.rows, ROWS)
     import torch
 
     commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
