@@ -75,6 +75,17 @@ def _key(ks: KernelSource, extra: tuple[str, ...] = ()) -> str:
     return hashlib.sha256((ks.source + "\0" + " ".join(ks.flags + extra)).encode()).hexdigest()
 
 
+class NvccError(CodegenError):
+    """nvcc exited non-zero; ``returncode`` is its exit status (negative: killed by a signal)."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+    def __reduce__(self) -> tuple[Any, tuple[str, int]]:  # crosses process pools whole
+        return type(self), (str(self), self.returncode)
+
+
 NVCC_RUNS = [0]  # nvcc invocations of this process (a warm cubin cache keeps it at 0: tests and drivers read it)
 
 
@@ -86,20 +97,41 @@ def _nvcc(ks: KernelSource, out_flag: str, out: Path, extra: tuple[str, ...] = (
         cmd = [nvcc_path(), *ks.flags, *extra, out_flag, "-o", str(out), str(src)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            raise CodegenError(f"nvcc failed for {ks.name} (exit {r.returncode}):\n{r.stderr[-4000:]}")
+            raise NvccError(f"nvcc failed for {ks.name} (exit {r.returncode}):\n{r.stderr[-4000:]}", r.returncode)
         return r.stdout + r.stderr
 
 
+def _nvcc_stamp() -> str:
+    """The nvcc a recorded failure came from (path, size, modification time): another toolkit compiles again."""
+    path = Path(nvcc_path()).resolve()
+    st = path.stat()
+    return f"{path} {st.st_size} {st.st_mtime_ns}"
+
+
 def compile_kernel(ks: KernelSource, cache: bool = True) -> Compiled:
-    """nvcc → cubin for sm_90a, cached under cache_dir() by sha256(source + flags)."""
+    """nvcc → cubin for sm_90a, cached under cache_dir() by sha256(source + flags). A compile nvcc refused with an
+    exit status is recorded beside (``<key>.failed``, with the nvcc it came from) and raises the same NvccError
+    again without running nvcc; ``cache=False`` compiles anew."""
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     key = _key(ks)
     cubin, rep = d / f"{key}.cubin", d / f"{key}.json"
     if cache and cubin.exists() and rep.exists():
         return Compiled(ks, cubin.read_bytes(), cubin, json.loads(rep.read_text()))
+    failed = d / f"{key}.failed"
+    if cache and failed.exists():  # the same source, flags and nvcc failed before: the same error, no second run
+        rec = json.loads(failed.read_text())
+        if rec.get("nvcc") == _nvcc_stamp():
+            raise NvccError(rec["error"], rec["returncode"])
     tmp = d / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp"  # threads of one process compile too
-    log = _nvcc(ks, "-cubin", tmp)
+    try:
+        log = _nvcc(ks, "-cubin", tmp)
+    except NvccError as e:
+        # an exit status is the compiler's verdict on this source (ptxas out of registers, say); a signal is the
+        # machine's (killed, out of memory) and is not kept
+        if e.returncode > 0:
+            failed.write_text(json.dumps({"error": str(e), "returncode": e.returncode, "nvcc": _nvcc_stamp()}))
+        raise
     report = parse_ptxas(log) | {"log": log[-4000:]}
     rep.write_text(json.dumps(report))
     os.replace(tmp, cubin)  # atomic: concurrent compiles of the same key never see half a file

@@ -49,3 +49,49 @@ def test_a_program_the_generator_refuses_has_no_key(monkeypatch):
         raise ptsolve.errors.CodegenError("no such kernel")
     monkeypatch.setattr(cc, "_cuda_source", refuse)
     assert cuda_kernel_key(_program("cpsat"), H200) is None
+
+
+def test_a_refused_compile_is_recorded_and_raised_again_without_nvcc(tmp_path, monkeypatch):
+    """An nvcc exit status (ptxas out of registers, say) is kept beside the cubins: the same source and flags raise
+    the same NvccError without a second nvcc run, until another nvcc is installed or ``cache=False``; a run killed
+    by a signal is not kept."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from codegen import runtime
+    from codegen.cuda.common import KernelSource
+
+    fake = tmp_path / "nvcc"
+    fake.write_text("x")
+    monkeypatch.setattr(runtime, "nvcc_path", lambda: str(fake))
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path / "cache"))
+    runs = []
+    status = [255]
+
+    def run(cmd, **kw):
+        runs.append(cmd)
+        return SimpleNamespace(returncode=status[0], stdout="", stderr="ptxas error   : C7602 Insufficient registers")
+    monkeypatch.setattr(subprocess, "run", run)
+    ks = KernelSource(source="__global__ void k() {}", name="k", op="gemm", params={}, grid=(1, 1, 1),
+                      block=(128, 1, 1), smem_bytes=0, tensor_maps=(), args=())
+    for _ in range(2):
+        with pytest.raises(runtime.NvccError, match="C7602") as e:
+            runtime.compile_kernel(ks)
+        assert e.value.returncode == 255
+    assert len(runs) == 1
+    import pickle
+    back = pickle.loads(pickle.dumps(e.value))  # from a pool's worker
+    assert (str(back), back.returncode) == (str(e.value), 255)
+    with pytest.raises(runtime.NvccError):
+        runtime.compile_kernel(ks, cache=False)
+    assert len(runs) == 2
+    fake.write_text("another toolkit")  # a new nvcc: compiled again
+    with pytest.raises(runtime.NvccError):
+        runtime.compile_kernel(ks)
+    assert len(runs) == 3
+    other = replace(ks, source="__global__ void k() { }")
+    status[0] = -9  # killed: not the source's verdict
+    for n in (4, 5):
+        with pytest.raises(runtime.NvccError):
+            runtime.compile_kernel(other)
+        assert len(runs) == n
