@@ -242,6 +242,20 @@ def test_decode_step_with_a_window(torch, pt, skv, window, causal):
         check(torch, out, q, k[:, :n], v[:, :n], causal, 128 ** -0.5, window=(window[0], 0 if causal else window[1]))
 
 
+def paged(torch, kd, vd, page, seed):
+    """(k pool, v pool, page table) holding the dense caches kd / vd [B, maxp·page, Hkv, D] in pages of ``page`` keys
+    scattered through a pool four times the size (a seeded permutation), the other pages noise: vLLM's layout."""
+    B, S, Hkv, D = kd.shape
+    maxp, pool = S // page, 4 * B * (S // page)
+    perm = torch.randperm(pool, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+    table = perm[:B * maxp].view(B, maxp).int()
+    kc = torch.randn(pool, page, Hkv, D, device="cuda", dtype=kd.dtype)  # pages no table names: noise
+    vc = torch.randn_like(kc)
+    kc[table.long().flatten()] = kd.reshape(B * maxp, page, Hkv, D)
+    vc[table.long().flatten()] = vd.reshape(B * maxp, page, Hkv, D)
+    return kc, vc, table
+
+
 @pytest.mark.parametrize("page,D,dt,sq", [(16, 128, "bf16", 1), (64, 64, "fp16", 4), (256, 128, "fp16", 1),
                                            (32, 128, "bf16", 16)])
 def test_paged_kv_decode(torch, pt, page, D, dt, sq):
@@ -252,13 +266,7 @@ def test_paged_kv_decode(torch, pt, page, D, dt, sq):
     B, H, Hkv, maxp = 3, 8, 2, 6
     lens = [page * maxp, 3 * page + 5, sq]
     q, kd, vd = _inputs(torch, B, sq, page * maxp, H, Hkv, D, dt, 61)
-    pool = 4 * B * maxp
-    perm = torch.randperm(pool, device="cuda", generator=torch.Generator(device="cuda").manual_seed(62))
-    table = perm[:B * maxp].view(B, maxp).int()
-    kc = torch.randn(pool, page, Hkv, D, device="cuda", dtype=kd.dtype)  # pages no table names: noise
-    vc = torch.randn_like(kc)
-    kc[table.long().flatten()] = kd.reshape(B * maxp, page, Hkv, D)
-    vc[table.long().flatten()] = vd.reshape(B * maxp, page, Hkv, D)
+    kc, vc, table = paged(torch, kd, vd, page, 62)
     out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
                                   page_table=table, causal=True)
     for b in range(B):

@@ -8,7 +8,7 @@ more than the tolerance (checked): a kernel that skipped the tanh would fail."""
 from __future__ import annotations
 
 import pytest
-from test_attention_features_gpu import check, ref
+from test_attention_features_gpu import check, paged, ref
 from test_torch_gpu import poison
 
 pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
@@ -107,13 +107,7 @@ def test_softcap_paged_decode(torch, pt, page, D, dt, sq):
     B, H, Hkv, maxp = 3, 16, 8, 8
     lens = [page * maxp, 3 * page + 5, sq]
     q, kd, vd = _inputs(torch, B, sq, page * maxp, H, Hkv, D, dt, 71)
-    pool = 4 * B * maxp
-    perm = torch.randperm(pool, device="cuda", generator=torch.Generator(device="cuda").manual_seed(72))
-    table = perm[:B * maxp].view(B, maxp).int()
-    kc = torch.randn(pool, page, Hkv, D, device="cuda", dtype=kd.dtype)  # pages no table names: noise
-    vc = torch.randn_like(kc)
-    kc[table.long().flatten()] = kd.reshape(B * maxp, page, Hkv, D)
-    vc[table.long().flatten()] = vd.reshape(B * maxp, page, Hkv, D)
+    kc, vc, table = paged(torch, kd, vd, page, 72)
     poison(torch, q.shape, q.dtype)
     out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
                                   page_table=table, causal=True, softcap=50.0)
