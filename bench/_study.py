@@ -14,7 +14,9 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root
 RESULTS = ROOT / "results"  # the curated evidence; raw logs, sources and candidate files stay out of git
@@ -87,3 +89,14 @@ def picked_rows(arg: str, rows: dict) -> list[str]:
     if bad:
         raise SystemExit(f"--rows: no row {bad[0]!r}; choose from {', '.join(rows)}")
     return names
+
+
+def synced_ms(fn: Any) -> tuple[float, Any]:
+    """(ms, result) of ``fn()`` with the GPU synchronised before and after: wall time, host work included."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    got = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3, got

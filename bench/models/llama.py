@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench._study import picked_rows  # noqa: E402  (after the path insert)
+from bench._study import picked_rows, synced_ms  # noqa: E402  (after the path insert)
 
 ROWS = {"b1_k1024": (1, 1024), "b1_k8192": (1, 8192), "b1_k32768": (1, 32768), "b4_k2048": (4, 2048),
         "b4_k8192": (4, 8192), "b16_k1024": (16, 1024), "b16_k4096": (16, 4096)}
@@ -44,14 +44,6 @@ def _ctx(impl: str) -> Any:
     return sdpa_kernel([be]) if be is not None else contextlib.nullcontext()
 
 
-def _sync_ms(fn: Any) -> tuple[float, Any]:
-    import torch
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    got = fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3, got
-
 
 class _Run:
     """One implementation's run on one row: its prefill and its own growing cache, decoded in segments."""
@@ -65,7 +57,7 @@ class _Run:
         prefill()
         self.prefill_ms = []
         for _ in range(3):
-            ms, (self.out, self.cache) = _sync_ms(prefill)
+            ms, (self.out, self.cache) = synced_ms(prefill)
             self.prefill_ms.append(ms)
         self.model, self.logits, self.toks, self.decode_ms = model, [self.out.logits[:, -1].float()], [], []
 
@@ -78,7 +70,7 @@ class _Run:
             self.toks.append(tok)
             self.out = self.model(tok, past_key_values=self.cache, use_cache=True)
             self.logits.append(self.out.logits[:, -1].float())
-        ms, _ = _sync_ms(lambda: [step() for _ in range(steps)])
+        ms, _ = synced_ms(lambda: [step() for _ in range(steps)])
         if timed:
             self.decode_ms.append(ms / steps)
 

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench._study import picked_rows  # noqa: E402  (after the path insert)
+from bench._study import picked_rows, synced_ms  # noqa: E402  (after the path insert)
 
 MODELS = {"130m": (768, 24), "370m": (1024, 48), "780m": (1536, 48), "1.3b": (2048, 48)}  # d_model, layers
 PREFILL = [(1, 512), (4, 2048), (8, 4097)]
@@ -60,16 +60,6 @@ def _model(name: str, layers: int | None) -> Any:
         return Mamba2ForCausalLM(cfg).to(torch.bfloat16).eval()
 
 
-def _timed(fn: Any) -> tuple[float, Any]:
-    """(ms, result) of ``fn()``, synchronised around it (host time included)."""
-    import torch
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    got = fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3, got
-
 
 def _prefill(model: Any, backends: dict[str, Any], ids: Any, reps: int) -> tuple[dict[str, float], float]:
     """Median ms per prefill of ``ids`` per backend (turns taken call by call) and the largest logit difference."""
@@ -84,7 +74,7 @@ def _prefill(model: Any, backends: dict[str, Any], ids: Any, reps: int) -> tuple
     for i in range(reps + 2):
         for k, be in backends.items():
             pm.patch(model, be)
-            t, last[k] = _timed(call)
+            t, last[k] = synced_ms(call)
             if i >= 2:  # two warm-ups: kernels loaded, autotuned
                 ms[k].append(t)
     err = (last["ptsolve"] - last["mamba_ssm"]).abs().max().item()
@@ -121,7 +111,7 @@ def _decode(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: 
         for k in ("mamba_ssm", "ptsolve"):
             pm.patch(model, backends[k])
             st = run[k]
-            t, _ = _timed(functools.partial(_segment, model, st, toks, steps, lead=k == "mamba_ssm"))
+            t, _ = synced_ms(functools.partial(_segment, model, st, toks, steps, lead=k == "mamba_ssm"))
             if r:
                 st["ms"].append(t / steps)
     err = (torch.stack(run["ptsolve"]["logits"]) - torch.stack(run["mamba_ssm"]["logits"])).abs().max().item()
@@ -161,7 +151,7 @@ def _graphs(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: 
     ms: dict[str, list[float]] = {k: [] for k in graphs}
     for r in range(rounds + 1):
         for k, g in graphs.items():
-            t, _ = _timed(lambda g=g: [g.replay() for _ in range(steps)])
+            t, _ = synced_ms(lambda g=g: [g.replay() for _ in range(steps)])
             if r:
                 ms[k].append(t / steps)
     return {"ptsolve_graph_ms": round(statistics.median(ms["ptsolve"]), 4),
