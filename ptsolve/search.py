@@ -35,7 +35,7 @@ from .provenance import stamp
 from .report import features
 from .result import Result
 from .simulate import claimed, replay
-from .validate import check_valid, register_excess
+from .validate import check_valid, register_excess, register_refusal
 
 EXECUTORS = arguments.EXECUTORS
 
@@ -384,6 +384,11 @@ class _Search:
                 continue
             why = fits(g, hw)
             if why and self.verify is not None and fits(g, hw, registers=False) is None:
+                # past the estimate by more than it overcounts: ptxas refuses every schedule (no solve, no compile)
+                refused = register_refusal(g, hw)
+                if refused:
+                    self.reasons.append(f"{g.tiling}: {refused}")
+                    continue
                 over.append((g, why))
             elif why:
                 self.reasons.append(f"{g.tiling}: {why}")

@@ -64,6 +64,20 @@ def register_excess(g: STaskGraph, copies: dict[str, int], hw: Hardware) -> tupl
     return None
 
 
+def register_refusal(g: STaskGraph, hw: Hardware) -> str | None:
+    """Why no kernel of ``g``'s tiling can compile clean for want of registers, or None where one may: its estimate at
+    one copy of every buffer (the least any schedule holds) past a consumer warpgroup's budget by more than the
+    operator's measured overcount (Hardware.reg_overcount). Such a tiling spills or serialises its wgmma pipeline
+    under ptxas whatever the schedule, so the search does not solve it or ask the compiler."""
+    x = register_excess(g, {}, hw)
+    slack = hw.for_op(g.op).reg_overcount
+    if x is None or x[1] - x[2] <= slack:
+        return None
+    return (f"registers {x[1]}/thread > {x[2]} ({', '.join(x[3])}) by {x[1] - x[2]}, more than the {slack} the "
+            f"model's estimate was measured above ptxas's need on {g.op} kernels (bench study regfit): ptxas cannot "
+            "fit it")
+
+
 def _overlap(a0: int, a1: int, b0: int, b1: int, ii: int | None) -> bool:
     """Do [a0, a1) and [b0, b1) intersect (modulo ii: two loop tasks of any stages)?"""
     if ii is None:

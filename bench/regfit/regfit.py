@@ -5,14 +5,17 @@ compiling the kernel at setmaxnreg levels (multiples of 8) and taking the smalle
 serialises the wgmma pipeline nor ignores setmaxnreg (C7507). ``sample()`` lists representative tilings and orders
 of every operator; ``main`` prints, per kernel, the model's count (ptsolve.validate.regs_per_thread: the buffers
 plus the table's ``reg_overhead``), the measured demand and the difference, so the table's overhead and the
-builders' working sets can be set from, and checked against, the compiler::
+builders' working sets can be set from, and checked against, the compiler. ``--write`` stores each operator's
+largest margin, rounded up to the allocation granule, as its ``reg_overcount`` (ptsolve.hw.Hardware): the search
+leaves out a tiling whose estimate passes its budget by more (ptsolve.validate.register_refusal)::
 
-    python -m bench regfit --out results/regfit_h100.md     # ~5 minutes on 2 cores
+    python -m bench regfit --out results/regfit_h100.md --rows ROWS.json --write     # ~10 minutes on 2 cores
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -70,6 +73,13 @@ def sample() -> dict[str, KernelPlan]:
             t = {"BM": 128, "BN": BN, "depth": 2, "groups": 2}
             out[f"fa_d{D}_bn{BN}"] = default_plan("flash_attention", fa | {"head_dim": D}, t)
             out[f"fa_d{D}_bn{BN}_fa3"] = fa3_order_plan(fa | {"head_dim": D}, t)
+    # the head dims and warpgroup counts the search also meets (Phi-3's 96, Gemma-2's 256; one and three consumer
+    # warpgroups), so that the overcount written per operator (--write) is not of the two-warpgroup d64/d128 ones only
+    for D, BM, BN, groups in ((96, 128, 128, 2), (96, 64, 128, 1), (256, 128, 64, 2), (256, 64, 64, 1),
+                              (256, 128, 32, 2), (64, 192, 64, 3), (64, 192, 128, 3), (128, 192, 64, 3),
+                              (64, 64, 176, 1)):
+        t = {"BM": BM, "BN": BN, "depth": 2, "groups": groups}
+        out[f"fa_d{D}_bm{BM}_bn{BN}_g{groups}"] = default_plan("flash_attention", fa | {"head_dim": D}, t)
     g = {"M": 2048, "N": 2048, "K": 1024, "dtype": "bf16"}
     for rows in (64, 128):
         for BN in (64, 128, 192, 256):
@@ -82,6 +92,9 @@ def sample() -> dict[str, KernelPlan]:
         for ov in (False, True):
             out[f"cs_bk{BK}{'_ov' if ov else ''}"] = default_plan("mamba2_chunk_scan", m, {"BM": 64, "BK": BK,
                                                                                           "depth": 2, "groups": 1}, ov)
+    for BK in (32, 64):
+        out[f"cs_p128_bk{BK}"] = default_plan("mamba2_chunk_scan", m | {"head_dim": 128}, {"BM": 64, "BK": BK,
+                                                                                         "depth": 2, "groups": 1})
     for P in (64, 128):
         for BM in (64, 128):
             out[f"st_p{P}_bm{BM}"] = default_plan("mamba2_chunk_state", m | {"head_dim": P},
@@ -108,25 +121,70 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def overcounts(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
+    """Per operator: (its Hardware.reg_overcount, the largest margin measured, kernels measured). The overcount is the
+    largest margin rounded up to the 8-register granule ptxas allocates setmaxnreg levels in, at least one granule:
+    an estimate past a budget by more cannot fit under it."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for op in sorted({r["op"] for r in rows}):
+        m = [r["margin"] for r in rows if r["op"] == op and r["margin"] is not None]
+        if m:
+            out[op] = (max(8, -(-max(m) // 8) * 8), max(m), len(m))
+    return out
+
+
+def write(rows: list[dict[str, Any]], commit: str, tables: tuple[str, ...] = ("h100", "h200")) -> list[Path]:
+    """Store each operator's overcount (``overcounts``) in the sm_90 tables' overlays (ptsolve.calibrate.write_op):
+    the same compiler decides on both devices."""
+    from dataclasses import replace
+
+    from ptsolve.calibrate import write_op
+    from ptsolve.hw import load
+    paths = []
+    for name in tables:
+        base = load(name, calibrated=False)
+        for op, (over, most, n) in overcounts(rows).items():
+            note = (f"reg_overcount measured by `python -m bench regfit --write` (nvcc 13.0 sm_90a, {n} {op} kernels, "
+                    f"largest margin {most}; {time.strftime('%Y-%m-%d')}, commit {commit})")
+            paths.append(write_op(replace(base, reg_overcount=over), base, op, note, ["reg_overcount"]))
+    return sorted(set(paths))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--out", help="write a markdown report here")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--rows", help="JSON of the rows (read when it exists, else written after measuring)")
+    ap.add_argument("--write", action="store_true",
+                    help="store each operator's reg_overcount in ptsolve/hw/{h100,h200}.calibrated.json")
     a = ap.parse_args(argv)
     t0 = time.time()
-    rows = measure(sample(), a.hw, a.jobs)
+    if a.rows and Path(a.rows).exists():
+        rows = json.loads(Path(a.rows).read_text())
+    else:
+        rows = measure(sample(), a.hw, a.jobs)
+        if a.rows:
+            Path(a.rows).write_text(json.dumps(rows, indent=1) + "\n")
     md = table(rows)
     under = [r for r in rows if r["margin"] is not None and r["margin"] < 0]
     summary = (f"{len(rows)} kernels; model below the demand on {len(under)}; margins "
                f"{min(r['margin'] for r in rows if r['margin'] is not None)}.."
                f"{max(r['margin'] for r in rows if r['margin'] is not None)} registers; {time.time() - t0:.0f} s")
+    over = overcounts(rows)
+    summary += "; overcount per operator (reg_overcount): " + ", ".join(f"{op} {v[0]} (largest margin {v[1]}, {v[2]} "
+                                                                         "kernels)" for op, v in over.items())
     print(md + "\n\n" + summary)
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if a.write:
+        for p in write(rows, commit):
+            print(f"wrote {p}")
     if a.out:
-        import subprocess
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         Path(a.out).write_text(f"# Register model vs ptxas ({a.hw} table, nvcc sm_90a)\n\n- command: "
-                               f"`python -m bench regfit --out {a.out}`\n- date: {time.strftime('%Y-%m-%d')}\n"
+                               f"`python -m bench regfit {' '.join(argv if argv is not None else sys.argv[1:])}` "
+                               "(the measured rows: --rows; no GPU, nvcc 13.0 on a 2-core CPU machine)\n"
+                               f"- date: {time.strftime('%Y-%m-%d')}\n"
                                f"- commit: {commit}\n\n{summary}\n\n{md}\n")
     return 0
 

@@ -74,6 +74,13 @@ class Hardware:
     # an operator's measured preference (bench study depth_tie), set in op_constants: deeper rings measured faster for
     # GEMM and ChunkState on the H200 and slower for split-KV decode at large batch, which the model does not separate
     deep_ring_ties: int = 0
+    # registers per consumer thread the model's estimate (ptsolve.validate.regs_per_thread) may count above what ptxas
+    # needs for an operator's kernels: the largest margin measured (bench study regfit, the smallest clean setmaxnreg
+    # level against the estimate), rounded up to the 8-register allocation granule. A tiling past its budget by more
+    # cannot compile clean, so the search leaves it out before any solve (ptsolve.validate.register_refusal); set per
+    # operator in op_constants by `python -m bench regfit --write`. The default, an SM's whole register file, rules
+    # nothing out: where it was not measured, the compiler decides
+    reg_overcount: int = 65536
     # > 0: a search's winner whose loop streams memory gets the deepest ring up to this that fits, with its schedule
     # unchanged (policies.model.deepen): the model's deterministic latency is hidden by the space's depths, but more
     # bytes in flight measured faster past them (GEMM on the H200: bench study gemm_skinny); set in op_constants

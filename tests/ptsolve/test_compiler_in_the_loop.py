@@ -194,11 +194,16 @@ def test_a_tiling_the_generator_cannot_build_is_never_solved(monkeypatch):
         return KernelCheck("ok", kernel="k")
     chk.buildable = lambda g: "two M tiles per warpgroup" if g.tiling["BM"] != 64 * g.tiling["groups"] else None
     op = ptsolve.ops.flash_attention(batch=2, heads=32, kv_heads=8, seq=4096, head_dim=128, causal=True)
-    r = _opt(op, "h200", "cpsat", chk, monkeypatch)
+    # the measured register overcount (Hardware.reg_overcount) rules most such tilings out by itself: without it, the
+    # generator's rule is the one at work here
+    from dataclasses import replace
+    hw = load("h200")
+    hw = replace(hw, op_constants={o: v for o, v in hw.op_constants.items() if o != "flash_attention"})
+    r = _opt(op, hw, "cpsat", chk, monkeypatch)
     assert r.tiling["BM"] == 64 * r.tiling["groups"] and r.kernel_check["status"] == "ok"
     assert asked and all(t["BM"] == 64 * t["groups"] for t in asked) and not r.rejected
     # without the rule the model's first choice here is a tiling of two M tiles per warpgroup: the rule is what moved it
-    free = _opt(op, "h200", "cpsat", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
+    free = _opt(op, hw, "cpsat", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
     assert free.tiling["BM"] != 64 * free.tiling["groups"]
 
 
@@ -212,3 +217,35 @@ def test_the_cuda_generators_tiling_rule():
     # about the operator, not the tiling: left to the first compile check (scope "operator")
     bad = ptsolve.ops.flash_attention(batch=2, heads=32, kv_heads=8, seq=4096, head_dim=48)
     assert cuda_buildable(bad.graph({"BM": 128, "BN": 128, "depth": 2, "groups": 2}, load("h200"))) is None
+
+
+def test_a_tiling_past_its_register_budget_by_more_than_the_overcount_is_never_searched(monkeypatch):
+    """Hardware.reg_overcount: a tiling whose register estimate passes its budget by more than the operator's measured
+    overcount is out before any solve or compile (ptsolve.validate.register_refusal, with its reason); one within it
+    is still searched and the compiler decides. The default (unmeasured) rules nothing out."""
+    from dataclasses import replace
+
+    from ptsolve.validate import register_excess, register_refusal
+    op = ptsolve.ops.flash_attention(batch=16, heads=16, kv_heads=16, seq=512, head_dim=64)
+    base = load("h100", calibrated=False)
+    tight = replace(base, op_constants={"flash_attention": {"reg_overcount": 8}})
+    excess = {json.dumps(g.tiling, sort_keys=True): x[1] - x[2] for g in map(lambda t: op.graph(t, base),
+                                                                             op.tilings())
+              if (x := register_excess(g, {}, base))}
+    assert any(e > 8 for e in excess.values()) and any(0 < e <= 8 for e in excess.values())
+    for g in map(lambda t: op.graph(t, base), op.tilings()):
+        e = excess.get(json.dumps(g.tiling, sort_keys=True), 0)
+        assert register_refusal(g, base) is None  # unmeasured: the compiler decides
+        assert (register_refusal(g, tight) is not None) == (e > 8)
+    asked: dict[str, list[dict]] = {"loose": [], "strict": []}
+
+    def chk(run):
+        def ask(p, hw):
+            asked[run].append(dict(p.graph.tiling))
+            return KernelCheck("ok", kernel="k", target="test")
+        return ask
+    loose = _opt(op, base, "greedy", chk("loose"), monkeypatch)
+    strict = _opt(op, tight, "greedy", chk("strict"), monkeypatch)
+    # tilings past by more were candidates before (where their bound could win), none is now
+    assert 0 < loose.tilings - strict.tilings <= sum(e > 8 for e in excess.values())
+    assert asked["strict"] and all(excess.get(json.dumps(t, sort_keys=True), 0) <= 8 for t in asked["strict"])
