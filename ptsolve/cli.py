@@ -435,7 +435,9 @@ def compare_row(c: dict[str, Any], hw: Any, opts: dict[str, Any], jobs: int = 1)
         if tl.kernel_cycles != claimed_cycles(r.program, hw) or tl.late or tl.kernel_cycles != r.objective:
             raise Err(f"{c['name']} {s}: simulate() gives {tl.kernel_cycles} cycles but the policy claims "
                       f"{r.objective}: a ptsolve bug, please report it")
-        row |= {f"{s}_us": round(r.predicted_us, 3), f"{s}_tflops": round(r.tflops, 1), f"{s}_status": r.status,
+        row |= {f"{s}_us": round(r.predicted_us, 3), f"{s}_cycles": r.objective,
+                f"{s}_check": (r.kernel_check or {}).get("status", ""), f"{s}_tflops": round(r.tflops, 1),
+                f"{s}_status": r.status,
                 f"{s}_gap": round(r.gap, 4) if r.gap is not None else "", f"{s}_solve_s": round(r.solve_s, 2),
                 f"{s}_cached": r.cached,
                 f"{s}_tiling": json.dumps(r.tiling, sort_keys=True), f"{s}_solved": f"{r.solved}/{r.tilings}"}
@@ -569,6 +571,7 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
             sp = [r[f"speedup_{s}"] for r in rows]
             line += f"; speedup over greedy mean {sum(sp) / len(sp):.3f}×, max {max(sp):.3f}×, min {min(sp):.3f}×"
         lines += ["", line + "."]
+    lines += _contradictions(rows, solvers)
     stopped = [f"{s} {r['config']}" for r in rows for s in exact if r[f"{s}_status"] == "TIME_LIMIT"]
     lines += ["", f"**time limit**: {len(stopped)} solve(s) stopped by the time limit"
               + (f" (hatched in the chart): {', '.join(stopped)}." if stopped else ".")]
@@ -580,6 +583,29 @@ def compare_markdown(rows: list[dict[str, Any]], solvers: list[str], a: argparse
     if nodec:
         lines += ["", f"**decoupled: no schedule** (—): {'; '.join(nodec)}."]
     return "\n".join(lines) + "\n"
+
+
+def _contradictions(rows: list[dict[str, Any]], solvers: list[str]) -> list[str]:
+    """Issue "Exact means exact"'s two checks over a compare table, by kernel cycles: every exact answer no worse
+    than greedy's, and no OPTIMAL answer beaten by another policy's answer that the compiler took (with
+    --compile-check every answer is one: its ``check`` is ok)."""
+    exact = [s for s in solvers if s != "greedy"]
+    if not rows or f"{solvers[0]}_cycles" not in rows[0]:
+        return []  # a table written before the cycles were recorded
+    worse = [f"{r['config']} {s} ({r[f'{s}_cycles']} > {r['greedy_cycles']})" for r in rows for s in exact
+             if "greedy" in solvers and r[f"{s}_cycles"] > r["greedy_cycles"]]
+    beaten = [f"{r['config']} {s} OPTIMAL at {r[f'{s}_cycles']}, {o} {r[f'{o}_cycles']}" for r in rows
+              for s in exact if r[f"{s}_status"] == "OPTIMAL" for o in solvers
+              if o != s and r[f"{o}_check"] in ("ok", "") and r[f"{o}_cycles"] < r[f"{s}_cycles"]]
+    checked = sum(all(r[f"{s}_check"] == "ok" for s in solvers) for r in rows)
+    out = ["", "**exact ≤ greedy** (kernel cycles): " + (f"violated on {len(worse)}: {'; '.join(worse)}." if worse
+                                                           else f"holds on all {len(rows)} configurations.")]
+    if "greedy" not in solvers:
+        out = []
+    out += ["", "**OPTIMAL contradicted** by another policy's answer"
+            + (f" (compile-checked on {checked}/{len(rows)} configurations)" if checked else "") + ": "
+            + (f"{len(beaten)}: {'; '.join(beaten)}." if beaten else "none.")]
+    return out
 
 
 def _bar_chart(rows: list[dict[str, Any]], solvers: list[str], path: Path, hw: str) -> bool:

@@ -1,4 +1,4 @@
-"""Benchmark suites as plain data: the PipeThreader paper's configurations."""
+"""Benchmark suites as plain data: the PipeThreader paper's configurations, and held-out ones it does not have."""
 from __future__ import annotations
 
 from typing import Any
@@ -44,7 +44,31 @@ def paper() -> list[dict[str, Any]]:
     return out
 
 
-SUITES = {"paper": paper}
+def heldout() -> list[dict[str, Any]]:
+    """Configurations of the model families users run (../shared/shapes.md) that the paper suite lacks, for the
+    greedy-vs-exact study with the compiler in the loop (issue "Exact means exact"): attention at head_dim 64, 96,
+    128 and 256, MHA, GQA and MQA, ragged and bottom-right (seq_q < seq_kv) shapes; skinny, odd and mid-size GEMMs;
+    Mamba2 chunk kernels of other models, chunks and state sizes. ``HA*`` attention, ``HG*`` GEMM, ``HC*`` ChunkScan,
+    ``HS*`` ChunkState."""
+    fa = [(4, 28, 4, 3000, 3000, 128, False), (16, 14, 2, 1000, 1000, 64, True), (4, 12, 12, 511, 511, 64, False),
+          (1, 71, 1, 2047, 2047, 64, True), (4, 32, 32, 1000, 1000, 96, False), (2, 8, 4, 4097, 4097, 256, True),
+          (1, 32, 8, 128, 4096, 128, True), (8, 64, 8, 777, 777, 128, True)]
+    out: list[dict[str, Any]] = [
+        {"name": f"HA{i}", "op": "flash_attention",
+         "params": {"batch": b, "heads": h, "kv_heads": kv, "seq_q": sq, "seq_kv": skv, "head_dim": d, "causal": c}}
+        for i, (b, h, kv, sq, skv, d, c) in enumerate(fa)]
+    out += [{"name": f"HG{i}", "op": "gemm", "params": {"M": m, "N": n, "K": k}}
+            for i, (m, n, k) in enumerate(((16, 14336, 4096), (1000, 1000, 1000), (333, 4096, 4096),
+                                           (4096, 1024, 4096)))]
+    ssm = [("HC0", "mamba2_chunk_scan", 4, 2048, 24, 128, 256), ("HC1", "mamba2_chunk_scan", 8, 1024, 32, 64, 128),
+           ("HS0", "mamba2_chunk_state", 2, 4096, 48, 128, 256), ("HS1", "mamba2_chunk_state", 16, 1000, 24, 128, 64)]
+    out += [{"name": n, "op": op, "params": {"batch": b, "seq": s, "heads": h, "head_dim": 64, "d_state": ds,
+                                             "chunk": ch, "groups": 1}}
+            for n, op, b, s, h, ds, ch in ssm]
+    return out
+
+
+SUITES = {"heldout": heldout, "paper": paper}
 
 
 def operator(cfg: dict[str, Any]) -> Operator:

@@ -290,3 +290,23 @@ def test_compare_says_where_the_decoupled_ablation_has_no_schedule(tmp_path, mon
     (row,) = _table(md)[2:]
     assert row[0] == "GEMM0" and "—" in row
     assert "**decoupled: no schedule** (—): GEMM0 (every tiling was rejected by the compiler: roofline's)." in md
+
+
+def test_compare_reports_exact_worse_than_greedy_and_contradicted_optima() -> None:
+    """The compare table's two checks of issue "Exact means exact", by kernel cycles: an exact answer above greedy's
+    is listed, and so is an OPTIMAL answer another policy's compile-clean answer beats; a clean table says so."""
+    from ptsolve.cli import _contradictions
+
+    def row(name: str, g: int, c: int, m: int, cst: str = "OPTIMAL", mchk: str = "ok") -> dict:
+        return {"config": name, "greedy_cycles": g, "greedy_status": "FEASIBLE", "greedy_check": "ok",
+                "cpsat_cycles": c, "cpsat_status": cst, "cpsat_check": "ok", "milp_cycles": m,
+                "milp_status": "FEASIBLE", "milp_check": mchk}
+    solvers = ["greedy", "cpsat", "milp"]
+    clean = "\n".join(_contradictions([row("A", 100, 90, 95), row("B", 50, 50, 50)], solvers))
+    assert "holds on all 2 configurations" in clean and "contradicted** by another policy's answer (compile-checked " \
+        "on 2/2 configurations): none." in clean
+    bad = "\n".join(_contradictions([row("A", 100, 110, 95), row("B", 50, 50, 40, mchk="rejected")], solvers))
+    assert "violated on 1: A cpsat (110 > 100)" in bad
+    assert "A cpsat OPTIMAL at 110, greedy 100" in bad and "A cpsat OPTIMAL at 110, milp 95" in bad
+    assert "B cpsat" not in bad  # milp's lower answer there is one the compiler refused
+    assert _contradictions([{"config": "old", "greedy_us": 1.0}], solvers) == []
