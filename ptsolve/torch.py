@@ -596,7 +596,7 @@ def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens
         _flash_attention_features_cuda(*args)
 
 
-_GEMM_CLASSES: dict[torch.dtype, Any] = {}
+_GEMM_CLASSES: dict[tuple[torch.dtype, bool], Any] = {}  # (dtype, N a multiple of 8) -> class
 
 
 def _gemm_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -618,9 +618,10 @@ def _gemm_cold(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], key: tu
         return out
     if a.shape[1] == 0:
         return out.zero_()
-    c = _GEMM_CLASSES.get(a.dtype)
+    ck = (a.dtype, b.shape[0] % 8 == 0)
+    c = _GEMM_CLASSES.get(ck)
     if c is None:
-        c = _GEMM_CLASSES[a.dtype] = _gen().gemm_class(_DT[a.dtype])
+        c = _GEMM_CLASSES[ck] = _gen().gemm_class(_DT[a.dtype], b.shape[0])
     a2, b2 = _tma_ready(a), _tma_ready(b)
     ln = _gen().gemm_launch(a2, b2, c)
     ln(_raw_stream(a.get_device()), out.data_ptr())
@@ -996,7 +997,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a · bᵀ: a [..., K], b [N, K] (F.linear(a, b)'s layout) → [..., N]; fp32 accumulation. K and N multiples of 8."""
+    """a · bᵀ: a [..., K], b [N, K] (F.linear(a, b)'s layout) → [..., N]; fp32 accumulation. K a multiple of 8 (the
+    16-byte rows TMA loads); N any (not a multiple of 8: the class whose kernel stores C from registers)."""
     if not _compiling():
         key = ("gemm", a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype)
         hit = _FAST.get(key)
@@ -1009,8 +1011,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dim() < 1 or b.dim() != 2 or a.shape[-1] != b.shape[1]:
         raise ShapeError(f"gemm takes a [..., K] and b [N, K]; got {tuple(a.shape)} and {tuple(b.shape)}")
     K, N = b.shape[1], b.shape[0]
-    if K % 8 or N % 8:
-        raise ShapeError(f"gemm: K={K} and N={N} must be multiples of 8 (16-byte rows for TMA); pad them")
+    if K % 8:
+        raise ShapeError(f"gemm: K={K} must be a multiple of 8 (the 16-byte rows TMA loads of a and b); pad K "
+                         "with zeros")
     a2 = a.reshape(-1, K)
     if _compiling():
         out = torch.ops.ptsolve.gemm(a2, b)

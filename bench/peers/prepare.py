@@ -49,7 +49,7 @@ def served(op: str, shape: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     varlen rows: their classes serve them)."""
     from ptsolve import serve
     if op == "gemm":
-        return serve.gemm_class(shape["dtype"]), {k: shape[k] for k in ("M", "N", "K", "dtype")}
+        return serve.gemm_class(shape["dtype"], shape["N"]), {k: shape[k] for k in ("M", "N", "K", "dtype")}
     if op != "flash_attention" or shape.get("varlen"):
         return None
     p = {k: shape[k] for k in ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "dtype")}

@@ -20,8 +20,9 @@ DTYPES = ("fp16", "bf16")
 class ShapeClass:
     """What a schedule and a binary are chosen by. ``head_dim``: attention's and Mamba2's;
     ``causal``, ``gqa``, ``softcap``, ``window`` only attention's; ``d_state``, ``chunk`` only Mamba2's;
-    ``epilogue`` and ``cb_dtype`` only ChunkScan's (a fused D skip / z gate, ``ptsolve.geometry.mamba2.EPILOGUES``;
-    "fp32": CB read as float32, '' in the input dtype)."""
+    ``epilogue`` ChunkScan's (a fused D skip / z gate, ``ptsolve.geometry.mamba2.EPILOGUES``) and GEMM's ("regs": C
+    stored from registers, for N not a multiple of 8); ``cb_dtype`` only ChunkScan's ("fp32": CB read as float32, ''
+    in the input dtype)."""
 
     op: str
     dtype: str
@@ -35,7 +36,7 @@ class ShapeClass:
     persistent: int = 0  # split-KV decode on persistent CTAs, one piece per query tile (``decode_variants``)
     softcap: bool = False  # attention's capped scores (the cap's value is a launch argument)
     window: bool = False  # attention's sliding window (its sizes are launch arguments)
-    epilogue: str = ""  # Mamba2 ChunkScan's fused D skip and z gate (a variant: ``OpClasses.derived``)
+    epilogue: str = ""  # ChunkScan's fused D skip and z gate (a variant: ``OpClasses.derived``); GEMM's "regs"
     cb_dtype: str = ""  # Mamba2 ChunkScan's CB operand: "fp32", or '' for the input dtype (a schedule of its own)
 
     def __hash__(self) -> int:

@@ -1,4 +1,4 @@
-"""GEMM in the serving layer: one class per dtype (M, N and K are kernel arguments) and its launcher."""
+"""GEMM in the serving layer: one class per dtype and C epilogue (M, N and K are kernel arguments) and its launcher."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,21 +7,27 @@ from . import exact, prepared
 from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
 from .kernels import kernel
 
+# the epilogue of the class whose kernel stores C from registers: C's rows need no 16-byte pitch (N any), where the
+# TMA store the plain class's schedule takes needs N a multiple of 8
+REGS = "regs"
 
-def gemm_class(dtype: str) -> ShapeClass:
-    """The GEMM class of a dtype; ShapeError for one the kernels do not take."""
+
+def gemm_class(dtype: str, n: int = 0) -> ShapeClass:
+    """The GEMM class of a dtype for an output of ``n`` columns (0: any multiple of 8); ShapeError for a dtype the
+    kernels do not take. N not a multiple of 8 gets the register-store class (``.../regs``)."""
     dtype_ok(dtype)
-    return ShapeClass("gemm", dtype)
+    return ShapeClass("gemm", dtype, epilogue=REGS if n % 8 else "")
 
 
 def _fix(c: ShapeClass) -> dict[str, int]:
-    # one K range: one generic kernel serves every M, N, K, and split-K's workspace is sized per shape
-    return {"splits": 1}
+    # one K range: one generic kernel serves every M, N, K, and split-K's workspace is sized per shape; the
+    # register-store class pins the TMA store off
+    return {"splits": 1} | ({"tma_store": 0} if c.epilogue == REGS else {})
 
 
-register("gemm", OpClasses(key=lambda c: f"gemm/{c.dtype}",
+register("gemm", OpClasses(key=lambda c: f"gemm/{c.dtype}" + (f"/{c.epilogue}" if c.epilogue else ""),
                            representative=lambda c: {"M": 4096, "N": 4096, "K": 4096, "dtype": c.dtype},
-                           classes=lambda: [gemm_class(d) for d in DTYPES], fix=_fix))
+                           classes=lambda: [gemm_class(d, n) for d in DTYPES for n in (0, 1)], fix=_fix))
 
 
 def gemm(a: Any, b: Any, out: Any, c: ShapeClass) -> None:

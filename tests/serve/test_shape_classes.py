@@ -49,7 +49,8 @@ def test_class_keys():
     assert serve.attention_class("fp16", 64, False, 64, 1).gqa == "5+"  # MQA
     assert serve.attention_class("fp16", 64, False, 40, 8).gqa == "5+"
     assert serve.attention_class("fp16", 64, False, 6, 3).gqa == "2-4"
-    assert serve.gemm_class("fp16").key == "gemm/fp16"
+    assert serve.gemm_class("fp16").key == "gemm/fp16" == serve.gemm_class("fp16", 4096).key
+    assert serve.gemm_class("bf16", 4097).key == "gemm/bf16/regs" == serve.gemm_class("bf16", 4100).key
     m = serve.mamba_class("mamba2_chunk_state", "bf16", 64, 128, 256)
     assert m.key == "mamba2_chunk_state/bf16/p64/n128/q256"
     with pytest.raises(ShapeError, match="d_state=96"):
@@ -60,18 +61,19 @@ def test_class_keys():
     assert serve.decode_class("fp16", 64, True, 71, 1, 1).groups == 2  # 71 packed rows: two warpgroups
     assert serve.decode_class("fp16", 64, True, 32, 8, 16).groups == 1  # 4 heads x 16 positions = 64 rows
     assert serve.decode_class("fp16", 64, True, 32, 8, 16) != serve.decode_class("fp16", 64, False, 32, 8, 16)
-    # gemm, attention (dtype x head_dim x causal x GQA bucket, plain or with a softcap, a window or both), decode
+    # gemm (dtype x TMA or register store), attention (dtype x head_dim x causal x GQA bucket, plain or with a
+    # softcap, a window or both), decode
     # (dtype x head_dim x causal x warpgroups, the
     # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
     # dtype x d_state x chunk, and ChunkScan's two CB dtypes), Mamba2's state passing (dtype x d_state)
-    assert len(keys) == len(set(keys)) == (2 + 4 * 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 3 * 2 * 2 * 3
+    assert len(keys) == len(set(keys)) == (2 * 2 + 4 * 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 3 * 2 * 2 * 3
                                            + 2 * 2)
     assert "mamba2_state_passing/bf16/p64/n128" in keys
     assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
     for c in serve.classes():  # every class's representative is its own class
         r = serve.representative(c)
-        if c.op == "gemm":
-            assert serve.gemm_class(r["dtype"]) == c
+        if c.op == "gemm":  # the representative's N (4096) is the plain class's: the register-store one is pinned
+            assert serve.gemm_class(r["dtype"], r["N"] + (c.epilogue == "regs")) == c
         elif c.op in serve.MAMBA_OPS:
             assert serve.mamba_class(c.op, r["dtype"], r["head_dim"], r["d_state"], r["chunk"],
                                      cb_dtype=r.get("cb_dtype", "")) == c
@@ -519,6 +521,19 @@ def test_generic_decode_kernels_compile_clean(args, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
+def test_gemm_register_store_class_takes_any_n(tmp_path, monkeypatch):
+    """N not a multiple of 8 (C's rows off the 16-byte pitch a TMA store needs): the .../regs class's shipped schedule
+    stores C from registers, the plain class's by TMA, and its generic kernel compiles clean."""
+    from ptsolve.serve.table import schedule
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    for d in ("fp16", "bf16"):
+        plain, regs = (schedule(serve.gemm_class(d, n)).tiling for n in (0, 4097))
+        assert plain.get("tma_store") == 1 and not regs.get("tma_store")
+    rep = serve.compile_class(serve.gemm_class("fp16", 77))
+    assert rep["spill_stores"] == 0 and not rep["wgmma_serialized"], rep
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc")
 @pytest.mark.parametrize("causal", [False, True])
 def test_generic_persistent_attention_keeps_its_wgmma_pipelined(causal, tmp_path, monkeypatch):
     """A generic attention kernel on persistent CTAs skips a tile by sizes it loads (varlen offsets): the branch must
@@ -603,7 +618,8 @@ def test_table_only_takes_several_comma_separated_parts():
 
 
 def test_class_fix_pins_what_each_generic_kernel_assumes():
-    """A class's solve pins: GEMM one K range; decode its warpgroups, CTAs per SM and several pieces (one and
+    """A class's solve pins: GEMM one K range (and the TMA store off for the register-store class); decode its
+    warpgroups, CTAs per SM and several pieces (one and
     persistent for a persistent class); attention nothing."""
     from ptsolve.serve import DECODE_REP_SPLITS, class_fix, classes
     seen = set()
@@ -611,7 +627,7 @@ def test_class_fix_pins_what_each_generic_kernel_assumes():
         f = class_fix(c)
         seen.add(c.op)
         if c.op == "gemm":
-            assert f == {"splits": 1}
+            assert f == {"splits": 1} | ({"tma_store": 0} if c.epilogue == "regs" else {})
         elif c.op == "flash_decode":
             assert f["groups"] == c.groups and f["ctas"] == max(1, c.ctas)
             assert (f["splits"], f.get("persistent")) == ((1, 1) if c.persistent else (DECODE_REP_SPLITS, None))

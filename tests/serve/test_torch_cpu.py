@@ -3,6 +3,8 @@
 GPU (the launch path, kernels not run), the launches it prepares, and ptsolve.ssd's."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from ptsolve.errors import DeviceError, ShapeError
@@ -695,3 +697,27 @@ def test_ssd_state_passing_keep_flags_are_seq_idx_s(fake_gpu, monkeypatch):
                                       torch.float16)
     assert seen["keep"].dtype == torch.float32 and seen["keep"].shape == (2, 8)
     assert seen["keep"].tolist() == [[1, 0, 1, 1, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0]]
+
+
+def test_gemm_with_n_off_the_tma_pitch_runs_the_register_store_class(pt, fake_gpu):
+    """N not a multiple of 8 (C's rows are not 16-byte aligned, which a TMA store needs): the call runs the
+    register-store class's kernel, no tensor map of C is made, and the output is [..., N]; K off the pitch is still
+    refused, naming K and the fix."""
+    from ptsolve import serve
+    log = fake_gpu
+    seen = []
+    real = serve.gemm_launch
+    serve_gemm = sys.modules["ptsolve.serve.gemm"]
+    import codegen.cuda.gemm as cg
+    maps, c_map = [], cg.c_map
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cg, "c_map", lambda *a: maps.append(a[2]) or c_map(*a))
+        mp.setattr(serve_gemm, "gemm_launch", lambda a, b, c: seen.append(c) or real(a, b, c))
+        mp.setattr(serve, "gemm_launch", serve_gemm.gemm_launch)
+        for n in (77, 72):
+            y = pt.gemm(torch.randn(4, 64, dtype=torch.float16), torch.randn(n, 64, dtype=torch.float16))
+            assert y.shape == (4, n) and y.is_contiguous()
+    assert [c.key for c in seen] == ["gemm/fp16/regs", "gemm/fp16"] and log["prepared"] == 2
+    assert 72 in maps and 77 not in maps  # C's tensor map only for the TMA-store class's call
+    with pytest.raises(ShapeError, match="K=60 must be a multiple of 8"):
+        pt.gemm(torch.randn(4, 60, dtype=torch.float16), torch.randn(72, 60, dtype=torch.float16))
