@@ -16,8 +16,9 @@ positions (decode, speculative verification) with head_dim 64 or 128, with or wi
 decode kernel: a query
 tile packs the GQA group's heads with the
 positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
-a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``ptsolve.serve``: the shipped
-table, or solved on first use where OR-Tools is installed), compiles that class's kernel once (the cubin is cached
+a · bᵀ with K a multiple of 8 (N any: off the 16-byte pitch, a class that stores C from registers). Each call
+picks its shape class's schedule (``ptsolve.serve``: the shipped table, or solved on first use where OR-Tools is
+installed), compiles that class's kernel once (the cubin is cached
 on disk, so a second process runs no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are
 registered as ``torch.ops.ptsolve.*`` with fake (meta) implementations, so ``torch.compile(fullgraph=True)`` and
 CUDA-graph capture work. Forward only (no autograd): an output never requires grad.
