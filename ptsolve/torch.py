@@ -617,9 +617,15 @@ def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens
     if chunk:
         return _chunk_attend("flash_attention_kvcache", (q.x, *kv), (q.cu, cu_k), (q.count, used_k),
                              (q.longest, S), _chunk_count(q.longest, chunk), causal, scale, feat, chunk, margin)
-    args = (q.x, *kv, q.cu, cu_k, None, used_k, max(1, q.longest), S, causal, scale, *feat, margin)
-    return torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
-        _flash_attention_features_cuda(*args)
+    return _run_features((q.x, *kv, q.cu, cu_k, None, used_k, max(1, q.longest), S, causal, scale, *feat), margin)
+
+
+def _run_features(args: tuple[Any, ...], margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``flash_attention_features`` on ``args`` (its arguments but the margin), through the op under
+    torch.compile; ``margin`` appended only where one is given, so a call without one passes the op's arguments of
+    before sm_margin (its default is 0)."""
+    fa = (*args, margin) if margin else args
+    return torch.ops.ptsolve.flash_attention_features(*fa) if _compiling() else _flash_attention_features_cuda(*fa)
 
 
 # ---------------------------------------------------------------------------------------------- attention_chunk
@@ -689,10 +695,8 @@ def _chunk_attend(name: str, qkv: tuple[torch.Tensor, ...], starts: tuple[torch.
     cu_k = torch.cat([(ck[:-1].long()[:, None] + k0).flatten(), ck[-1:].long()]).to(torch.int32)
     mq, mk = min(chunk, int(longest[0])), min(chunk, int(longest[1]))
     sc, wl, wr = _features(name, mq, mk, causal, feat[0], (feat[1], feat[2]))
-    args = (*qkv, cu_q, cu_k, qn.flatten().to(torch.int32), kn.flatten().to(torch.int32), max(1, mq), mk, causal,
-            scale, sc, wl, wr, margin)
-    return torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
-        _flash_attention_features_cuda(*args)
+    return _run_features((*qkv, cu_q, cu_k, qn.flatten().to(torch.int32), kn.flatten().to(torch.int32), max(1, mq),
+                          mk, causal, scale, sc, wl, wr), margin)
 
 
 def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
@@ -1029,9 +1033,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sof
             if _compiling():
                 return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale, feat[0], margin)
             return _flash_attention_cold(q, k, v, causal, scale, softmax_scale, feat[0], margin)
-        args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat, margin)
-        out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
-            _flash_attention_features_cuda(*args)
+        out, lse = _run_features((q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat),
+                                 margin)
         return (out, lse) if return_lse else out
     if return_lse:
         causal = bool(causal)
@@ -1092,10 +1095,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         return (out, lse) if return_lse else out
     if softcap or tuple(window_size) != (-1, -1) or seqused_q is not None or seqused_k is not None:
         fa = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-              scale, *_features("flash_attention_varlen", max_seqlen_q, max_seqlen_k, causal, softcap, window_size),
-              sm_margin)
-        out, lse = torch.ops.ptsolve.flash_attention_features(*fa) if _compiling() else \
-            _flash_attention_features_cuda(*fa)
+              scale, *_features("flash_attention_varlen", max_seqlen_q, max_seqlen_k, causal, softcap, window_size))
+        out, lse = _run_features(fa, sm_margin)
         return (out, lse) if return_lse else out
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale, sm_margin)
     if return_lse:

@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import test_torch_cpu  # noqa: E402 (tests/serve: its fake GPU, reused below)
+
 import ptsolve.torch as pt  # noqa: E402
 from ptsolve import flash_attn_interface as fai  # noqa: E402
 from ptsolve.errors import ShapeError  # noqa: E402
@@ -358,3 +360,60 @@ def test_the_margin_reaches_the_kernels(cpu):
     fai.flash_attn_func(q, k, v, causal=True, attention_chunk=64, sm_margin=16)
     fai.flash_attn_func(q[:, :1], k, v, causal=True, attention_chunk=64, sm_margin=8)
     assert cpu.calls[0]["margin"] == 16 and cpu.dense[0]["margin"] == 8
+
+
+fake_gpu = test_torch_cpu.fake_gpu  # the fixture (tests/conftest.py puts every test folder on the path)
+
+
+@pytest.fixture(name="pt")
+def _pt():
+    """ptsolve.torch without a GPU (the conftest's ``pt`` needs one): for ``fake_gpu``."""
+    return pt
+
+
+@pytest.fixture
+def capped_gpu(fake_gpu, monkeypatch):
+    """tests/serve/test_torch_cpu.py's fake GPU (the launch path runs, kernels do not) whose modules lay out a
+    persistent kernel's grid as runtime.Loaded.prepare does: at most one CTA per SM (132), whole clusters."""
+    _FakeModule = test_torch_cpu._FakeModule
+
+    from codegen import runtime
+    from ptsolve import serve
+
+    class Capped(_FakeModule):
+        def prepare(self, values, maps, grid, out=""):
+            ln = super().prepare(values, maps, grid, out)
+            ln.sms, ln.cap = self.sms, (self.sms, self.ks.cluster) if self.ks.persistent_tiles else None
+            ln.regrid(grid)
+            return ln
+    monkeypatch.setattr(serve.ClassKernel, "module", lambda self: Capped(self.ks, fake_gpu))
+    monkeypatch.setattr(runtime.MapSlot, "encode", lambda self, spec, ptr: None)  # a decode family's maps
+    monkeypatch.setattr(pt, "_GROW", {})
+    return fake_gpu
+
+
+def test_a_margin_gets_its_own_launch_and_leaves_the_others(pt, capped_gpu):
+    """Through ptsolve.torch's launch path (fake GPU): a call with sm_margin prepares its own launch, whose persistent
+    grid fills the SMs left; the call without one keeps its launch (not re-prepared, the same grid), and the margin's
+    launch is kept too. Split-KV decode with a margin: its own family, the margin recorded on the launch."""
+    from ptsolve import serve
+    log = capped_gpu
+    q, k = torch.randn(4, 2048, 8, 64, dtype=torch.float16), torch.randn(4, 2048, 4, 64, dtype=torch.float16)
+    persistent = bool(serve.kernel(pt._attn_class(q, k, True)).ks.persistent_tiles)
+    grids = []
+    for margin in (0, 100, 0, 100):
+        pt.flash_attention(q, k, k, causal=True, sm_margin=margin)
+        grids.append(log["launches"][-1][0])
+    assert log["prepared"] == 2 and grids[0] == grids[2] and grids[1] == grids[3]
+    if persistent:  # 4 · 8 heads · 2048 / BM tiles > 132: the whole device, then 32 SMs
+        assert grids[0] == 132 and grids[1] == 32
+    else:
+        assert grids[0] == grids[1]
+    qd, kd = torch.randn(1, 1, 32, 128, dtype=torch.float16), torch.randn(1, 8192, 8, 128, dtype=torch.float16)
+    pt.flash_attention(qd, kd, kd)
+    before = log["prepared"]
+    pt.flash_attention(qd, kd, kd, sm_margin=120)
+    assert log["prepared"] == before + 1
+    fam = pt._GROW[pt._grow_key(qd, kd, kd, False, None, 0.0, 120)]
+    assert fam.sms == 12 and fam.ln.margin == 120
+    assert pt._GROW[pt._grow_key(qd, kd, kd, False, None)].sms == 132
