@@ -605,7 +605,8 @@ def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens
     Any number of query positions, a softcap and a window; one CTA per (sequence, head, query block): no split-KV,
     so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel. ``chunk`` > 0:
     each sequence cut into its chunks' pieces at the lengths on the device (``_chunk_attend``: key positions count
-    from the sequence's leftpad, FlashAttention-3's); ``margin``: SMs left free."""
+    from the sequence's leftpad, FlashAttention-3's), here even for a decode step: the split-KV decode kernel reads
+    keys from 0, and a chunk starts at a key only the device knows; ``margin``: SMs left free."""
     B = q.cu.shape[0] - 1
     nb, S, Hkv, D = k_cache.shape
     dev = q.x.device
@@ -1144,14 +1145,11 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
     divides the kernel's key block or that it divides); decode steps with or without a softcap only (the split-KV
     decode kernel, each key block loaded from its pages). ``attention_chunk``: ``flash_attention``'s at each
-    sequence's lengths on the device (its queries; cache_seqlens[b] (+ appended keys) − leftpad[b] keys, counted from
-    the leftpad, as FlashAttention-3's): the varlen kernel over the cache, each (sequence, chunk) a sequence of it,
-    ⌈(Sq − 1) / C⌉ + 1 pieces per sequence (no host sync; no split-KV: the decode kernel reads keys from 0 and a
-    chunk starts at a position only the device knows); refused with ``page_table`` (NotImplementedError: neither
-    kernel takes both). ``sm_margin``: ``flash_attention``'s."""
-    softcap = softcap or 0.0
+    sequence's lengths on the device (cache_seqlens[b] (+ new keys) − leftpad[b] keys, counted from the leftpad, as
+    FA3's): the varlen kernel over the cache, ⌈(Sq − 1) / C⌉ + 1 pieces per sequence (``_kvcache_packed``; no host
+    sync, no split-KV); refused with ``page_table``. ``sm_margin``: ``flash_attention``'s."""
+    softcap, chunk = softcap or 0.0, _chunk("flash_attention_kvcache", attention_chunk)
     sm_margin = _margin("flash_attention_kvcache", sm_margin, q) if sm_margin else 0
-    chunk = _chunk("flash_attention_kvcache", attention_chunk)
     if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first
         _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))
     if page_table is not None:
