@@ -15,7 +15,9 @@ GQA / MQA (heads a multiple of kv_heads), head_dim 64, 96, 128, 192 or 256. Dens
 positions (decode, speculative verification) with head_dim 64 or 128, with or without a softcap, runs the split-KV
 decode kernel: a query
 tile packs the GQA group's heads with the
-positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
+positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. The three
+attention functions also take FlashAttention-3's ``attention_chunk`` (chunked local attention: each (sequence,
+chunk) a sequence of the varlen kernel, ``_chunked``) and ``sm_margin`` (SMs left free: ``_margin``). ``gemm(a, b)`` is
 a · bᵀ with K and N multiples of 8. Each call picks its shape class's schedule (``ptsolve.serve``: the shipped
 table, or solved on first use where OR-Tools is installed), compiles that class's kernel once (the cubin is cached
 on disk, so a second process runs no nvcc) and launches it on ``torch.cuda.current_stream()``. The ops are
