@@ -8,8 +8,8 @@ The three functions take FlashAttention-3's arguments, with its names, order and
 (``out``; ``(out, softmax_lse)`` where it would). What ptsolve's kernels do not do yet is refused with a
 ``NotImplementedError`` naming the argument, before any work starts (issue "FlashAttention's interface"): FP8 inputs
 (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv`` (MLA's absorbed query: head_dim 64 with a head_dim_v of 512,
-sizes ptsolve's kernels do not build), a paged cache with ``attention_chunk``, and the backward pass (inputs that
-require grad). ``num_splits``, ``pack_gqa``,
+sizes ptsolve's kernels do not build), ``attention_chunk`` with a paged cache beyond one-query steps on pages that
+divide the chunk, and the backward pass (inputs that require grad). ``num_splits``, ``pack_gqa``,
 ``deterministic`` and ``scheduler_metadata`` (FA3's precomputed tile schedule, ``get_scheduler_metadata``) are
 FlashAttention-3's tuning knobs and ask nothing of the result: ptsolve chooses its own splits, packing and tile
 order, and its forward pass is deterministic, so they are accepted and have no effect.
@@ -26,10 +26,12 @@ sequence, at p = i + seqlen_k − seqlen_q (the bottom-right alignment), sees on
 of its sequence (counted from ``cache_leftpad`` in the kv-cache call; a query with p < 0 sees none), together with
 ``causal``, ``window_size`` and ``softcap``. The mask is block-diagonal, so each (sequence, chunk) runs as its own
 sequence of the varlen kernel (no new kernel; a dense call whose queries all fall in one chunk, a decode step
-mostly, runs the dense kernels on that chunk's keys, split-KV decode included). The kv-cache call takes it without
-``page_table`` (refused: the chunk's first key is known on the device only, which the split-KV decode kernel cannot
-start from, and the varlen kernel does not read pages), and runs it through the varlen kernel over the cache (no
-split-KV). No host sync: the pieces' offsets are computed on the device.
+mostly, runs the dense kernels on that chunk's keys, split-KV decode included). The kv-cache call runs it through
+the varlen kernel over the cache (no split-KV: the decode kernel reads keys from 0, and a chunk starts at a key only
+the device knows); with ``page_table``, a one-query decode step on pages that divide the chunk runs split-KV decode
+on the page table shifted to the chunk's first page (page numbers gathered, no key copied), and other paged calls
+with a chunk are refused (several queries may straddle a chunk's edge; a chunk would start mid-page). No host sync:
+the pieces' offsets are computed on the device.
 ``sm_margin`` (SMs left free for other work, e.g. communication kernels) runs in all three, as FlashAttention-3's:
 the SM count the persistent kernels' grids fill and split-KV decode's pieces are chosen for is the device's less the
 margin, for that call (its launches kept apart from those of calls without it; nothing is recompiled). A kernel of
@@ -119,8 +121,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     (or [total_q, H, D] with ``cu_seqlens_q`` and ``max_seqlen_q``), k_cache / v_cache [B_cache, S_cache, Hkv, D],
     ``cache_seqlens`` an int or int32 [B] (None: the whole cache), ``k`` / ``v`` appended into the cache (in place;
     packed by ``cu_seqlens_k_new`` where given) with ``rotary_cos`` / ``rotary_sin`` applied, ``cache_batch_idx``,
-    ``cache_leftpad``, ``softcap``, ``window_size``, ``attention_chunk`` (not with ``page_table``), ``sm_margin`` and
-    the LSE (``ptsolve.torch.flash_attention_kvcache``)."""
+    ``cache_leftpad``, ``softcap``, ``window_size``, ``attention_chunk`` (with ``page_table``: one-query steps on
+    pages that divide it), ``sm_margin`` and the LSE (``ptsolve.torch.flash_attention_kvcache``)."""
     _refuse("flash_attn_with_kvcache", {"qv": qv, "q_descale": q_descale, "k_descale": k_descale,
                                         "v_descale": v_descale})
     _no_grad("flash_attn_with_kvcache", q=q, k_cache=k_cache, v_cache=v_cache)

@@ -440,13 +440,10 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    softcap: Any = 0.0, margin: int = 0) -> torch.Tensor:
     """``flash_attention_kvcache`` on a paged cache (see there): the split-KV decode kernel (its softcap variant
     where ``softcap`` > 0), each key block loaded from its page. ``asked``: the other arguments that ask for
-    something, refused with a paged cache; ``margin``: SMs left free (validated)."""
-    if "attention_chunk" in asked:
-        raise NotImplementedError(
-            f"flash_attention_kvcache: page_table with attention_chunk={asked['attention_chunk']!r} is not supported "
-            "by ptsolve yet: a chunk's keys start mid-cache at a position only the device knows (from "
-            "cache_seqlens), which the split-KV decode kernel cannot take (it reads keys 0 .. cache_seqlens[b]), and "
-            "the varlen kernel does not read pages (give a contiguous cache, or attention_chunk=0)")
+    something, refused with a paged cache, but for attention_chunk (``_paged_chunk``); ``margin``: SMs left free
+    (validated)."""
+    asked = dict(asked)
+    chunk = asked.pop("attention_chunk", 0)
     if asked:
         raise NotImplementedError(f"flash_attention_kvcache: page_table with {', '.join(sorted(asked))} is not "
                                   "supported by ptsolve yet (a paged cache runs decode steps, a softcap allowed)")
@@ -460,6 +457,9 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if table.dtype != torch.int32 or table.dim() != 2 or table.shape[0] != B or table.device != q.device:
         raise ShapeError(f"page_table must be torch.int32 [{B}, max_pages] on {q.device} (page numbers of each "
                          f"sequence's keys, in order), got {table.dtype} {tuple(table.shape)} on {table.device}")
+    if chunk:
+        _per_sequence("cache_seqlens", lens, B, q.device)
+        lens, table = _paged_chunk(q, lens, table, k_cache.shape[1], chunk)
     causal = bool(causal)
     scale = _check_attention(q, k_cache[:1].expand(B, *k_cache.shape[1:]), v_cache[:1].expand(B, *v_cache.shape[1:]),
                              4, causal, softmax_scale)
@@ -468,6 +468,27 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if _compiling():
         return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale, sc, margin)
     return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale, sc, margin)
+
+
+def _paged_chunk(q: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, page: int, chunk: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged decode step's chunk as a paged cache of its own, no key copied: (lengths, page table) whose keys are
+    each sequence's chunk. One query at p = len − 1 sees keys ⌊(len − 1) / C⌋·C .. len − 1 (none where len = 0);
+    with pages dividing the chunk, that first key starts a page, so the table from that page on (a gather of page
+    numbers, on the device: no host sync) holds the chunk from its key 0, and len − first is its length. At most C /
+    PAGE pages: the split-KV pieces are chosen for the chunk, not the whole cache. NotImplementedError for more than
+    one query (they may straddle a chunk's edge at lengths only the device knows: one decode launch aligns them all
+    bottom-right at one length) or pages that do not divide the chunk (its first key would start mid-page)."""
+    if q.shape[1] != 1 or chunk % page:
+        raise NotImplementedError(
+            f"flash_attention_kvcache: page_table with attention_chunk={chunk} runs decode steps of one query on pages "
+            f"that divide the chunk; got {q.shape[1]} query positions and {page}-key pages (queries may straddle a "
+            "chunk's edge at a length only the device knows, and a chunk must start a page; give a contiguous cache "
+            "for these)")
+    first = torch.div(lens.long() - 1, chunk, rounding_mode="floor").clamp(min=0) * chunk
+    pages = min(table.shape[1], chunk // page)
+    at = ((first // page)[:, None] + torch.arange(pages, device=q.device)).clamp(max=table.shape[1] - 1)
+    return (lens.long() - first).to(torch.int32), table.gather(1, at)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -1149,7 +1170,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decode kernel, each key block loaded from its pages). ``attention_chunk``: ``flash_attention``'s at each
     sequence's lengths on the device (cache_seqlens[b] (+ new keys) − leftpad[b] keys, counted from the leftpad, as
     FA3's): the varlen kernel over the cache, ⌈(Sq − 1) / C⌉ + 1 pieces per sequence (``_kvcache_packed``; no host
-    sync, no split-KV); refused with ``page_table``. ``sm_margin``: ``flash_attention``'s."""
+    sync, no split-KV); a paged one-query step: split-KV over the chunk's pages (``_paged_chunk``). ``sm_margin``:
+    ``flash_attention``'s."""
     softcap, chunk = softcap or 0.0, _chunk("flash_attention_kvcache", attention_chunk)
     sm_margin = _margin("flash_attention_kvcache", sm_margin, q) if sm_margin else 0
     if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first

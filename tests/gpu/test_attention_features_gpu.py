@@ -379,7 +379,7 @@ def test_attention_chunk_varlen(torch, pt, causal, window):
 def test_attention_chunk_kvcache(torch, pt):
     """flash_attn_with_kvcache with attention_chunk: decode steps at lengths around a chunk's edges, then a
     chunked prefill of varlen queries appending new keys, with cache_batch_idx and cache_leftpad (the chunks counted
-    from the leftpad, FA3's). The varlen kernel over the cache; a paged cache is refused."""
+    from the leftpad, FA3's). The varlen kernel over the cache."""
     from ptsolve.flash_attn_interface import flash_attn_with_kvcache
     B, NB, S, H, Hkv, D, C = 4, 5, 4096, 8, 2, 128, 1024
     q, kc, vc = _inputs(torch, NB, 1, S, H, Hkv, D, "bf16", 91)
@@ -401,9 +401,24 @@ def test_attention_chunk_kvcache(torch, pt):
         c, n, qs = idx[b], lens[b] + kl[b], slice(int(cu[0][b]), int(cu[0][b + 1]))
         check(torch, out[None, qs], qv[None, qs], kc[c:c + 1, pad[b]:n], vc[c:c + 1, pad[b]:n], True, D ** -0.5,
               lse=lse[None, :, qs], chunk=C)
-    table = torch.zeros(B, 4, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="page_table with attention_chunk"):
-        flash_attn_with_kvcache(q, kc[:B], vc[:B], cache_seqlens=it([1] * B), page_table=table, attention_chunk=C)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_attention_chunk_paged_decode(torch, pt, page):
+    """vLLM's paged cache with attention_chunk: a decode step runs the split-KV decode kernel on the page table
+    shifted to its chunk's first page (no key copied), lengths on a chunk's edge, past it and inside the first
+    chunk; two query positions are refused (they may straddle a chunk's edge)."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, H, Hkv, D, C, S = 4, 8, 2, 128, 1024, 4096
+    q, kd, vd = _inputs(torch, B, 1, S, H, Hkv, D, "bf16", 121)
+    kc, vc, table = paged(torch, kd, vd, page, 122)
+    lens = torch.tensor([4096, 1024, 1025, 7], dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, causal=True, attention_chunk=C)
+    for b, n in enumerate(lens.tolist()):
+        check(torch, out[b:b + 1], q[b:b + 1], kd[b:b + 1, :n], vd[b:b + 1, :n], True, D ** -0.5, chunk=C)
+    with pytest.raises(NotImplementedError, match="2 query positions"):
+        flash_attn_with_kvcache(torch.cat([q, q], 1), kc, vc, cache_seqlens=lens, page_table=table, causal=True,
+                                attention_chunk=C)
 
 
 def test_attention_chunk_under_torch_compile(torch, pt):

@@ -279,11 +279,52 @@ def test_kvcache_decode_step_with_a_chunk(cpu):
         _close(out[b:b + 1], dense_ref(q[b:b + 1], kc[b:b + 1, s:n], vc[b:b + 1, s:n], True, 64 ** -0.5)[0])
 
 
-def test_paged_cache_with_a_chunk_is_refused_with_the_reason():
-    t = torch.zeros(1, 1, 2, 64)
-    with pytest.raises(NotImplementedError, match=r"page_table with attention_chunk=64.*split-KV decode kernel"):
-        fai.flash_attn_with_kvcache(t, t, t, cache_seqlens=torch.ones(1, dtype=torch.int32),
-                                    page_table=torch.zeros(1, 1, dtype=torch.int32), attention_chunk=64)
+def paged_decode_model(q, k_cache, v_cache, lens, table, causal, scale, softcap=0.0, sm_margin=0):
+    """What the paged split-KV decode kernel computes (``_flash_attention_paged_cuda``'s arguments): sequence b's key
+    j at page table[b, j // PAGE], row j % PAGE, its first min(lens[b], MAXP·PAGE) keys, bottom-right aligned."""
+    page, out = k_cache.shape[1], []
+    for b in range(q.shape[0]):
+        n = max(0, min(int(lens[b]), table.shape[1] * page))
+        j = torch.arange(n)
+        rows = (table[b].long()[j // page], j % page)
+        out.append(dense_ref(q[b:b + 1], k_cache[rows][None], v_cache[rows][None], causal, scale, softcap)[0])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("page,maxp", [(16, 40), (64, 10), (128, 2)])
+def test_paged_decode_step_runs_on_its_chunks_pages(monkeypatch, page, maxp):
+    """A paged decode step with a chunk: the split-KV decode kernel on a page table shifted to the chunk's first page
+    (page numbers gathered, no key copied) and the length from there; against FA3's rule on the dense sequence.
+    Lengths on a chunk's edge, past it, inside the first chunk and 0 (zeros); a table of fewer pages than a chunk."""
+    monkeypatch.setattr(pt, "_same", lambda name, xs: None)
+    seen = []
+    monkeypatch.setattr(pt, "_flash_attention_paged_cuda", lambda *a: seen.append(a) or paged_decode_model(*a))
+    B, H, Hkv, D, C = 5, 4, 2, 64, 256
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, 1, H, D, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    pool = torch.randn(4 * B * maxp, page, Hkv, D, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    vpool = torch.randn(pool.shape, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    table = torch.randperm(pool.shape[0], generator=g)[:B * maxp].view(B, maxp).int()
+    cap = maxp * page
+    lens = torch.tensor([cap, 256, 257, 3, 0], dtype=torch.int32).clamp(max=cap)
+    out = fai.flash_attn_with_kvcache(q, pool, vpool, cache_seqlens=lens, page_table=table, causal=True,
+                                      attention_chunk=C)
+    assert seen[0][4].shape[1] == min(maxp, C // page)  # the pieces are chosen for one chunk, not the cache
+    for b in range(B):
+        n = int(lens[b])
+        j = torch.arange(n)
+        rows = (table[b].long()[j // page], j % page)
+        want = dense_ref(q[b:b + 1], pool[rows][None], vpool[rows][None], True, D ** -0.5, chunk=C)[0]
+        _close(out[b:b + 1], want)
+
+
+@pytest.mark.parametrize("sq,page,why", [(2, 16, "2 query positions"), (1, 64, "64-key pages")])
+def test_a_paged_chunk_that_cannot_run_is_refused_with_the_reason(monkeypatch, sq, page, why):
+    monkeypatch.setattr(pt, "_same", lambda name, xs: None)
+    q, k = torch.zeros(1, sq, 2, 64, dtype=torch.float16), torch.zeros(4, page, 2, 64, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match=rf"page_table with attention_chunk=96.*{why}"):
+        fai.flash_attn_with_kvcache(q, k, k, cache_seqlens=torch.ones(1, dtype=torch.int32),
+                                    page_table=torch.zeros(1, 4, dtype=torch.int32), attention_chunk=96)
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True, "64"])
