@@ -26,12 +26,12 @@ sequence, at p = i + seqlen_k − seqlen_q (the bottom-right alignment), sees on
 of its sequence (counted from ``cache_leftpad`` in the kv-cache call; a query with p < 0 sees none), together with
 ``causal``, ``window_size`` and ``softcap``. The mask is block-diagonal, so each (sequence, chunk) runs as its own
 sequence of the varlen kernel (no new kernel; a dense call whose queries all fall in one chunk, a decode step
-mostly, runs the dense kernels on that chunk's keys, split-KV decode included). The kv-cache call runs it through
-the varlen kernel over the cache (no split-KV: the decode kernel reads keys from 0, and a chunk starts at a key only
-the device knows); with ``page_table``, a one-query decode step on pages that divide the chunk runs split-KV decode
-on the page table shifted to the chunk's first page (page numbers gathered, no key copied), and other paged calls
-with a chunk are refused (several queries may straddle a chunk's edge; a chunk would start mid-page). No host sync:
-the pieces' offsets are computed on the device.
+mostly, runs the dense kernels on that chunk's keys, split-KV decode included). In the kv-cache call a chunk starts
+at a key only the device knows, and the split-KV decode kernel reads keys from a sequence's first: a one-query decode
+step runs it on a page table shifted to the chunk's first page (no key copied; ``page_table``'s, or a contiguous
+cache seen as pages of 16–256 keys where one divides the cache and the chunk), the rest the varlen kernel over the
+cache (no split-KV). Paged calls with a chunk of several queries (they may straddle a chunk's edge) or on pages that
+do not divide the chunk are refused. No host sync: the pieces' offsets and tables are computed on the device.
 ``sm_margin`` (SMs left free for other work, e.g. communication kernels) runs in all three, as FlashAttention-3's:
 the SM count the persistent kernels' grids fill and split-KV decode's pieces are chosen for is the device's less the
 margin, for that call (its launches kept apart from those of calls without it; nothing is recompiled). A kernel of

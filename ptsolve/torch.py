@@ -470,6 +470,29 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale, sc, margin)
 
 
+def _as_pages(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A contiguous cache [B, S, Hkv, D] seen as a paged one, for a decode step of one query with a chunk (split-KV
+    over the chunk, ``_paged_chunk``, where the varlen kernel would give each sequence's chunk one CTA per head): (k
+    pages, v pages [B·S / PAGE, PAGE, Hkv, D], views; the page table [B, S / PAGE], sequence b's pages in order, made
+    on the device), PAGE the largest power of two from 256 down to 16 (the paged decode kernel's tested pages) that
+    divides S and the chunk. None where the step is not one query at a decode head_dim, or no page size fits, or the
+    cache's batches do not follow each other in memory (no view): the varlen kernel then runs it."""
+    B, S = k_cache.shape[:2]
+    page = next((p for p in (256, 128, 64, 32, 16) if S % p == 0 and chunk % p == 0), 0)
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[-1] not in _gen().DECODE_HEAD_DIMS or not page \
+            or k_cache.shape != v_cache.shape or k_cache.dim() != 4 or B != q.shape[0]:
+        return None
+    try:
+        kp, vp = (x.view(B * S // page, page, *x.shape[2:]) for x in (k_cache, v_cache))
+    except RuntimeError:  # strides that merge no batch into the sequence
+        return None
+    n = S // page
+    table = (torch.arange(B, device=q.device, dtype=torch.int32)[:, None] * n
+             + torch.arange(n, device=q.device, dtype=torch.int32))
+    return kp, vp, table
+
+
 def _paged_chunk(q: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, page: int, chunk: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """A paged decode step's chunk as a paged cache of its own, no key copied: (lengths, page table) whose keys are
@@ -586,6 +609,12 @@ def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     rotary_sin, rotary_interleaved, rotary_seqlens); ``chunk``: attention_chunk; ``margin``: SMs left free (both
     validated)."""
     causal, (softcap, window_size, return_lse), (k, v, cu_new) = bool(causal), feats, new
+    plain = all(x is None for x in (k, v, cu_new, rope[0], rope[1], batch_idx, leftpad, cu_q))
+    pages = _as_pages(q, k_cache, v_cache, chunk) if chunk and plain and not return_lse \
+        and tuple(window_size) == (-1, -1) else None
+    if pages is not None:  # a decode step of a chunked layer: split-KV over the chunk's pages of the cache
+        return _kvcache_paged(q, pages[0], pages[1], lens, causal, softmax_scale, pages[2], {"attention_chunk": chunk},
+                              softcap, margin)
     B = q.shape[0] if cu_q is None else cu_q.shape[0] - 1
     rows = _rows("q", q, cu_q, max_q, B)
     if isinstance(lens, int):
@@ -1151,9 +1180,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kernel reads the lengths on the device: write the step's keys into the cache, update ``cache_seqlens`` in place,
     and the same launch (or captured CUDA graph) serves every step. The keys are split across CTAs as for the whole
     cache (``ptsolve.ops.decode.length_pieces``). ``softcap`` (``flash_attention``'s) alone runs the decode kernel's
-    softcap variant. ``window_size`` (``flash_attention``'s, the window bottom-right at each length),
-    ``return_lse`` (``(out, lse)``, lse float32 [B, H, Sq]), ``cache_batch_idx``
-    (int32 [B]: sequence b reads cache row cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
+    softcap variant. ``window_size`` (``flash_attention``'s, the window bottom-right at each length), ``return_lse``
+    ((out, lse), lse float32 [B, H, Sq]), ``cache_batch_idx`` (int32 [B]: sequence b reads cache row
+    cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
     ending at cache_seqlens[b]), more than 16 query positions and head_dim 96, 192, 256 run the varlen kernel on the
     cache (``_kvcache_packed``: FlashAttention-3's semantics; no split-KV). ``k`` / ``v`` [B, S_new, Hkv, D]: written
     into the cache at rows cache_seqlens[b] .. + S_new first (the cache is updated in place, ``cache_seqlens`` is
@@ -1168,10 +1197,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
     divides the kernel's key block or that it divides); decode steps with or without a softcap only (the split-KV
     decode kernel, each key block loaded from its pages). ``attention_chunk``: ``flash_attention``'s at each
-    sequence's lengths on the device (cache_seqlens[b] (+ new keys) − leftpad[b] keys, counted from the leftpad, as
-    FA3's): the varlen kernel over the cache, ⌈(Sq − 1) / C⌉ + 1 pieces per sequence (``_kvcache_packed``; no host
-    sync, no split-KV); a paged one-query step: split-KV over the chunk's pages (``_paged_chunk``). ``sm_margin``:
-    ``flash_attention``'s."""
+    sequence's lengths on the device (keys counted from the leftpad, FA3's): a one-query decode step runs split-KV
+    over its chunk's pages (``_as_pages``, ``_paged_chunk``), the rest the varlen kernel over the cache
+    (``_kvcache_packed``). ``sm_margin``: ``flash_attention``'s."""
     softcap, chunk = softcap or 0.0, _chunk("flash_attention_kvcache", attention_chunk)
     sm_margin = _margin("flash_attention_kvcache", sm_margin, q) if sm_margin else 0
     if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first
@@ -1184,11 +1212,11 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                     ("attention_chunk", chunk)) if x}
         return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked, softcap,
                               sm_margin)
-    varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     rope = (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
-    general = varlen or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
-        or cache_leftpad is not None or k is not None or v is not None or chunk
-    if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
+    general = cu_seqlens_q is not None or cu_seqlens_k_new is not None or tuple(window_size) != (-1, -1) \
+        or return_lse or cache_batch_idx is not None or cache_leftpad is not None or k is not None or v is not None
+    if general or chunk or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q \
+            or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
         return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale,
                                 (softcap, window_size, return_lse), (k, v, cu_seqlens_k_new), rope, cache_batch_idx,
                                 cache_leftpad, cu_seqlens_q, max_seqlen_q, chunk, sm_margin)
@@ -1205,12 +1233,12 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             return out
     causal = bool(causal)
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
-    lens = cache_seqlens
-    _per_sequence("cache_seqlens", lens, q.shape[0], q.device)
+    _per_sequence("cache_seqlens", cache_seqlens, q.shape[0], q.device)
     sc = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))[0]
     if _compiling():
-        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale, sc, sm_margin)
-    return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key, softcap=sc, margin=sm_margin)
+        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, causal, scale, sc,
+                                                         sm_margin)
+    return _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, scale, key, softcap=sc, margin=sm_margin)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -377,7 +377,8 @@ def test_attention_chunk_varlen(torch, pt, causal, window):
 
 
 def test_attention_chunk_kvcache(torch, pt):
-    """flash_attn_with_kvcache with attention_chunk: decode steps at lengths around a chunk's edges, then a
+    """flash_attn_with_kvcache with attention_chunk: decode steps at lengths around a chunk's edges (the contiguous
+    cache seen as pages where a page size divides it and the chunk, else the varlen kernel), then a
     chunked prefill of varlen queries appending new keys, with cache_batch_idx and cache_leftpad (the chunks counted
     from the leftpad, FA3's). The varlen kernel over the cache."""
     from ptsolve.flash_attn_interface import flash_attn_with_kvcache
@@ -386,9 +387,10 @@ def test_attention_chunk_kvcache(torch, pt):
     q = q[:B]
     it = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
     lens = [4096, 1024, 1025, 1]
-    out = flash_attn_with_kvcache(q, kc[:B], vc[:B], cache_seqlens=it(lens), causal=True, attention_chunk=C)
-    for b, n in enumerate(lens):
-        check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], True, D ** -0.5, chunk=C)
+    for c in (C, 1000):  # a chunk 256-key pages divide: split-KV over its pages (_as_pages); 1000: the varlen kernel
+        out = flash_attn_with_kvcache(q, kc[:B], vc[:B], cache_seqlens=it(lens), causal=True, attention_chunk=c)
+        for b, n in enumerate(lens):
+            check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], True, D ** -0.5, chunk=c)
     ql, kl, lens, pad, idx = [700, 1, 1500], [700, 1, 3], [1000, 2047, 300], [0, 30, 100], [4, 0, 2]
     cu = [it([0, *torch.tensor(x).cumsum(0).tolist()]) for x in (ql, kl)]
     qv = _inputs(torch, 1, sum(ql), 1, H, Hkv, D, "bf16", 92)[0][0]

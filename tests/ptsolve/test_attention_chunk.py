@@ -268,15 +268,25 @@ def test_kvcache_chunks_count_keys_from_the_leftpad(cpu, sq, varlen):
     assert len(cpu.calls) == 1 and cpu.calls[0]["max_q"] <= C
 
 
-def test_kvcache_decode_step_with_a_chunk(cpu):
+@pytest.mark.parametrize("S,chunk,page", [(512, 128, 128), (4096, 1024, 256), (480, 96, 32), (500, 128, 0),
+                                          (512, 100, 0)])
+def test_kvcache_decode_step_with_a_chunk(cpu, monkeypatch, S, chunk, page):
     """A decode step (one query) with cache_seqlens on the device: the query sees its chunk, the cache rows from
-    ⌊(len − 1) / C⌋·C to len − 1; lengths on a chunk's edge included."""
-    q, kc, vc = _qkv(4, 1, 512, 8, 2, seed=12)
-    lens = torch.tensor([512, 256, 257, 1], dtype=torch.int32)
-    out = pt.flash_attention_kvcache(q, kc, vc, lens, causal=True, attention_chunk=128)
+    ⌊(len − 1) / C⌋·C to len − 1; lengths on a chunk's edge, past it, 1 and 0. Where a page size (a power of two
+    from 16 to 256) divides the cache and the chunk, the contiguous cache runs as a paged one (split-KV over the
+    chunk: ``_as_pages``), else the varlen kernel over the cache."""
+    seen = []
+    monkeypatch.setattr(pt, "_flash_attention_paged_cuda", lambda *a: seen.append(a) or paged_decode_model(*a))
+    q, kc, vc = _qkv(5, 1, S, 8, 2, seed=12)
+    lens = torch.tensor([S, chunk, chunk + 1, 1, 0], dtype=torch.int32)
+    out = pt.flash_attention_kvcache(q, kc, vc, lens, causal=True, attention_chunk=chunk)
     for b, n in enumerate(lens.tolist()):
-        s = (n - 1) // 128 * 128
+        s = max(n - 1, 0) // chunk * chunk
         _close(out[b:b + 1], dense_ref(q[b:b + 1], kc[b:b + 1, s:n], vc[b:b + 1, s:n], True, 64 ** -0.5)[0])
+    assert (len(seen), len(cpu.calls)) == ((1, 0) if page else (0, 1))
+    if page:  # pages of the cache, views; the shifted table of one chunk's pages
+        assert seen[0][1].shape[1] == page and seen[0][1].data_ptr() == kc.data_ptr()
+        assert seen[0][4].shape[1] == min(S, chunk) // page
 
 
 def paged_decode_model(q, k_cache, v_cache, lens, table, causal, scale, softcap=0.0, sm_margin=0):
