@@ -604,10 +604,11 @@ def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      causal: bool, softmax_scale: float | None, feats: tuple[float, Any, bool], new: tuple[Any, ...],
                      rope: tuple[Any, ...], batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None,
                      cu_q: torch.Tensor | None, max_q: int | None, chunk: int = 0, margin: int = 0) -> Any:
-    """``flash_attention_kvcache``'s checks, rotary and append (``_kvcache_append``), then ``_kvcache_packed``.
-    ``feats``: (softcap, window_size, return_lse); ``new``: (k, v, cu_seqlens_k_new); ``rope``: (rotary_cos,
-    rotary_sin, rotary_interleaved, rotary_seqlens); ``chunk``: attention_chunk; ``margin``: SMs left free (both
-    validated)."""
+    """``flash_attention_kvcache``'s checks, rotary and append (``_kvcache_append``), then ``_kvcache_packed``; a
+    chunked layer's plain decode step (one query, nothing else asked) instead runs split-KV decode over its chunk's
+    pages of the cache (``_as_pages``). ``feats``: (softcap, window_size, return_lse); ``new``: (k, v,
+    cu_seqlens_k_new); ``rope``: (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens); ``chunk``:
+    attention_chunk; ``margin``: SMs left free (both validated)."""
     causal, (softcap, window_size, return_lse), (k, v, cu_new) = bool(causal), feats, new
     plain = all(x is None for x in (k, v, cu_new, rope[0], rope[1], batch_idx, leftpad, cu_q))
     pages = _as_pages(q, k_cache, v_cache, chunk) if chunk and plain and not return_lse \
