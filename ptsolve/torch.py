@@ -797,7 +797,7 @@ def _margin(name: str, sm_margin: Any, x: torch.Tensor) -> int:
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
         raise ShapeError(f"{name}: sm_margin={sm_margin!r} must be an int >= 0 (SMs left free for other work; 0: "
                          "use them all)")
-    if sm_margin and x.is_cuda:
+    if sm_margin and x.is_cuda and not _compiling():  # traced: the launch's own check (runtime.usable_sms)
         dev = x.get_device()
         sms = _SMS.get(dev)
         if sms is None:
