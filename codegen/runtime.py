@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptsolve.errors import CodegenError, DeviceError
+from ptsolve.errors import CodegenError, DeviceError, ShapeError
 
 from .cuda.common import KernelSource, persistent_grid
 
@@ -275,6 +275,7 @@ class Loaded:
                     self.ks.smem_bytes, (*keep, arr), ctypes.addressof(arr), self.ks.name, ptrs,
                     ptrs.get(out) if out else None, (arr, tmaps), out if out in tmaps else "")
         ln.slots, ln.buf = slots, buf
+        ln.sms = self.sms
         ln.cap = (self.sms, self.ks.cluster) if self.ks.persistent_tiles else None
         ln.regrid(grid)
         return ln
@@ -311,7 +312,7 @@ class Launch:
     layout."""
 
     __slots__ = ("_launch", "_ok", "func", "grid", "block", "smem", "keep", "params", "name", "ptrs", "out", "_head",
-                 "_maps", "_at", "out_map", "slots", "buf", "cap")
+                 "_maps", "_at", "out_map", "slots", "buf", "cap", "sms", "tiles", "margin")
 
     def __init__(self, launch: Any, ok: Any, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                  smem: int, keep: tuple[Any, ...], params: int, name: str, ptrs: dict[str, Any], out: Any = None,
@@ -327,6 +328,9 @@ class Launch:
         self.slots: dict[str, tuple[int, str]] = {}  # scalar argument -> (byte offset in buf, struct format)
         self.buf: Any = None
         self.cap: tuple[int, int] | None = None  # a persistent kernel's (SMs, cluster): its grid is capped there
+        self.sms = 0  # the device's SMs (``prepare``); ``cap`` holds those a launch may fill (``leave_free``)
+        self.tiles = 0  # the work units of the last ``regrid``
+        self.margin = 0  # SMs this launch leaves free (``leave_free``)
 
     def repoint(self, name: str, ptr: int, spec: Any = None) -> None:
         """Point tensor map argument ``name`` at ``ptr`` from the next call on: a tensor of the layout the map was
@@ -362,12 +366,26 @@ class Launch:
             struct.pack_into(fmt, self.buf, off, v)
 
     def regrid(self, tiles: int) -> None:
-        """Launch ``tiles`` CTAs from the next call on (a persistent kernel at most one per SM, whole clusters)."""
+        """Launch ``tiles`` CTAs from the next call on (a persistent kernel at most one per SM it may fill, whole
+        clusters)."""
         gx = persistent_grid(tiles, *self.cap) if self.cap else tiles
         if not 1 <= gx < 1 << 31:
             raise DeviceError(f"{self.name}: a grid of {gx} CTAs; the shape has no tile or too many")
+        self.tiles = tiles
         self.grid = (gx, 1, 1)
         self._head = (self.func, *self.grid, *self.block, self.smem)
+
+    def leave_free(self, sm_margin: int) -> None:
+        """Leave ``sm_margin`` of the device's SMs free for other work from the next call on (FlashAttention-3's
+        ``sm_margin``: communication kernels running beside this one). A persistent kernel's grid is capped at the
+        SMs left (``usable_sms``) and re-made; its CTAs stride the tiles by gridDim.x, so the binary is the same. A
+        kernel of one CTA per tile keeps its grid (the hardware schedules its CTAs as SMs free up): the margin is
+        only recorded. ShapeError for a margin the device cannot leave."""
+        usable = usable_sms(self.sms, sm_margin, self.cap[1] if self.cap else 1)
+        self.margin = sm_margin
+        if self.cap is not None:
+            self.cap = (usable, self.cap[1])
+            self.regrid(self.tiles)
 
     def __call__(self, stream: int, out: int | None = None) -> None:
         """Launch on ``stream`` (a raw CUstream handle); ``out``: the address of the output, when ``prepare`` named
@@ -381,6 +399,15 @@ class Launch:
         err, = self._launch(*self._head, _cu_stream(stream), self.params, 0)
         if err != self._ok:
             _check((err,), f"cuLaunchKernel({self.name})")
+
+
+def usable_sms(sms: int, sm_margin: int, cluster: int = 1) -> int:
+    """The SMs a launch may fill on a device of ``sms`` SMs that leaves ``sm_margin`` free: sms − sm_margin, at least
+    one cluster of ``cluster`` CTAs (a persistent grid is whole clusters). ShapeError unless 0 <= sm_margin < sms."""
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or not 0 <= sm_margin < sms:
+        raise ShapeError(f"sm_margin={sm_margin!r}: SMs left free must be an int from 0 to {sms - 1} (this device "
+                         f"has {sms} SMs; 0 uses them all)")
+    return max(sms - sm_margin, cluster)
 
 
 _STREAMS: dict[int, Any] = {}

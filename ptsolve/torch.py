@@ -15,7 +15,9 @@ GQA / MQA (heads a multiple of kv_heads), head_dim 64, 96, 128, 192 or 256. Dens
 positions (decode, speculative verification) with head_dim 64 or 128, with or without a softcap, runs the split-KV
 decode kernel: a query
 tile packs the GQA group's heads with the
-positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. ``gemm(a, b)`` is
+positions, the keys are split across CTAs (how many pieces: the cost model per shape) and merged. The three
+attention functions also take FlashAttention-3's ``attention_chunk`` (chunked local attention: each (sequence,
+chunk) a sequence of the varlen kernel, ``_chunked``) and ``sm_margin`` (SMs left free: ``_margin``). ``gemm(a, b)`` is
 a · bᵀ with K a multiple of 8 (N any: off the 16-byte pitch, a class that stores C from registers). Each call
 picks its shape class's schedule (``ptsolve.serve``: the shipped table, or solved on first use where OR-Tools is
 installed), compiles that class's kernel once (the cubin is cached
@@ -121,20 +123,24 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
 # the registered ops, whose fake kernels give the output's shape.
 
 _LIB = torch.library.Library("ptsolve", "DEF")
-_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, float softcap=0.0) "
-            "-> Tensor")
+# sm_margin (every attention op's last argument): SMs left free for other work, FlashAttention-3's (``_margin``)
+_LIB.define("flash_attention(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, float softcap=0.0, "
+            "int sm_margin=0) -> Tensor")
 _LIB.define("flash_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> Tensor")
+            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale, int sm_margin=0) -> Tensor")
 _LIB.define("flash_attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, bool causal, "
-            "float softmax_scale, float softcap=0.0) -> Tensor")
+            "float softmax_scale, float softcap=0.0, int sm_margin=0) -> Tensor")
 _LIB.define("flash_attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor page_table, "
-            "bool causal, float softmax_scale, float softcap=0.0) -> Tensor")
-_LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale) -> (Tensor, Tensor)")
+            "bool causal, float softmax_scale, float softcap=0.0, int sm_margin=0) -> Tensor")
+_LIB.define("flash_attention_lse(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, int sm_margin=0) "
+            "-> (Tensor, Tensor)")
 _LIB.define("flash_attention_varlen_lse(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)")
+            "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale, int sm_margin=0) "
+            "-> (Tensor, Tensor)")
 _LIB.define("flash_attention_features(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
             "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
-            "float softmax_scale, float softcap, int window_left, int window_right) -> (Tensor, Tensor)")
+            "float softmax_scale, float softcap, int window_left, int window_right, int sm_margin=0) "
+            "-> (Tensor, Tensor)")
 _LIB.define("gemm(Tensor a, Tensor b) -> Tensor")
 _LIB.define("mamba_chunk_scan(Tensor cb, Tensor x, Tensor dt, Tensor dA_cumsum, Tensor C, Tensor states) -> Tensor")
 _LIB.define("mamba_chunk_state(Tensor B, Tensor x, Tensor dt, Tensor dA_cumsum) -> Tensor")
@@ -169,30 +175,32 @@ def _decode_class(q: torch.Tensor, k: torch.Tensor, causal: bool, softcap: float
 
 
 def _flash_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
-    out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap)
-    return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale, softcap)
+                          softmax_scale: float, softcap: float = 0.0, sm_margin: int = 0) -> torch.Tensor:
+    out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap, sm_margin)
+    return out if out is not None else _flash_attention_cold(q, k, v, causal, softmax_scale, softmax_scale, softcap,
+                                                             sm_margin)
 
 
 def _fast_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
-              layout: tuple[Any, ...] | None = None, softcap: Any = 0.0) -> tuple[Any, ...]:
+              layout: tuple[Any, ...] | None = None, softcap: Any = 0.0, margin: int = 0) -> tuple[Any, ...]:
     """A kept launch's key (``_FAST``): the inputs' addresses and their layout (``_move_key``; given where the
     caller has it)."""
-    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), *(layout or _move_key(q, k, v, causal, scale, softcap)))
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), *(layout or _move_key(q, k, v, causal, scale, softcap, margin)))
 
 
 def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          scale: Any, softcap: Any = 0.0) -> torch.Tensor | None:
+                          scale: Any, softcap: Any = 0.0, margin: int = 0) -> torch.Tensor | None:
     """The output of a call that needs no preparing, else None: a decode step of a growing cache whose family is
     kept (``_GROW``: its launch re-targeted to the new keys; looked up first, since a decode step's inputs are new
     every step), or inputs whose launch is kept (``_FAST``). ``scale`` as the caller gave it (the keys hold the
-    user's argument); ``softcap`` likewise (only a decode step has one here)."""
-    fam = _GROW.get(_grow_key(q, k, v, causal, scale, softcap))
+    user's argument); ``softcap`` likewise (only a decode step has one here); ``margin``: the SMs the call leaves
+    free (``_margin``), part of every key."""
+    fam = _GROW.get(_grow_key(q, k, v, causal, scale, softcap, margin))
     if fam is not None and k.shape == v.shape:  # the family checks the tensors are TMA-ready
         out = _empty_like(q, memory_format=_CF)
         if fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             return out
-    layout = _move_key(q, k, v, causal, scale, softcap)
+    layout = _move_key(q, k, v, causal, scale, softcap, margin)
     ln = _FAST.get(_fast_key(q, k, v, causal, scale, layout))
     if ln is not None:
         out = _empty_like(q, memory_format=_CF)
@@ -206,18 +214,18 @@ def _flash_attention_warm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
 
 def _move_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
-              softcap: Any = 0.0) -> tuple[Any, ...]:
+              softcap: Any = 0.0, margin: int = 0) -> tuple[Any, ...]:
     """A dense call's layout (``_MOVE``; ``_fast_key`` adds the addresses): shapes, strides, dtypes, devices and the
-    scalars as given."""
+    scalars as given (the SM margin among them: a launch leaving SMs free is not one that fills them)."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.get_device(),
-            k.get_device(), v.get_device(), causal, scale, softcap)
+            k.get_device(), v.get_device(), causal, scale, softcap, margin)
 
 
 def _grow_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Any,
-              softcap: Any = 0.0) -> tuple[Any, ...]:
+              softcap: Any = 0.0, margin: int = 0) -> tuple[Any, ...]:
     """A decode family's key: the inputs but the keys' count, addresses and strides (``serve.DecodeFamily``)."""
     return (q.shape, q.stride(), k.shape[0], k.shape[2:], q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-            v.get_device(), causal, scale, softcap)
+            v.get_device(), causal, scale, softcap, margin)
 
 
 def _ready(x: torch.Tensor) -> bool:
@@ -226,10 +234,11 @@ def _ready(x: torch.Tensor) -> bool:
 
 
 def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                          given: Any, softcap: float = 0.0) -> torch.Tensor:
+                          given: Any, softcap: float = 0.0, margin: int = 0) -> torch.Tensor:
     """A call whose launch is not kept yet: prepare it, launch it, keep it (``_FAST``, or a decode step's family,
     ``_GROW``) where the inputs went to the kernel as they are (no copy); ``given``: the scale as the caller gave
-    it (the keys'); ``softcap`` (> 0, validated): a decode step's, run by the split-KV kernel's softcap variant."""
+    it (the keys'); ``softcap`` (> 0, validated): a decode step's, run by the split-KV kernel's softcap variant;
+    ``margin``: SMs left free (``_margin``, validated), in every key."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
@@ -245,26 +254,27 @@ def _flash_attention_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         # per step cost 125-247 us of host time, more than the kernel at short caches: bench study torch_decode)
         if len(_GROW) >= 4096:
             _GROW.clear()
-        fam = _GROW[_grow_key(q, k, v, causal, given, softcap)] = _gen().DecodeFamily(
-            q, k, v, _decode_class(q, k, causal, softcap), scale, softcap)
+        fam = _GROW[_grow_key(q, k, v, causal, given, softcap, margin)] = _gen().DecodeFamily(
+            q, k, v, _decode_class(q, k, causal, softcap), scale, softcap, sm_margin=margin)
         if not fam(q, k, v, _raw_stream(q.get_device()), out.data_ptr()):
             raise PtsolveError(f"a decode family refused the call that made it: q {tuple(q.shape)}, k "
                                f"{tuple(k.shape)}")
         return out
     if dec:
-        ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal, softcap), scale, softcap=softcap)
+        ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, k, causal, softcap), scale, softcap=softcap,
+                                  sm_margin=margin)
     else:
-        ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale)
+        ln = _gen().attention_launch(q2, k2, v2, _attn_class(q, k, causal), scale, sm_margin=margin)
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v:
-        mk = _move_key(q, k, v, causal, given, softcap)
+        mk = _move_key(q, k, v, causal, given, softcap, margin)
         if _fast_put(_fast_key(q, k, v, causal, given, mk), ln) and not dec:
-            _moving(q, k, v, causal, scale, mk)
+            _moving(q, k, v, causal, scale, mk, margin)
     return out
 
 
 def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-            mk: tuple[Any, ...]) -> None:
+            mk: tuple[Any, ...], margin: int = 0) -> None:
     """After a dense call of layout ``mk`` prepared a launch: the second layout to arrive at new addresses gets a
     family that later calls at new addresses re-point (``serve.AttentionFamily``; a model's prefill: new tensors every
     layer)."""
@@ -275,7 +285,7 @@ def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
             _SEEN.clear()
         _SEEN.add(mk)
         return
-    fam = _gen().attention_family(q, k, v, _attn_class(q, k, causal), scale)
+    fam = _gen().attention_family(q, k, v, _attn_class(q, k, causal), scale, margin)
     if fam is not None:
         if len(_MOVE) >= 1024:
             _MOVE.clear()
@@ -284,13 +294,15 @@ def _moving(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 def _flash_attention_varlen_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                                 softmax_scale: float) -> torch.Tensor:
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, None)
+                                 softmax_scale: float, sm_margin: int = 0) -> torch.Tensor:
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, None,
+                   sm_margin)
 
 
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
-            max_k: int, causal: bool, scale: float, lse: torch.Tensor | None) -> torch.Tensor:
-    """Varlen attention's output, and the rows' log-sum-exp into ``lse`` where given (+inf where no key is seen)."""
+            max_k: int, causal: bool, scale: float, lse: torch.Tensor | None, margin: int = 0) -> torch.Tensor:
+    """Varlen attention's output, and the rows' log-sum-exp into ``lse`` where given (+inf where no key is seen);
+    ``margin``: SMs left free."""
     out = q.new_empty(q.shape)
     empty = out.numel() == 0 or cu_q.shape[0] < 2
     if empty or max_k == 0 or k.shape[0] == 0:
@@ -298,12 +310,12 @@ def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             lse.fill_(math.inf)
         return out if empty else out.zero_()
     _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal), scale,
-                               cu_q.contiguous(), cu_k.contiguous(), max(1, max_q), max_k, lse=lse)
+                               cu_q.contiguous(), cu_k.contiguous(), max(1, max_q), max_k, lse=lse, sm_margin=margin)
     return out
 
 
 def _flash_attention_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                              softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                              softmax_scale: float, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention and the rows' log-sum-exp, float32 [B, H, Sq]: the class's prefill kernel, at any seq_q."""
     out = _empty_like(q, memory_format=_CF)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
@@ -312,22 +324,23 @@ def _flash_attention_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if k.shape[1] == 0:
         return out.zero_(), lse.fill_(math.inf)
     _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, _attn_class(q, k, causal),
-                               softmax_scale, lse=lse)
+                               softmax_scale, lse=lse, sm_margin=sm_margin)
     return out, lse
 
 
 def _flash_attention_varlen_lse_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                                     softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                                     softmax_scale: float, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention and the rows' log-sum-exp, float32 [H, total_q] (FlashAttention-3's layout)."""
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, lse), lse
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, lse,
+                   sm_margin), lse
 
 
 def _flash_attention_features_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
                                    cu_k: torch.Tensor | None, used_q: torch.Tensor | None, used_k: torch.Tensor | None,
                                    max_q: int, max_k: int, causal: bool, scale: float, softcap: float, wl: int,
-                                   wr: int) -> tuple[torch.Tensor, torch.Tensor]:
+                                   wr: int, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense or varlen attention with a softcap, a sliding window or varlen's ``seqused``, and the rows'
     log-sum-exp: the softcap / window class's prefill kernel at any seq_q (features normalised by the caller)."""
     varlen = cu_q is not None
@@ -343,7 +356,7 @@ def _flash_attention_features_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     vl = {"cu_q": cu_q.contiguous(), "cu_k": cu_k.contiguous(), "max_q": max(1, max_q), "max_k": max_k} \
         if varlen else {}
     _gen().attention.attention(_tma_ready(q), _tma_ready(k), _tma_ready(v), out, c, scale, lse=lse, used_q=used_q,
-                               used_k=used_k, softcap=softcap, window=(wl, wr), **vl)
+                               used_k=used_k, softcap=softcap, window=(wl, wr), sm_margin=sm_margin, **vl)
     return out, lse
 
 
@@ -363,11 +376,11 @@ def _features(name: str, seq_q: int, seq_kv: int, causal: bool, softcap: Any, wi
 
 
 def _kvcache_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool,
-                 scale: float | None, softcap: Any = 0.0) -> tuple[Any, ...]:
+                 scale: float | None, softcap: Any = 0.0, margin: int = 0) -> tuple[Any, ...]:
     """The kept launch's key: the cache's and the lengths' addresses, not q's (a decode loop makes a new q every step;
-    the launch's q map is re-pointed per call, ``runtime.Launch.repoint``)."""
+    the launch's q map is re-pointed per call, ``runtime.Launch.repoint``), and the SMs left free."""
     return ("kvc", k.data_ptr(), v.data_ptr(), lens.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
-            v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale, softcap)
+            v.stride(), lens.shape, q.dtype, k.dtype, v.dtype, lens.dtype, causal, scale, softcap, margin)
 
 
 def _kvcache_warm(q: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
@@ -384,17 +397,18 @@ def _kvcache_warm(q: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
 
 def _flash_attention_kvcache_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   cache_seqlens: torch.Tensor, causal: bool, softmax_scale: float,
-                                  softcap: float = 0.0) -> torch.Tensor:
-    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap)
+                                  softcap: float = 0.0, sm_margin: int = 0) -> torch.Tensor:
+    key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap, sm_margin)
     out = _kvcache_warm(q, key)
     return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key,
-                                                     softcap=softcap)
+                                                     softcap=softcap, margin=sm_margin)
 
 
 def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, causal: bool, scale: float,
-                  key: tuple[Any, ...], table: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+                  key: tuple[Any, ...], table: torch.Tensor | None = None, softcap: float = 0.0,
+                  margin: int = 0) -> torch.Tensor:
     """As ``_flash_attention_cold``, for the decode kernel reading the sequences' lengths from ``lens`` (and a paged
-    cache's pages from ``table``); ``softcap`` (> 0, validated): its softcap variant."""
+    cache's pages from ``table``); ``softcap`` (> 0, validated): its softcap variant; ``margin``: SMs left free."""
     out = _empty_like(q, memory_format=_CF)
     if out.numel() == 0:
         return out
@@ -404,7 +418,7 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
     t2 = None if table is None else table.contiguous()
     kd = k if table is None else k[:1].expand(q.shape[0], *k.shape[1:])  # the class sees one cache per sequence
     ln = _gen().decode_launch(q2, k2, v2, _decode_class(q, kd, causal, softcap), scale, l2, page_table=t2,
-                              softcap=softcap)
+                              softcap=softcap, sm_margin=margin)
     ln.repoint("q", q2.data_ptr())  # kept launches are re-pointed per call: this one may point at another q now
     ln(_raw_stream(q.get_device()), out.data_ptr())
     if q2 is q and k2 is k and v2 is v and l2 is lens and t2 is table:
@@ -414,20 +428,23 @@ def _kvcache_cold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch
 
 def _flash_attention_paged_cuda(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 cache_seqlens: torch.Tensor, page_table: torch.Tensor, causal: bool,
-                                softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
-    key = (*_kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap), page_table.data_ptr(),
-           page_table.shape, page_table.stride())
+                                softmax_scale: float, softcap: float = 0.0, sm_margin: int = 0) -> torch.Tensor:
+    key = (*_kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap, sm_margin),
+           page_table.data_ptr(), page_table.shape, page_table.stride())
     out = _kvcache_warm(q, key)
     return out if out is not None else _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, key,
-                                                     page_table, softcap)
+                                                     page_table, softcap, sm_margin)
 
 
 def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor | int,
                    causal: bool, softmax_scale: float | None, table: torch.Tensor, asked: dict[str, Any],
-                   softcap: Any = 0.0) -> torch.Tensor:
+                   softcap: Any = 0.0, margin: int = 0) -> torch.Tensor:
     """``flash_attention_kvcache`` on a paged cache (see there): the split-KV decode kernel (its softcap variant
     where ``softcap`` > 0), each key block loaded from its page. ``asked``: the other arguments that ask for
-    something, refused with a paged cache."""
+    something, refused with a paged cache, but for attention_chunk (``_paged_chunk``); ``margin``: SMs left free
+    (validated)."""
+    asked = dict(asked)
+    chunk = asked.pop("attention_chunk", 0)
     if asked:
         raise NotImplementedError(f"flash_attention_kvcache: page_table with {', '.join(sorted(asked))} is not "
                                   "supported by ptsolve yet (a paged cache runs decode steps, a softcap allowed)")
@@ -441,14 +458,61 @@ def _kvcache_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if table.dtype != torch.int32 or table.dim() != 2 or table.shape[0] != B or table.device != q.device:
         raise ShapeError(f"page_table must be torch.int32 [{B}, max_pages] on {q.device} (page numbers of each "
                          f"sequence's keys, in order), got {table.dtype} {tuple(table.shape)} on {table.device}")
+    if chunk:
+        _per_sequence("cache_seqlens", lens, B, q.device)
+        lens, table = _paged_chunk(q, lens, table, k_cache.shape[1], chunk)
     causal = bool(causal)
     scale = _check_attention(q, k_cache[:1].expand(B, *k_cache.shape[1:]), v_cache[:1].expand(B, *v_cache.shape[1:]),
                              4, causal, softmax_scale)
     _per_sequence("cache_seqlens", lens, B, q.device)
     sc = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))[0]
     if _compiling():
-        return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale, sc)
-    return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale, sc)
+        return torch.ops.ptsolve.flash_attention_paged(q, k_cache, v_cache, lens, table, causal, scale, sc, margin)
+    return _flash_attention_paged_cuda(q, k_cache, v_cache, lens, table, causal, scale, sc, margin)
+
+
+def _as_pages(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A contiguous cache [B, S, Hkv, D] seen as a paged one, for a decode step of one query with a chunk (split-KV
+    over the chunk, ``_paged_chunk``, where the varlen kernel would give each sequence's chunk one CTA per head): (k
+    pages, v pages [B·S / PAGE, PAGE, Hkv, D], views; the page table [B, S / PAGE], sequence b's pages in order, made
+    on the device), PAGE the largest power of two from 256 down to 16 (the paged decode kernel's tested pages) that
+    divides S and the chunk. None where the step is not one query at a decode head_dim, or no page size fits, or the
+    cache's batches do not follow each other in memory (no view): the varlen kernel then runs it."""
+    B, S = k_cache.shape[:2]
+    page = next((p for p in (256, 128, 64, 32, 16) if S % p == 0 and chunk % p == 0), 0)
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[-1] not in _gen().DECODE_HEAD_DIMS or not page \
+            or k_cache.shape != v_cache.shape or k_cache.dim() != 4 or B != q.shape[0]:
+        return None
+    try:
+        kp, vp = (x.view(B * S // page, page, *x.shape[2:]) for x in (k_cache, v_cache))
+    except RuntimeError:  # strides that merge no batch into the sequence
+        return None
+    n = S // page
+    table = (torch.arange(B, device=q.device, dtype=torch.int32)[:, None] * n
+             + torch.arange(n, device=q.device, dtype=torch.int32))
+    return kp, vp, table
+
+
+def _paged_chunk(q: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, page: int, chunk: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged decode step's chunk as a paged cache of its own, no key copied: (lengths, page table) whose keys are
+    each sequence's chunk. One query at p = len − 1 sees keys ⌊(len − 1) / C⌋·C .. len − 1 (none where len = 0);
+    with pages dividing the chunk, that first key starts a page, so the table from that page on (a gather of page
+    numbers, on the device: no host sync) holds the chunk from its key 0, and len − first is its length. At most C /
+    PAGE pages: the split-KV pieces are chosen for the chunk, not the whole cache. NotImplementedError for more than
+    one query (they may straddle a chunk's edge at lengths only the device knows: one decode launch aligns them all
+    bottom-right at one length) or pages that do not divide the chunk (its first key would start mid-page)."""
+    if q.shape[1] != 1 or chunk % page:
+        raise NotImplementedError(
+            f"flash_attention_kvcache: page_table with attention_chunk={chunk} runs decode steps of one query on pages "
+            f"that divide the chunk; got {q.shape[1]} query positions and {page}-key pages (queries may straddle a "
+            "chunk's edge at a length only the device knows, and a chunk must start a page; give a contiguous cache "
+            "for these)")
+    first = torch.div(lens.long() - 1, chunk, rounding_mode="floor").clamp(min=0) * chunk
+    pages = min(table.shape[1], chunk // page)
+    at = ((first // page)[:, None] + torch.arange(pages, device=q.device)).clamp(max=table.shape[1] - 1)
+    return (lens.long() - first).to(torch.int32), table.gather(1, at)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -540,11 +604,19 @@ def _per_sequence(name: str, t: torch.Tensor | None, batch: int, device: torch.d
 def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor | int,
                      causal: bool, softmax_scale: float | None, feats: tuple[float, Any, bool], new: tuple[Any, ...],
                      rope: tuple[Any, ...], batch_idx: torch.Tensor | None, leftpad: torch.Tensor | None,
-                     cu_q: torch.Tensor | None, max_q: int | None) -> Any:
-    """``flash_attention_kvcache``'s checks, rotary and append (``_kvcache_append``), then ``_kvcache_packed``.
-    ``feats``: (softcap, window_size, return_lse); ``new``: (k, v, cu_seqlens_k_new); ``rope``: (rotary_cos,
-    rotary_sin, rotary_interleaved, rotary_seqlens)."""
+                     cu_q: torch.Tensor | None, max_q: int | None, chunk: int = 0, margin: int = 0) -> Any:
+    """``flash_attention_kvcache``'s checks, rotary and append (``_kvcache_append``), then ``_kvcache_packed``; a
+    chunked layer's plain decode step (one query, nothing else asked) instead runs split-KV decode over its chunk's
+    pages of the cache (``_as_pages``). ``feats``: (softcap, window_size, return_lse); ``new``: (k, v,
+    cu_seqlens_k_new); ``rope``: (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens); ``chunk``:
+    attention_chunk; ``margin``: SMs left free (both validated)."""
     causal, (softcap, window_size, return_lse), (k, v, cu_new) = bool(causal), feats, new
+    plain = all(x is None for x in (k, v, cu_new, rope[0], rope[1], batch_idx, leftpad, cu_q))
+    pages = _as_pages(q, k_cache, v_cache, chunk) if chunk and plain and not return_lse \
+        and tuple(window_size) == (-1, -1) else None
+    if pages is not None:  # a decode step of a chunked layer: split-KV over the chunk's pages of the cache
+        return _kvcache_paged(q, pages[0], pages[1], lens, causal, softmax_scale, pages[2], {"attention_chunk": chunk},
+                              softcap, margin)
     B = q.shape[0] if cu_q is None else cu_q.shape[0] - 1
     rows = _rows("q", q, cu_q, max_q, B)
     if isinstance(lens, int):
@@ -570,7 +642,8 @@ def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out, lse = torch.zeros_like(rows.x), rows.x.new_full((q.shape[-2], rows.x.shape[0]), math.inf,
                                                               dtype=torch.float32)
     else:
-        out, lse = _kvcache_packed(rows, k_cache, v_cache, lens, causal, scale, feat, batch_idx, leftpad)
+        out, lse = _kvcache_packed(rows, k_cache, v_cache, lens, causal, scale, feat, batch_idx, leftpad, chunk,
+                                   margin)
     if cu_q is None:
         out, lse = out.view(q.shape), lse.view(q.shape[2], B, q.shape[1]).permute(1, 0, 2)
     return (out, lse) if return_lse else out
@@ -578,12 +651,16 @@ def _kvcache_general(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens: torch.Tensor, causal: bool,
                     scale: float, feat: tuple[float, int, int], batch_idx: torch.Tensor | None,
-                    leftpad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    leftpad: torch.Tensor | None, chunk: int = 0, margin: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """A kv-cache call as the varlen kernel runs it, FlashAttention-3's own reduction: the packed queries against the
     cache [B_cache·S, Hkv, D] (a copy where its strides cannot be viewed so), sequence b's keys from row
     batch_idx[b]·S + leftpad[b], ``lens[b] − leftpad[b]`` of them (``seqused_k``). (out [T, H, D], lse [H, T]).
     Any number of query positions, a softcap and a window; one CTA per (sequence, head, query block): no split-KV,
-    so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel."""
+    so a long cache with few sequences runs slower than ``flash_attention_kvcache``'s decode kernel. ``chunk`` > 0:
+    each sequence cut into its chunks' pieces at the lengths on the device (``_chunk_attend``: key positions count
+    from the sequence's leftpad, FlashAttention-3's), here even for a decode step: the split-KV decode kernel reads
+    keys from 0, and a chunk starts at a key only the device knows; ``margin``: SMs left free."""
     B = q.cu.shape[0] - 1
     nb, S, Hkv, D = k_cache.shape
     dev = q.x.device
@@ -591,10 +668,145 @@ def _kvcache_packed(q: _Rows, k_cache: torch.Tensor, v_cache: torch.Tensor, lens
     pad = 0 if leftpad is None else leftpad.to(torch.int32)
     cu_k = torch.cat([idx * S + pad, torch.full((1,), nb * S, dtype=torch.int32, device=dev)])  # last: not read
     used_k = (lens.clamp(0, S) - pad).clamp(min=0).to(torch.int32)  # the decode kernel's clamp
-    args = (q.x, k_cache.reshape(nb * S, Hkv, D), v_cache.reshape(nb * S, Hkv, D), q.cu, cu_k, None, used_k,
-            max(1, q.longest), S, causal, scale, *feat)
-    return torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
-        _flash_attention_features_cuda(*args)
+    kv = (k_cache.reshape(nb * S, Hkv, D), v_cache.reshape(nb * S, Hkv, D))
+    if chunk:
+        return _chunk_attend("flash_attention_kvcache", (q.x, *kv), (q.cu, cu_k), (q.count, used_k),
+                             (q.longest, S), _chunk_count(q.longest, chunk), causal, scale, feat, chunk, margin)
+    return _run_features((q.x, *kv, q.cu, cu_k, None, used_k, max(1, q.longest), S, causal, scale, *feat), margin)
+
+
+def _run_features(args: tuple[Any, ...], margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``flash_attention_features`` on ``args`` (its arguments but the margin), through the op under
+    torch.compile; ``margin`` appended only where one is given, so a call without one passes the op's arguments of
+    before sm_margin (its default is 0)."""
+    fa = (*args, margin) if margin else args
+    return torch.ops.ptsolve.flash_attention_features(*fa) if _compiling() else _flash_attention_features_cuda(*fa)
+
+
+# ---------------------------------------------------------------------------------------------- attention_chunk
+# Llama-4's chunked local attention (FlashAttention-3's ``attention_chunk`` = C): with query i of a sequence of sq
+# queries and sk keys at the diagonal position p = i + sk − sq (the bottom-right alignment causal and the window use),
+# the query sees only keys j of its own chunk, ⌊p / C⌋·C <= j < ⌊p / C⌋·C + C (floor division: a query with p < 0,
+# sq > sk, sees none), on top of causal and the window (FA3's mask: the chunk's band and the window's, both applied;
+# FA3 also clips the window to C − 1 keys each side, which the chunk implies). The mask is block-diagonal, so each
+# (sequence, chunk) is its own sequence of the varlen kernel, which runs causal, the window, softcap, the LSE and
+# seqused as it does for any sequence; no new kernel.
+#
+# Why a piece's own bottom-right alignment is FA3's (any sq, sk; sq < sk in particular). Let chunk c hold the queries
+# whose p lies in [cC, cC + C) and the keys j in [cC, cC + C); the queries' p also lie in [sk − sq, sk), so the piece
+# has keys [ks, ke) = [cC, min(cC + C, sk)) and queries with p in [max(cC, sk − sq), ke): the piece's last query has
+# p = ke − 1, its last key is ke − 1. The kernel aligns a piece of sq' queries and sk' = ke − ks keys bottom-right: its
+# query i' (i' = i − first query) sits at p' = i' + sk' − sq', and since both ends meet at ke − 1, p' = p − ks for
+# every query of the piece; its key j' is key j = j' + ks. Causal (j <= p) and the window (p − left <= j <= p + right)
+# compare j − p = j' − p', so the piece's masks are the sequence's; the chunk's mask is the piece itself. A chunk with
+# p < 0 (sq > sk) gets no key (ke <= ks): its queries are zeros with LSE +inf, as FA3 returns them. Each p belongs to
+# one chunk, so the pieces cover every query once. tests/ptsolve/test_attention_chunk.py checks this against the
+# dense mask.
+
+
+def _chunk(name: str, attention_chunk: Any) -> int:
+    """``attention_chunk`` as an int (0: no chunks); ShapeError naming ``name`` for a negative or non-integer one."""
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, int) or attention_chunk < 0:
+        raise ShapeError(f"{name}: attention_chunk={attention_chunk!r} must be an int >= 0 (keys per chunk, e.g. "
+                         "Llama-4's 8192; 0: no chunks)")
+    return attention_chunk
+
+
+def _chunk_count(longest_q: int, chunk: int) -> int:
+    """Pieces per sequence that cover any sequence of at most ``longest_q`` queries: their positions p are that many
+    consecutive integers, which meet at most ⌈(longest_q − 1) / C⌉ + 1 chunks."""
+    return (max(int(longest_q), 1) + chunk - 2) // chunk + 1
+
+
+def _chunk_pieces(nq: torch.Tensor, nk: torch.Tensor, chunk: int, pieces: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pieces of sequences of nq queries and nk keys (int64 [B], on the device: no host sync), ``pieces`` per
+    sequence from the chunk of its first query on: (first query, queries, first key, keys), each int64 [B, pieces],
+    offsets within the sequence; pieces past its last query are empty. See the proof above."""
+    off = (nk - nq)[:, None]  # p − i
+    c = torch.div(off, chunk, rounding_mode="floor") + torch.arange(pieces, device=nq.device)  # chunk of each piece
+    lo, hi, nq2, nk2 = c * chunk, (c + 1) * chunk, nq[:, None], nk[:, None]
+    q0 = torch.minimum((lo - off).clamp(min=0), nq2)
+    q1 = torch.minimum((hi - off).clamp(min=0), nq2)
+    k0 = torch.minimum(lo.clamp(min=0), nk2)
+    k1 = torch.minimum(hi.clamp(min=0), nk2)
+    return q0, q1 - q0, k0, k1 - k0
+
+
+def _chunk_attend(name: str, qkv: tuple[torch.Tensor, ...], starts: tuple[torch.Tensor, torch.Tensor],
+                  lens: tuple[torch.Tensor, torch.Tensor], longest: tuple[int, int], pieces: int, causal: bool,
+                  scale: float, feat: tuple[Any, Any, Any], chunk: int, margin: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked attention of packed rows as the varlen kernel runs it: q [Tq, H, D], k / v [Tk, Hkv, D] (``qkv``),
+    sequence b's queries at rows starts[0][b] .., its keys at rows starts[1][b] .. (int32 [B + 1], the last entry
+    cu_seqlens' total: the LSE's row stride), lens[0][b] / lens[1][b] of them (int [B], on the device), at most
+    ``longest`` (host ints); ``pieces`` per sequence (``_chunk_count``, or the exact count). Each piece is a sequence
+    (its rows from its start, ``seqused``: rows past a sequence's used ones are neither read nor written).
+    ``feat``: (softcap, window_left, window_right), normalised here against the pieces' longest. (out [Tq, H, D],
+    lse [H, Tq])."""
+    (cq, ck), (nq, nk) = starts, lens
+    q0, qn, k0, kn = _chunk_pieces(nq.long(), nk.long(), chunk, pieces)
+    cu_q = torch.cat([(cq[:-1].long()[:, None] + q0).flatten(), cq[-1:].long()]).to(torch.int32)
+    cu_k = torch.cat([(ck[:-1].long()[:, None] + k0).flatten(), ck[-1:].long()]).to(torch.int32)
+    mq, mk = min(chunk, int(longest[0])), min(chunk, int(longest[1]))
+    sc, wl, wr = _features(name, mq, mk, causal, feat[0], (feat[1], feat[2]))
+    return _run_features((*qkv, cu_q, cu_k, qn.flatten().to(torch.int32), kn.flatten().to(torch.int32), max(1, mq),
+                          mk, causal, scale, sc, wl, wr), margin)
+
+
+def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
+             return_lse: bool, softcap: Any, window_size: Any, chunk: int, margin: int) -> Any:
+    """``flash_attention`` with ``attention_chunk`` = ``chunk`` (validated, > 0; see the proof above). Where every
+    query's p falls in one chunk (a decode step, or a prefill within a chunk), the call is dense attention over that
+    chunk's keys, a view k[:, cC:] (sk' = sk − cC keeps every query's p' = p − cC): the dense kernels, split-KV decode
+    included. Otherwise the varlen kernel over the batch's pieces: q, k, v viewed as [B·S, H, D] rows (no copy when
+    their batch and sequence dims merge), the pieces' offsets made on the device from the shapes (no host sync)."""
+    B, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    first = (sk - sq) // chunk  # the chunk of query 0 (floor: negative where sq > sk)
+    if sq == 0 or sk == 0 or first == (sk - 1) // chunk:
+        s = max(first, 0) * chunk
+        return _attend(q, k[:, s:], v[:, s:], causal, softmax_scale, return_lse, softcap, window_size, margin)
+    scale = _check_attention(q, k, v, 4, causal, softmax_scale)
+    dev = q.device
+    rows = tuple(x.reshape(B * x.shape[1], *x.shape[2:]) for x in (q, k, v))
+    starts = tuple(torch.arange(B + 1, device=dev, dtype=torch.int32) * n for n in (sq, sk))
+    lens = tuple(torch.full((B,), n, device=dev, dtype=torch.int64) for n in (sq, sk))
+    out, lse = _chunk_attend("flash_attention", rows, starts, lens, (sq, sk), (sk - 1) // chunk - first + 1, causal,
+                             scale, (softcap, *_window(window_size)), chunk, margin)
+    out = out.view(q.shape)
+    return (out, lse.view(q.shape[2], B, sq).permute(1, 0, 2)) if return_lse else out
+
+
+def _window(window_size: Any) -> tuple[Any, Any]:
+    """(left, right) of ``window_size``; ShapeError unless it is a pair."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ShapeError(f"window_size={window_size!r} must be a pair (left, right) of ints, -1 unbounded") from None
+    return left, right
+
+
+_SMS: dict[int, int] = {}
+
+
+def _margin(name: str, sm_margin: Any, x: torch.Tensor) -> int:
+    """FlashAttention-3's ``sm_margin`` (SMs left free for other work, e.g. communication kernels) as an int, checked
+    against the SM count of ``x``'s device: ShapeError unless 0 <= sm_margin < SMs. A persistent kernel's grid then
+    fills the SMs left and split-KV decode chooses its pieces for them (``serve.decode_launch``); a kernel of one CTA
+    per tile keeps its grid. The launches made for a margin are kept under keys that hold it, apart from the
+    others; nothing is recompiled."""
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+        raise ShapeError(f"{name}: sm_margin={sm_margin!r} must be an int >= 0 (SMs left free for other work; 0: "
+                         "use them all)")
+    if sm_margin and x.is_cuda and not _compiling():  # traced: the launch's own check (runtime.usable_sms)
+        dev = x.get_device()
+        sms = _SMS.get(dev)
+        if sms is None:
+            sms = _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+        if sm_margin >= sms:
+            raise ShapeError(f"{name}: sm_margin={sm_margin} leaves no SM of this device's {sms} (give at most "
+                             f"{sms - 1})")
+    return sm_margin
 
 
 _GEMM_CLASSES: dict[tuple[torch.dtype, bool], Any] = {}  # (dtype, N a multiple of 8) -> class
@@ -741,37 +953,39 @@ _LIB.impl("mamba_chunk_state", _mamba_chunk_state_cuda, "CUDA")
 
 @torch.library.register_fake("ptsolve::flash_attention", lib=_LIB)
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float,
-      softcap: float = 0.0) -> torch.Tensor:
+      softcap: float = 0.0, sm_margin: int = 0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_varlen", lib=_LIB)
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> torch.Tensor:
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float, sm_margin: int = 0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_kvcache", lib=_LIB)
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, causal: bool,
-      softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
+      softmax_scale: float, softcap: float = 0.0, sm_margin: int = 0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_paged", lib=_LIB)
 def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-      page_table: torch.Tensor, causal: bool, softmax_scale: float, softcap: float = 0.0) -> torch.Tensor:
+      page_table: torch.Tensor, causal: bool, softmax_scale: float, softcap: float = 0.0,
+      sm_margin: int = 0) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_lse", lib=_LIB)
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-      softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+      softmax_scale: float, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 @torch.library.register_fake("ptsolve::flash_attention_varlen_lse", lib=_LIB)
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+      max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+      sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -779,7 +993,7 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Ten
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
       cu_seqlens_k: torch.Tensor | None, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
       max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float, softcap: float, window_left: int,
-      window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
+      window_right: int, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     lse = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
     return q.new_empty(q.shape), q.new_empty(lse, dtype=torch.float32)
 
@@ -830,7 +1044,7 @@ def _fast_put(key: tuple[Any, ...], ln: Any) -> bool:
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     softmax_scale: float | None = None, return_lse: bool = False, softcap: float = 0.0,
-                    window_size: tuple[int, int] = (-1, -1)) -> Any:
+                    window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0, sm_margin: int = 0) -> Any:
     """softmax(q kᵀ · scale [+ causal mask]) v: q [B, Sq, H, D], k / v [B, Skv, Hkv, D] → [B, Sq, H, D] (contiguous).
     ``causal``: bottom-right aligned (query i sees keys ≤ i + Skv − Sq; rows that see none are zeros).
     ``return_lse``: also the rows' softmax log-sum-exp, float32 [B, H, Sq] (natural log of Σ exp(q·k · scale); +inf
@@ -839,10 +1053,26 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     softcap · tanh(q·k · scale / softcap) (Gemma-2's); ``window_size`` (left, right): query i sees keys
     i + Skv − Sq − left .. i + Skv − Sq + right (-1 unbounded; causal sets right to 0), FlashAttention's sliding
     window. Either runs the class's prefill kernel built with it, at any seq_q; a decode step (at most 16 query
-    positions, head_dim 64 or 128) with a softcap and no window runs the split-KV decode kernel's softcap variant."""
+    positions, head_dim 64 or 128) with a softcap and no window runs the split-KV decode kernel's softcap variant.
+    ``attention_chunk`` = C > 0 (Llama-4's chunked local attention, FlashAttention-3's): query i, at p = i + Skv − Sq,
+    also sees only keys of its chunk, ⌊p / C⌋·C .. ⌊p / C⌋·C + C − 1 (a row with p < 0 sees none), with causal, the
+    window and the softcap as given: every query in one chunk runs the dense kernels on that chunk's keys (a view),
+    otherwise each (sequence, chunk) is a sequence of the varlen kernel (``_chunked``; the LSE then a [B, H, Sq]
+    view). ``sm_margin``: SMs left free for other work (``_margin``); ShapeError from the device's SM count on."""
+    if attention_chunk or sm_margin:
+        sm_margin = _margin("flash_attention", sm_margin, q) if sm_margin else 0
+        if _chunk("flash_attention", attention_chunk):
+            return _chunked(q, k, v, bool(causal), softmax_scale, return_lse, softcap, window_size, attention_chunk,
+                            sm_margin)
+    return _attend(q, k, v, causal, softmax_scale, return_lse, softcap, window_size, sm_margin)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
+            return_lse: bool, softcap: Any, window_size: Any, margin: int = 0) -> Any:
+    """``flash_attention`` without a chunk (see there); ``margin``: SMs left free (validated)."""
     if softcap or tuple(window_size) != (-1, -1):
         if not (_compiling() or return_lse) and tuple(window_size) == (-1, -1) and isinstance(softcap, (int, float)):
-            out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap)  # a softcap decode step, kept
+            out = _flash_attention_warm(q, k, v, causal, softmax_scale, softcap, margin)  # a softcap decode step
             if out is not None:
                 return out
         causal = bool(causal)
@@ -854,37 +1084,37 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             # kernels (split-KV for a decode step, capped or not: a sliding-window model's decode on a long cache,
             # Gemma-2's local layers) need no mask
             start = max(0, k.shape[1] - 1 - feat[1]) if feat[1] >= 0 else 0
-            return flash_attention(q, k[:, start:], v[:, start:], False, scale, return_lse, feat[0])
+            return _attend(q, k[:, start:], v[:, start:], False, scale, return_lse, feat[0], (-1, -1), margin)
         if not (windowed or return_lse) and _decodes(q, k, causal):  # a capped decode step: the split-KV kernel
             if _compiling():
-                return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale, feat[0])
-            return _flash_attention_cold(q, k, v, causal, scale, softmax_scale, feat[0])
-        args = (q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat)
-        out, lse = torch.ops.ptsolve.flash_attention_features(*args) if _compiling() else \
-            _flash_attention_features_cuda(*args)
+                return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale, feat[0], margin)
+            return _flash_attention_cold(q, k, v, causal, scale, softmax_scale, feat[0], margin)
+        out, lse = _run_features((q, k, v, None, None, None, None, q.shape[1], k.shape[1], causal, scale, *feat),
+                                 margin)
         return (out, lse) if return_lse else out
     if return_lse:
         causal = bool(causal)
         scale = _check_attention(q, k, v, 4, causal, softmax_scale)
         if _compiling():
-            return torch.ops.ptsolve.flash_attention_lse(q, k, v, causal, scale)
-        return _flash_attention_lse_cuda(q, k, v, causal, scale)
+            return torch.ops.ptsolve.flash_attention_lse(q, k, v, causal, scale, margin)
+        return _flash_attention_lse_cuda(q, k, v, causal, scale, margin)
     if not _compiling():
-        out = _flash_attention_warm(q, k, v, causal, softmax_scale)
+        out = _flash_attention_warm(q, k, v, causal, softmax_scale, 0.0, margin)
         if out is not None:
             return out
     causal = bool(causal)
     scale = _check_attention(q, k, v, 4, causal, softmax_scale)
     if _compiling():
-        return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale)
-    return _flash_attention_cold(q, k, v, causal, scale, softmax_scale)
+        return torch.ops.ptsolve.flash_attention(q, k, v, causal, scale, 0.0, margin)
+    return _flash_attention_cold(q, k, v, causal, scale, softmax_scale, 0.0, margin)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                            softmax_scale: float | None = None, return_lse: bool = False,
                            seqused_q: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
-                           softcap: float = 0.0, window_size: tuple[int, int] = (-1, -1)) -> Any:
+                           softcap: float = 0.0, window_size: tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+                           sm_margin: int = 0) -> Any:
     """Variable-length batches, packed as flash-attn's: q [total_q, H, D], k / v [total_k, Hkv, D], sequence b
     at rows cu_seqlens[b] .. cu_seqlens[b+1] (int32 [B+1] on the device); ``max_seqlen_*`` the longest ones.
     ``return_lse``: ``(out, lse)`` with the rows' log-sum-exp, float32 [H, total_q] (``flash_attention``'s).
@@ -892,8 +1122,14 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     seqused[b] rows from cu_seqlens[b] (at most the rows cu_seqlens gives it, not checked on the device); output
     and log-sum-exp rows past seqused_q are not written, as FlashAttention-3's; keys past seqused_k are never
     attended to but must be finite (their block is loaded and masked: P = 0 times NaN is NaN). ``softcap``,
-    ``window_size``: ``flash_attention``'s (normalised against ``max_seqlen_*``)."""
+    ``window_size``: ``flash_attention``'s (normalised against ``max_seqlen_*``). ``attention_chunk``:
+    ``flash_attention``'s, per sequence at its own lengths (seqused's where given): each (sequence, chunk) is a
+    sequence of the varlen kernel, their offsets made on the device from cu_seqlens / seqused, at most
+    ⌈(max_seqlen_q − 1) / C⌉ + 1 pieces per sequence (``max_seqlen_q`` must bound every sequence's queries: rows
+    beyond it would not be written). ``sm_margin``: ``flash_attention``'s."""
     causal = bool(causal)
+    sm_margin = _margin("flash_attention_varlen", sm_margin, q) if sm_margin else 0
+    chunk = _chunk("flash_attention_varlen", attention_chunk)
     scale = _check_attention(q, k, v, 3, causal, softmax_scale)
     for n, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
@@ -907,13 +1143,18 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     B = cu_seqlens_q.shape[0] - 1
     for n, u in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
         _per_sequence(n, u, B, q.device)
+    if chunk:
+        lens = tuple(cu.diff() if u is None else u for cu, u in ((cu_seqlens_q, seqused_q), (cu_seqlens_k, seqused_k)))
+        out, lse = _chunk_attend("flash_attention_varlen", (q, k, v), (cu_seqlens_q, cu_seqlens_k), lens,
+                                 (int(max_seqlen_q), int(max_seqlen_k)), _chunk_count(max_seqlen_q, chunk), causal,
+                                 scale, (softcap, *_window(window_size)), chunk, sm_margin)
+        return (out, lse) if return_lse else out
     if softcap or tuple(window_size) != (-1, -1) or seqused_q is not None or seqused_k is not None:
         fa = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k), causal,
               scale, *_features("flash_attention_varlen", max_seqlen_q, max_seqlen_k, causal, softcap, window_size))
-        out, lse = torch.ops.ptsolve.flash_attention_features(*fa) if _compiling() else \
-            _flash_attention_features_cuda(*fa)
+        out, lse = _run_features(fa, sm_margin)
         return (out, lse) if return_lse else out
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, scale, sm_margin)
     if return_lse:
         return torch.ops.ptsolve.flash_attention_varlen_lse(*args) if _compiling() else \
             _flash_attention_varlen_lse_cuda(*args)
@@ -932,7 +1173,8 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
                             rotary_seqlens: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
                             max_seqlen_q: int | None = None, cu_seqlens_k_new: torch.Tensor | None = None,
-                            page_table: torch.Tensor | None = None) -> Any:
+                            page_table: torch.Tensor | None = None, attention_chunk: int = 0,
+                            sm_margin: int = 0) -> Any:
     """Decode against a preallocated KV cache, as flash-attn's ``flash_attn_with_kvcache`` without appending:
     q [B, Sq, H, D] with Sq <= 16, k_cache / v_cache [B, S_cache, Hkv, D] (any strides with the last dim
     contiguous, e.g. a [B, Hkv, S_cache, D] cache transposed), ``cache_seqlens`` int32 [B] on q's device (or one
@@ -941,9 +1183,9 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kernel reads the lengths on the device: write the step's keys into the cache, update ``cache_seqlens`` in place,
     and the same launch (or captured CUDA graph) serves every step. The keys are split across CTAs as for the whole
     cache (``ptsolve.ops.decode.length_pieces``). ``softcap`` (``flash_attention``'s) alone runs the decode kernel's
-    softcap variant. ``window_size`` (``flash_attention``'s, the window bottom-right at each length),
-    ``return_lse`` (``(out, lse)``, lse float32 [B, H, Sq]), ``cache_batch_idx``
-    (int32 [B]: sequence b reads cache row cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
+    softcap variant. ``window_size`` (``flash_attention``'s, the window bottom-right at each length), ``return_lse``
+    ((out, lse), lse float32 [B, H, Sq]), ``cache_batch_idx`` (int32 [B]: sequence b reads cache row
+    cache_batch_idx[b]), ``cache_leftpad`` (int32 [B]: its keys start there,
     ending at cache_seqlens[b]), more than 16 query positions and head_dim 96, 192, 256 run the varlen kernel on the
     cache (``_kvcache_packed``: FlashAttention-3's semantics; no split-KV). ``k`` / ``v`` [B, S_new, Hkv, D]: written
     into the cache at rows cache_seqlens[b] .. + S_new first (the cache is updated in place, ``cache_seqlens`` is
@@ -957,25 +1199,30 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     cache (vLLM's): ``page_table`` int32 [B, max_pages] with k_cache / v_cache [pages, PAGE, Hkv, D], sequence b's
     key j in page page_table[b, j // PAGE] at row j % PAGE; PAGE a power of two from 16 to 256 (8 or more that
     divides the kernel's key block or that it divides); decode steps with or without a softcap only (the split-KV
-    decode kernel, each key block loaded from its pages)."""
-    softcap = softcap or 0.0
+    decode kernel, each key block loaded from its pages). ``attention_chunk``: ``flash_attention``'s at each
+    sequence's lengths on the device (keys counted from the leftpad, FA3's): a one-query decode step runs split-KV
+    over its chunk's pages (``_as_pages``, ``_paged_chunk``), the rest the varlen kernel over the cache
+    (``_kvcache_packed``). ``sm_margin``: ``flash_attention``'s."""
+    softcap, chunk = softcap or 0.0, _chunk("flash_attention_kvcache", attention_chunk)
+    sm_margin = _margin("flash_attention_kvcache", sm_margin, q) if sm_margin else 0
     if not isinstance(softcap, (int, float)):  # the kept launches' keys hash it: a ShapeError naming it first
         _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))
     if page_table is not None:
         asked = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad), ("k", k),
                                    ("v", v), ("rotary_cos", rotary_cos), ("cu_seqlens_q", cu_seqlens_q),
                                    ("cu_seqlens_k_new", cu_seqlens_k_new)) if x is not None}
-        asked |= {n: x for n, x in (("return_lse", return_lse), ("window_size", tuple(window_size) != (-1, -1)))
-                  if x}
-        return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked, softcap)
-    varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
+        asked |= {n: x for n, x in (("return_lse", return_lse), ("window_size", tuple(window_size) != (-1, -1)),
+                                    ("attention_chunk", chunk)) if x}
+        return _kvcache_paged(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, page_table, asked, softcap,
+                              sm_margin)
     rope = (rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens)
-    general = varlen or tuple(window_size) != (-1, -1) or return_lse or cache_batch_idx is not None \
-        or cache_leftpad is not None or k is not None or v is not None
-    if general or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
+    general = cu_seqlens_q is not None or cu_seqlens_k_new is not None or tuple(window_size) != (-1, -1) \
+        or return_lse or cache_batch_idx is not None or cache_leftpad is not None or k is not None or v is not None
+    if general or chunk or q.dim() != 4 or q.shape[1] > _gen().DECODE_MAX_SEQ_Q \
+            or q.shape[-1] not in _gen().DECODE_HEAD_DIMS:
         return _kvcache_general(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale,
                                 (softcap, window_size, return_lse), (k, v, cu_seqlens_k_new), rope, cache_batch_idx,
-                                cache_leftpad, cu_seqlens_q, max_seqlen_q)
+                                cache_leftpad, cu_seqlens_q, max_seqlen_q, chunk, sm_margin)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     if rotary_cos is not None:  # q rotated, then the split-KV decode kernel as without
@@ -983,18 +1230,18 @@ def flash_attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q = _kvcache_append(_rows("q", q, None, None, q.shape[0]), k_cache, v_cache, cache_seqlens, None, None, rope,
                             None, None, bool(causal))[0].x.view(q.shape)
     if not _compiling():
-        key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap)
+        key = _kvcache_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, softcap, sm_margin)
         out = _kvcache_warm(q, key)
         if out is not None:
             return out
     causal = bool(causal)
     scale = _check_attention(q, k_cache, v_cache, 4, causal, softmax_scale)
-    lens = cache_seqlens
-    _per_sequence("cache_seqlens", lens, q.shape[0], q.device)
+    _per_sequence("cache_seqlens", cache_seqlens, q.shape[0], q.device)
     sc = _features("flash_attention_kvcache", q.shape[1], k_cache.shape[1], causal, softcap, (-1, -1))[0]
     if _compiling():
-        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, lens, causal, scale, sc)
-    return _kvcache_cold(q, k_cache, v_cache, lens, causal, scale, key, softcap=sc)
+        return torch.ops.ptsolve.flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, causal, scale, sc,
+                                                         sm_margin)
+    return _kvcache_cold(q, k_cache, v_cache, cache_seqlens, causal, scale, key, softcap=sc, margin=sm_margin)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -76,7 +76,7 @@ def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_
     [B+1]) q [Tq, H, D], k/v [Tk, Hkv, D] with ``max_q`` / ``max_k`` the longest sequences; ``out`` contiguous like
     q. Tensors: last dim contiguous, other strides multiples of 8 elements (the caller checks). ``lse``: float32
     [B, H, Sq] (varlen [H, Tq]) for the rows' softmax log-sum-exp (natural log, +inf where a row sees no key), or
-    None. ``feat``: ``attention_launch``'s features (seqused, softcap, window)."""
+    None. ``feat``: ``attention_launch``'s features (seqused, softcap, window) and ``sm_margin``."""
     ln = attention_launch(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, lse is not None, **feat)
     if lse is not None:
         ln.ptrs["lse"].value = lse.data_ptr()
@@ -85,22 +85,25 @@ def attention(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, cu_
 
 def attention_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any = None, cu_k: Any = None,
                      max_q: int = 0, max_k: int = 0, with_lse: bool = False, used_q: Any = None, used_k: Any = None,
-                     softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> Any:
+                     softcap: float = 0.0, window: tuple[int, int] = (-1, -1), sm_margin: int = 0) -> Any:
     """The prepared launch (``runtime.Launch``) of ``attention`` for these inputs, kept per (addresses, shapes,
-    strides, scalars); call it with the stream and the output's address. ``with_lse``: a launch of the class's
-    kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null.
+    strides, scalars, SM margin); call it with the stream and the output's address. ``with_lse``: a launch of the
+    class's kernel whose ``lse`` pointer (``ptrs["lse"]``) the caller sets before each call; the others' is null.
     ``used_q`` / ``used_k``: varlen's int32 [B] rows that count per sequence (FlashAttention's ``seqused_*``);
-    ``softcap`` (> 0, a softcap class's) and ``window`` ((left, right) keys, -1 unbounded, a window class's)."""
+    ``softcap`` (> 0, a softcap class's) and ``window`` ((left, right) keys, -1 unbounded, a window class's).
+    ``sm_margin``: SMs left free (``runtime.Launch.leave_free``): a persistent kernel's grid fills the others; a
+    kernel of one CTA per tile keeps its grid. Part of the key, so calls without one keep their own launches."""
     if bool(softcap) != c.softcap or (window != (-1, -1)) != c.window:
         raise ShapeError(f"attention class {c.key} runs softcap={softcap!r}, window={window!r}: the class and the "
                          "call must agree on softcap and window (ptsolve.torch chooses the class)")
     key = ("fa", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           scale, _ptr(cu_q), _ptr(cu_k), max_q, max_k, with_lse, _ptr(used_q), _ptr(used_k), softcap, window)
+           scale, _ptr(cu_q), _ptr(cu_k), max_q, max_k, with_lse, _ptr(used_q), _ptr(used_k), softcap, window,
+           sm_margin)
     ln = prepared.LAUNCHES.get(key)
     if ln is not None:
         return ln
     return prepared.keep(key, *_prepare(q, k, v, c, scale, cu_q, cu_k, max_q, max_k, with_lse, used_q, used_k,
-                                        softcap, window))
+                                        softcap, window, sm_margin))
 
 
 class AttentionFamily:
@@ -130,11 +133,12 @@ class AttentionFamily:
         return True
 
 
-def attention_family(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> AttentionFamily | None:
-    """A family for these dense inputs' layout, running the kernel ``attention_launch`` runs for them; None while that
-    choice is not final (the shape's exact-shape schedule is on its way: ``exact``) or where the kernel does not take
-    q, k and v by tensor map."""
-    ln, final = _prepare(q, k, v, c, scale, None, None, 0, 0, False, None, None, 0.0, (-1, -1))
+def attention_family(q: Any, k: Any, v: Any, c: ShapeClass, scale: float,
+                     sm_margin: int = 0) -> AttentionFamily | None:
+    """A family for these dense inputs' layout, running the kernel ``attention_launch`` runs for them (leaving
+    ``sm_margin`` SMs free: the caller keys families by it); None while that choice is not final (the shape's
+    exact-shape schedule is on its way: ``exact``) or where the kernel does not take q, k and v by tensor map."""
+    ln, final = _prepare(q, k, v, c, scale, None, None, 0, 0, False, None, None, 0.0, (-1, -1), sm_margin)
     try:
         return AttentionFamily(ln) if final else None
     except KeyError:  # a kernel that takes one of q, k, v otherwise than by tensor map: calls keep preparing
@@ -142,8 +146,10 @@ def attention_family(q: Any, k: Any, v: Any, c: ShapeClass, scale: float) -> Att
 
 
 def _prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_k: Any, max_q: int, max_k: int,
-             with_lse: bool, used_q: Any, used_k: Any, softcap: float, window: tuple[int, int]) -> tuple[Any, bool]:
-    """(a new prepared launch of these inputs, whether its kernel is the final choice for them)."""
+             with_lse: bool, used_q: Any, used_k: Any, softcap: float, window: tuple[int, int],
+             sm_margin: int = 0) -> tuple[Any, bool]:
+    """(a new prepared launch of these inputs, leaving ``sm_margin`` SMs free, whether its kernel is the final
+    choice for them)."""
     varlen = cu_q is not None
     ck, final = None, True
     # a dense shape runs the kernel solved and built for it once there is one (``exact``), whose softmax scale is
@@ -157,6 +163,8 @@ def _prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, cu_q: Any, cu_
                            {"used_q": _ptr(used_q), "used_k": _ptr(used_k), "wl": window[0], "wr": window[1]}
                            | ({"softcap_pre": scale / softcap, "scale_log2": softcap * math.log2(math.e)}
                               if softcap else {}))
+    if sm_margin:
+        ln.leave_free(sm_margin)  # a new launch, nobody else's: the grid of the SMs left (the same binary)
     return ln, final
 
 

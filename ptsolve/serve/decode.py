@@ -160,16 +160,18 @@ def decode_retime(c: ShapeClass, p: dict[str, Any], splits: int, hw: Any) -> flo
     return simulate(dataclasses.replace(prog, graph=g), hw, max_trips=DECODE_REPLAY_TRIPS).kernel_us
 
 
-def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
+def _decode_best(c: ShapeClass, p: dict[str, Any], sm_margin: int = 0) -> tuple[float, int]:
     """(predicted µs, pieces) of ``decode_splits``."""
     from ptsolve.hw import load as load_hw
     from ptsolve.ops.decode import split_counts
 
     q = decode_bucketed(c, p)
-    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], q["seq_kv"])
+    key = (c, p["batch"], p["heads"], p["kv_heads"], p["seq_q"], q["seq_kv"], sm_margin)
     got = _SPLITS.get(key)
     if got is None:
         t, hw = class_program(c).graph.tiling, load_hw(HW)  # the hardware read once, not per candidate
+        if sm_margin:  # FlashAttention-3's split heuristic on the SMs left: the pieces priced on fewer of them
+            hw = dataclasses.replace(hw, sms=max(1, hw.sms - sm_margin))
         best = None
         # a persistent binary has no merge CTAs: one piece per tile
         for s in [1] if c.persistent else split_counts(q, t["BM"], t["BN"]):
@@ -183,21 +185,23 @@ def _decode_best(c: ShapeClass, p: dict[str, Any]) -> tuple[float, int]:
     return got
 
 
-def decode_splits(c: ShapeClass, p: dict[str, Any]) -> int:
+def decode_splits(c: ShapeClass, p: dict[str, Any], sm_margin: int = 0) -> int:
     """Pieces of the longest query tile for decode shape ``p`` (``ptsolve.ops.decode`` parameters) on class ``c``'s
     binary: the piece count (``ptsolve.ops.decode.split_counts``) at which the class's program, re-timed on the
     shape's graph (``decode_retime``), predicts the shortest kernel; the fewer pieces on a tie. Evaluated at the
     shape's key blocks rounded up to ``_kv_bucket`` (``decode_bucketed``) and kept per (class, shape without
-    seq_kv, bucket)."""
-    return _decode_best(c, p)[1]
+    seq_kv, bucket). ``sm_margin``: SMs left free for other work, taken off the hardware table's for the call (as
+    FlashAttention-3's split heuristic takes them off the device's)."""
+    return _decode_best(c, p, sm_margin)[1]
 
 
-def decode_pick(c: ShapeClass, p: dict[str, Any]) -> tuple[ShapeClass, int]:
+def decode_pick(c: ShapeClass, p: dict[str, Any], sm_margin: int = 0) -> tuple[ShapeClass, int]:
     """The binary (one of ``decode_variants(c)``) and pieces a decode shape runs with: the shortest kernel the
-    re-timed programs predict (``decode_splits``), the class's own binary on a tie."""
+    re-timed programs predict (``decode_splits``, with ``sm_margin`` SMs left free), the class's own binary on a
+    tie."""
     best = None
     for v in decode_variants(c):
-        us, s = _decode_best(v, p)
+        us, s = _decode_best(v, p, sm_margin)
         if best is None or us < best[0] - 1e-9:
             best = (us, v, s)
     assert best is not None
@@ -205,39 +209,45 @@ def decode_pick(c: ShapeClass, p: dict[str, Any]) -> tuple[ShapeClass, int]:
 
 
 def decode(q: Any, k: Any, v: Any, out: Any, c: ShapeClass, scale: float, seqlens: Any = None,
-           softcap: float = 0.0) -> None:
+           softcap: float = 0.0, sm_margin: int = 0) -> None:
     """Launch decode class ``c``'s split-KV kernel: q [B, Sq, H, D] (Sq <= DECODE_MAX_SEQ_Q), k/v [B, Skv, Hkv, D],
     ``out`` contiguous like q (the tensors as ``attention`` takes them; the caller checks). ``seqlens`` (int32 [B] on
     the device, or None): sequence b attends to the first seqlens[b] keys of the cache (clamped to 0 .. Skv; read by
     the kernel, so one launch or CUDA graph serves a growing cache; its pieces are chosen for the whole cache,
     ``ptsolve.ops.decode.length_pieces``). The launch's scratch (partial results and counters) is shared by every
     decode launch of the class on the device: launches on one stream at a time. ``softcap`` (> 0, a softcap
-    variant's): scores become softcap · tanh(q·k · scale / softcap)."""
-    decode_launch(q, k, v, c, scale, seqlens, softcap=softcap)(prepared.current_stream(q.get_device()),
-                                                                out.data_ptr())
+    variant's): scores become softcap · tanh(q·k · scale / softcap). ``sm_margin``: ``decode_launch``'s."""
+    decode_launch(q, k, v, c, scale, seqlens, softcap=softcap, sm_margin=sm_margin)(
+        prepared.current_stream(q.get_device()), out.data_ptr())
 
 
 def decode_launch(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any = None,
-                  page_table: Any = None, softcap: float = 0.0) -> Any:
-    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale, softcap); call
-    it with the stream and the output's address. ``page_table`` (int32 [B, MAXP], with ``seqlens``): k and v are a
-    paged cache [pages, PAGE, Hkv, D], sequence b's key j in page page_table[b, j // PAGE] at row j % PAGE.
-    ``softcap``: ``decode``'s (> 0 exactly where ``c`` is a softcap variant)."""
+                  page_table: Any = None, softcap: float = 0.0, sm_margin: int = 0) -> Any:
+    """The prepared launch of ``decode`` for these inputs, kept per (addresses, shapes, strides, scale, softcap, SM
+    margin); call it with the stream and the output's address. ``page_table`` (int32 [B, MAXP], with ``seqlens``): k
+    and v are a paged cache [pages, PAGE, Hkv, D], sequence b's key j in page page_table[b, j // PAGE] at row
+    j % PAGE. ``softcap``: ``decode``'s (> 0 exactly where ``c`` is a softcap variant). ``sm_margin``: SMs left free
+    for other work (FlashAttention-3's): the pieces and the binary are chosen for the SMs left, the merge grid keeps
+    its CTAs fewer than them, and a persistent binary's grid fills them only (``runtime.Launch.leave_free``); the
+    binaries are the same."""
     key = ("fd", c, q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            scale, 0 if seqlens is None else seqlens.data_ptr(),
-           None if page_table is None else (page_table.data_ptr(), page_table.shape), softcap)
+           None if page_table is None else (page_table.data_ptr(), page_table.shape), softcap, sm_margin)
     ln = prepared.LAUNCHES.get(key)
-    return ln if ln is not None else prepared.keep(key, _decode_prepare(q, k, v, c, scale, seqlens,
-                                                                        page_table=page_table, softcap=softcap)[0])
+    return ln if ln is not None else prepared.keep(key, _decode_prepare(
+        q, k, v, c, scale, seqlens, page_table=page_table, softcap=softcap, sm_margin=sm_margin)[0])
 
 
 def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens: Any, bound: int = 0,
-                    page_table: Any = None, softcap: float = 0.0) -> tuple[Any, dict[str, Any], dict[str, int], int]:
-    """(the prepared launch, the shape's parameters, the tiling with its pieces, the loaded module's SMs) of decode
-    class ``c`` on these inputs; ``bound``: the longest cache the launch may later be re-targeted to (its indices
-    checked there too); ``page_table``: a paged cache's (``decode_launch``), whose capacity MAXP·PAGE keys is the
-    shape's seq_kv (the pieces are chosen for it); ``softcap``: ``decode``'s."""
+                    page_table: Any = None, softcap: float = 0.0, sm_margin: int = 0
+                    ) -> tuple[Any, dict[str, Any], dict[str, int], int]:
+    """(the prepared launch, the shape's parameters, the tiling with its pieces, the SMs it may fill: the loaded
+    module's less ``sm_margin``) of decode class ``c`` on these inputs; ``bound``: the longest cache the launch may
+    later be re-targeted to (its indices checked there too); ``page_table``: a paged cache's (``decode_launch``),
+    whose capacity MAXP·PAGE keys is the shape's seq_kv (the pieces are chosen for it); ``softcap``: ``decode``'s;
+    ``sm_margin``: ``decode_launch``'s."""
     from codegen.cuda import decode as cd
+    from codegen.runtime import usable_sms
 
     if bool(softcap) != c.softcap:
         raise ShapeError(f"decode class {c.key} runs softcap={softcap!r}: the class and the call must agree on the "
@@ -248,11 +258,12 @@ def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens
     skv = k.shape[1] if page_table is None else paging[0] * paging[1]
     p = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": sq, "seq_kv": skv, "head_dim": D, "causal": c.causal,
          "dtype": c.dtype} | ({"softcap": float(softcap)} if softcap else {})  # the pieces priced with the tanh
-    v_, splits = decode_pick(c, p)
+    v_, splits = decode_pick(c, p, sm_margin)
     if v_.persistent and splits != 1:  # decode_pick offers a persistent binary one piece only
         raise PtsolveError(f"{v_.key}: a persistent binary launched with {splits} pieces; it has no merge CTAs")
     ck = kernel(v_)
     mod = ck.module()
+    sms = usable_sms(mod.sms, sm_margin)  # ShapeError for a margin the device cannot leave, before any work
     t = dict(ck.ir.tiling, splits=splits)
     err = cd.index_error(dict(p, seq_kv=max(skv, bound)), t)
     if err:
@@ -260,7 +271,7 @@ def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens
     if page_table is not None and (paging[0] < 8 or max(paging[0], t["BN"]) % min(paging[0], t["BN"])):
         raise ShapeError(f"a paged cache of {paging[0]}-key pages: ptsolve's decode kernel ({t['BN']}-key blocks) "
                          "takes pages of 8 keys or more that divide its blocks or that its blocks divide (16 ... 256)")
-    sz = cd.sizes(p, t, mod.sms, paging)
+    sz = cd.sizes(p, t, sms, paging)
     maps = cd.maps(p, t, {n: tuple(x.stride()[:3]) for n, x in (("q", q), ("k", k), ("v", v))},
                    None if page_table is None else (k.shape[0], paging[0]))
     ws = {n: prepared.scratch(q.device, ck.ks.name, n, b) for n, b in cd.generic_workspace(p, sz).items()}
@@ -269,7 +280,10 @@ def _decode_prepare(q: Any, k: Any, v: Any, c: ShapeClass, scale: float, seqlens
             seqlens.data_ptr(), "page_table": 0 if page_table is None else page_table.data_ptr(), **sz}
     if softcap:  # tanh(s · scale / softcap), then the exp2 domain's scale is softcap · log2 e
         vals["softcap_pre"] = scale / softcap
-    return mod.prepare(vals, maps, cd.grid(sz), out="o"), p, t, mod.sms
+    ln = mod.prepare(vals, maps, cd.grid(sz), out="o")
+    if sm_margin:
+        ln.leave_free(sm_margin)  # a persistent binary's grid on the SMs left
+    return ln, p, t, sms
 
 
 def _bucket_blocks(blocks: int) -> tuple[int, int]:
@@ -289,15 +303,16 @@ class DecodeFamily:
     the one prepared launch: the sizes and tensor maps of a new key count (computed once per count: a model's layers
     share them), the maps of the new addresses, then launches. The caller keys families by everything else (shapes
     but the keys', dtypes, strides of q, scale, softcap: ``softcap`` as ``decode``'s); a call checks the tensors are
-    TMA-ready."""
+    TMA-ready. ``sm_margin``: ``decode_launch``'s, kept by the family (the caller's key holds it)."""
 
     __slots__ = ("ln", "p", "t", "sms", "bn", "lo", "hi", "skv", "strides", "specs", "sz")
 
-    def __init__(self, q: Any, k: Any, v: Any, c: ShapeClass, scale: float, softcap: float = 0.0):
+    def __init__(self, q: Any, k: Any, v: Any, c: ShapeClass, scale: float, softcap: float = 0.0,
+                 sm_margin: int = 0):
         self.bn = class_program(c).graph.tiling["BN"]  # decode_bucketed's blocks: the class's, not its variants'
         self.lo, self.hi = _bucket_blocks(-(-k.shape[1] // self.bn))
         self.ln, self.p, self.t, self.sms = _decode_prepare(q, k, v, c, scale, None, bound=self.hi * self.bn,
-                                                            softcap=softcap)
+                                                            softcap=softcap, sm_margin=sm_margin)
         self.skv, self.strides, self.specs, self.sz = k.shape[1], (k.stride(), v.stride()), None, {}
 
     def __call__(self, q: Any, k: Any, v: Any, stream: int, out: int) -> bool:

@@ -1,6 +1,7 @@
 """GPU tests of attention's features (issue "FlashAttention's interface"): softcap, sliding window (with and without
-causal, seq_q < seq_kv and > seq_kv), varlen's ``seqused_q`` / ``seqused_k``, the log-sum-exp of each, through
-``ptsolve.torch`` and ``ptsolve.flash_attn_interface``. FlashAttention's rule against an fp32 reference: max|out −
+causal, seq_q < seq_kv and > seq_kv), varlen's ``seqused_q`` / ``seqused_k``, the log-sum-exp of each,
+``attention_chunk`` (Llama-4's chunked local attention) and ``sm_margin``, through ``ptsolve.torch`` and
+``ptsolve.flash_attn_interface``. FlashAttention's rule against an fp32 reference: max|out −
 ref| ≤ 2·max|out_lowprec − ref| + 1e-3, out_lowprec the same PyTorch formula in the input dtype; the output's memory
 is NaN-filled before each call, so a row the kernel does not write fails."""
 from __future__ import annotations
@@ -9,11 +10,24 @@ import math
 
 import pytest
 
+from ptsolve.errors import ShapeError
+
 pytestmark = pytest.mark.gpu  # the fixtures torch and pt: tests/conftest.py
 
 
-def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1)):
-    """(out [B, Sq, H, D] in ``dtype``, lse [B, H, Sq] in fp32: +inf where a row sees no key) of q [B, Sq, H, D]."""
+def chunk_keep(torch, sq, skv, chunk, device):
+    """FlashAttention-3's attention_chunk mask, bool [sq, skv]: query i at p = i + skv - sq sees keys
+    floor(p / chunk)·chunk .. + chunk - 1 (floor division: a query with p < 0 sees none; hopper/mask.h, test_util's
+    construct_chunk_mask)."""
+    p = torch.arange(sq, device=device)[:, None] + skv - sq
+    j = torch.arange(skv, device=device)[None, :]
+    lo = torch.div(p, chunk, rounding_mode="floor") * chunk
+    return (j >= lo) & (j < lo + chunk)
+
+
+def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1), chunk=0):
+    """(out [B, Sq, H, D] in ``dtype``, lse [B, H, Sq] in fp32: +inf where a row sees no key) of q [B, Sq, H, D];
+    ``chunk`` > 0: FlashAttention-3's attention_chunk too."""
     q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -21,16 +35,19 @@ def ref(torch, q, k, v, causal, scale, dtype, softcap=0.0, window=(-1, -1)):
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     from codegen.harness.attention import keep_mask
-    s = s.float().masked_fill(~keep_mask(q.shape[2], k.shape[2], causal, window, q.device), float("-inf"))
+    keep = keep_mask(q.shape[2], k.shape[2], causal, window, q.device)
+    if chunk:
+        keep &= chunk_keep(torch, q.shape[2], k.shape[2], chunk, q.device)
+    s = s.float().masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, -1)
     lse = torch.where(torch.isneginf(lse), math.inf, lse)  # a row that sees no key: +inf, FlashAttention's
     p = torch.softmax(s, -1).nan_to_num(0.0).to(dtype)
     return (p @ v).transpose(1, 2), lse
 
 
-def check(torch, out, q, k, v, causal, scale, softcap=0.0, window=(-1, -1), lse=None):
-    r, rl = ref(torch, q, k, v, causal, scale, torch.float32, softcap, window)
-    low = ref(torch, q, k, v, causal, scale, q.dtype, softcap, window)[0].float()
+def check(torch, out, q, k, v, causal, scale, softcap=0.0, window=(-1, -1), lse=None, chunk=0):
+    r, rl = ref(torch, q, k, v, causal, scale, torch.float32, softcap, window, chunk)
+    low = ref(torch, q, k, v, causal, scale, q.dtype, softcap, window, chunk)[0].float()
     err, lerr = (out.float() - r).abs().max().item(), (low - r).abs().max().item()
     assert not math.isnan(err), "NaN in the output (a row not written?)"
     assert err <= 2 * lerr + 1e-3, f"max err {err:.3g} > 2 * {lerr:.3g} + 1e-3"
@@ -307,3 +324,166 @@ def test_transformers_gemma2_softcap_and_sliding_window(torch, pt):
         ref, eager, ours = run(m32, "eager"), run(m16, "eager"), run(m16, name)
     e_ours, e_eager = (ours - ref).abs().max().item(), (eager - ref).abs().max().item()
     assert e_ours <= 2 * e_eager + 1e-2, (e_ours, e_eager)
+
+
+CHUNK_CASES = [  # B, Sq, Skv, H, Hkv, D, causal, dt, softcap, window, chunk
+    (2, 3000, 3000, 8, 2, 128, True, "bf16", 0.0, (-1, -1), 1024),    # Llama-4's local layers, a ragged last chunk
+    (1, 1000, 2500, 8, 1, 128, True, "fp16", 0.0, (-1, -1), 512),     # seq_q < seq_kv: aligned bottom-right, MQA
+    (1, 1000, 2500, 4, 2, 64, False, "bf16", 0.0, (-1, -1), 768),     # not causal: a query sees all of its chunk
+    (1, 700, 300, 4, 2, 64, False, "bf16", 0.0, (-1, -1), 128),       # seq_q > seq_kv: rows that see no key
+    (2, 1500, 1500, 8, 4, 256, True, "bf16", 30.0, (300, 0), 512),    # causal window + softcap inside chunks
+    (1, 2048, 2048, 4, 4, 96, False, "fp16", 0.0, (100, 100), 256),   # a two-sided window
+    (1, 4096, 4096, 4, 1, 192, True, "fp16", 0.0, (-1, -1), 8192),    # one chunk: the plain kernel
+    (2, 8, 5000, 8, 2, 128, True, "bf16", 0.0, (-1, -1), 4096),       # a short query in one chunk: split-KV decode
+    (1, 1, 8193, 8, 2, 64, True, "fp16", 0.0, (-1, -1), 8192),        # a decode step on a chunk's first key
+]
+
+
+@pytest.mark.parametrize("B,Sq,Skv,H,Hkv,D,causal,dt,softcap,window,chunk", CHUNK_CASES)
+def test_attention_chunk(torch, pt, B, Sq, Skv, H, Hkv, D, causal, dt, softcap, window, chunk):
+    """flash_attention / flash_attn_func with attention_chunk against FA3's rule (chunk mask and causal / window),
+    within FlashAttention's tolerance; the LSE too; the FA3 interface's output the same computation's."""
+    from ptsolve.flash_attn_interface import flash_attn_func
+    q, k, v = _inputs(torch, B, Sq, Skv, H, Hkv, D, dt, B * 7 + Sq + Skv + chunk)
+    out, lse = pt.flash_attention(q, k, v, causal=causal, return_lse=True, softcap=softcap, window_size=window,
+                                  attention_chunk=chunk)
+    check(torch, out, q, k, v, causal, D ** -0.5, softcap, window, lse, chunk)
+    o2 = flash_attn_func(q, k, v, causal=causal, softcap=softcap, window_size=window, attention_chunk=chunk)
+    check(torch, o2, q, k, v, causal, D ** -0.5, softcap, window, chunk=chunk)
+
+
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (200, 0))])
+def test_attention_chunk_varlen(torch, pt, causal, window):
+    """Packed sequences, each chunked at its own (seqused) lengths: seq_q < seq_kv, > seq_kv, one sequence shorter
+    than a chunk and one empty; the LSE [H, total_q]."""
+    from ptsolve.flash_attn_interface import flash_attn_varlen_func
+    dtype, H, Hkv, D, C = torch.bfloat16, 8, 2, 128, 512
+    lq, lk = [1500, 40, 2000, 300, 0], [3000, 40, 1100, 2100, 64]
+    uq, uk = [1400, 40, 2000, 299, 0], [3000, 33, 1100, 2100, 60]
+    cq, ck = ([0, *torch.tensor(x).cumsum(0).tolist()] for x in (lq, lk))
+    g = torch.Generator(device="cuda").manual_seed(81)
+    q = torch.randn(sum(lq), H, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(sum(lk), Hkv, D, device="cuda", dtype=dtype, generator=g)
+    it = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    out, lse = flash_attn_varlen_func(q, k, v, it(cq), it(ck), max(lq), max(lk), seqused_q=it(uq), seqused_k=it(uk),
+                                      causal=causal, window_size=window, attention_chunk=C, return_attn_probs=True)
+    for b in range(len(lq)):
+        if uq[b] == 0:
+            continue
+        qs, ks = slice(cq[b], cq[b] + uq[b]), slice(ck[b], ck[b] + uk[b])
+        check(torch, out[qs][None], q[qs][None], k[ks][None], v[ks][None], causal, D ** -0.5, window=window,
+              lse=lse[:, qs][None], chunk=C)
+
+
+def test_attention_chunk_kvcache(torch, pt):
+    """flash_attn_with_kvcache with attention_chunk: decode steps at lengths around a chunk's edges (the contiguous
+    cache seen as pages where a page size divides it and the chunk, else the varlen kernel), then a
+    chunked prefill of varlen queries appending new keys, with cache_batch_idx and cache_leftpad (the chunks counted
+    from the leftpad, FA3's). The varlen kernel over the cache."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, NB, S, H, Hkv, D, C = 4, 5, 4096, 8, 2, 128, 1024
+    q, kc, vc = _inputs(torch, NB, 1, S, H, Hkv, D, "bf16", 91)
+    q = q[:B]
+    it = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    lens = [4096, 1024, 1025, 1]
+    for c in (C, 1000):  # a chunk 256-key pages divide: split-KV over its pages (_as_pages); 1000: the varlen kernel
+        out = flash_attn_with_kvcache(q, kc[:B], vc[:B], cache_seqlens=it(lens), causal=True, attention_chunk=c)
+        for b, n in enumerate(lens):
+            check(torch, out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], True, D ** -0.5, chunk=c)
+    ql, kl, lens, pad, idx = [700, 1, 1500], [700, 1, 3], [1000, 2047, 300], [0, 30, 100], [4, 0, 2]
+    cu = [it([0, *torch.tensor(x).cumsum(0).tolist()]) for x in (ql, kl)]
+    qv = _inputs(torch, 1, sum(ql), 1, H, Hkv, D, "bf16", 92)[0][0]
+    kn, vn = (x[0] * 0.5 for x in _inputs(torch, 1, 1, sum(kl), H, Hkv, D, "bf16", 93)[1:])
+    out, lse = flash_attn_with_kvcache(qv, kc, vc, k=kn, v=vn, cache_seqlens=it(lens), cache_batch_idx=it(idx),
+                                       cache_leftpad=it(pad), cu_seqlens_q=cu[0], max_seqlen_q=max(ql),
+                                       cu_seqlens_k_new=cu[1], causal=True, attention_chunk=C,
+                                       return_softmax_lse=True)
+    for b in range(3):
+        c, n, qs = idx[b], lens[b] + kl[b], slice(int(cu[0][b]), int(cu[0][b + 1]))
+        check(torch, out[None, qs], qv[None, qs], kc[c:c + 1, pad[b]:n], vc[c:c + 1, pad[b]:n], True, D ** -0.5,
+              lse=lse[None, :, qs], chunk=C)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_attention_chunk_paged_decode(torch, pt, page):
+    """vLLM's paged cache with attention_chunk: a decode step runs the split-KV decode kernel on the page table
+    shifted to its chunk's first page (no key copied), lengths on a chunk's edge, past it and inside the first
+    chunk; two query positions are refused (they may straddle a chunk's edge)."""
+    from ptsolve.flash_attn_interface import flash_attn_with_kvcache
+    B, H, Hkv, D, C, S = 4, 8, 2, 128, 1024, 4096
+    q, kd, vd = _inputs(torch, B, 1, S, H, Hkv, D, "bf16", 121)
+    kc, vc, table = paged(torch, kd, vd, page, 122)
+    lens = torch.tensor([4096, 1024, 1025, 7], dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, page_table=table, causal=True, attention_chunk=C)
+    for b, n in enumerate(lens.tolist()):
+        check(torch, out[b:b + 1], q[b:b + 1], kd[b:b + 1, :n], vd[b:b + 1, :n], True, D ** -0.5, chunk=C)
+    with pytest.raises(NotImplementedError, match="2 query positions"):
+        flash_attn_with_kvcache(torch.cat([q, q], 1), kc, vc, cache_seqlens=lens, page_table=table, causal=True,
+                                attention_chunk=C)
+
+
+def test_attention_chunk_under_torch_compile(torch, pt):
+    q, k, v = _inputs(torch, 1, 1000, 1000, 4, 2, 64, "bf16", 95)
+
+    def f(q, k, v):
+        return pt.flash_attention(q, k, v, causal=True, attention_chunk=256)
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(got, f(q, k, v))
+
+
+def _launch_of(ln):
+    return getattr(ln, "ln", ln)  # a Provisional (exact-shape schedule pending) wraps the class kernel's launch
+
+
+@pytest.mark.parametrize("margin", [16, 100])
+def test_sm_margin_prefill(torch, pt, monkeypatch, margin):
+    """sm_margin: the same output, bit for bit (each tile is computed alike whatever the grid); a persistent kernel's
+    grid at most the SMs left (a kernel of one CTA per tile keeps its grid); the launches of calls without a margin
+    are not disturbed (their kept launch is the same object before and after)."""
+    from ptsolve import serve
+    monkeypatch.setenv("PTSOLVE_EXACT", "off")  # the class kernel both ways
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = _inputs(torch, 4, 4096, 4096, 16, 8, 128, "bf16", 101)
+    full = pt.flash_attention(q, k, v, causal=True)
+    kept = pt._FAST.get(pt._fast_key(q, k, v, True, None))
+    less = pt.flash_attention(q, k, v, causal=True, sm_margin=margin)
+    assert torch.equal(less, full)
+    assert torch.equal(pt.flash_attention(q, k, v, causal=True), full)
+    assert pt._FAST.get(pt._fast_key(q, k, v, True, None)) is kept
+    c, scale = pt.attention_class(q, k, True), 128 ** -0.5
+    ln0 = _launch_of(serve.attention_launch(q, k, v, c, scale))
+    ln = _launch_of(serve.attention_launch(q, k, v, c, scale, sm_margin=margin))
+    assert ln is not ln0 and (ln0.margin, ln.margin) == (0, margin)
+    if ln0.cap is not None:  # persistent: one CTA per SM left at most, fewer than without the margin
+        assert ln.grid[0] <= max(sms - margin, ln.cap[1]) < ln0.grid[0] <= sms
+    else:
+        assert ln.grid == ln0.grid
+    o, lse = pt.flash_attention(q, k, v, causal=True, return_lse=True, sm_margin=margin)
+    assert torch.equal(o, full) or check(torch, o, q, k, v, True, scale) is None
+    cu = torch.arange(5, dtype=torch.int32, device="cuda") * 4096
+    flat = [x.flatten(0, 1) for x in (q, k, v)]
+    o2 = pt.flash_attention_varlen(*flat, cu, cu, 4096, 4096, causal=True, sm_margin=margin)
+    assert torch.equal(o2, pt.flash_attention_varlen(*flat, cu, cu, 4096, 4096, causal=True))
+    with pytest.raises(ShapeError, match=f"sm_margin={sms}"):
+        pt.flash_attention(q, k, v, causal=True, sm_margin=sms)
+
+
+@pytest.mark.parametrize("margin", [8, 120])
+def test_sm_margin_decode(torch, pt, margin):
+    """A split-KV decode step with a margin: its pieces and merge grid chosen for the SMs left (the numbers may
+    differ by the merge order: FlashAttention's tolerance), a persistent binary's grid capped; the kv-cache call and
+    a decode family (a growing cache) too."""
+    from ptsolve import serve
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = _inputs(torch, 1, 1, 32768, 32, 8, 128, "fp16", 111)
+    for n in (32768, 32767):
+        out = pt.flash_attention(q, k[:, :n], v[:, :n], sm_margin=margin)
+        check(torch, out, q, k[:, :n], v[:, :n], False, 128 ** -0.5)
+    c = pt._decode_class(q, k, False)
+    ln = _launch_of(serve.decode_launch(q, k, v, c, 128 ** -0.5, sm_margin=margin))
+    assert ln.margin == margin and (ln.cap is None or ln.grid[0] <= sms - margin)
+    lens = torch.tensor([20000], dtype=torch.int32, device="cuda")
+    out = pt.flash_attention_kvcache(q, k, v, lens, sm_margin=margin)
+    check(torch, out, q, k[:, :20000], v[:, :20000], False, 128 ** -0.5)

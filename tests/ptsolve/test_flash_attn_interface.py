@@ -42,11 +42,12 @@ REFUSED = {"qv": "T", "q_descale": "T", "k_descale": "T", "v_descale": "T", "win
            "cache_leftpad": "T", "page_table": "T", "cu_seqlens_q": "T", "cu_seqlens_k_new": "T", "max_seqlen_q": 7,
            "rotary_seqlens": "T", "return_softmax_lse": True}
 # the ones ptsolve runs in some of the functions (the others still refuse them)
-RUNS = {"flash_attn_func": {"window_size", "softcap"},
-        "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k"},
+RUNS = {"flash_attn_func": {"window_size", "softcap", "attention_chunk", "sm_margin"},
+        "flash_attn_varlen_func": {"window_size", "softcap", "seqused_q", "seqused_k", "attention_chunk", "sm_margin"},
         "flash_attn_with_kvcache": {"window_size", "softcap", "k", "v", "rotary_cos", "rotary_sin", "cache_batch_idx",
                                     "cache_leftpad", "rotary_seqlens", "return_softmax_lse", "cu_seqlens_q",
-                                    "cu_seqlens_k_new", "max_seqlen_q", "page_table"}}
+                                    "cu_seqlens_k_new", "max_seqlen_q", "page_table", "attention_chunk",
+                                    "sm_margin"}}
 KNOBS = {"num_splits": 3, "pack_gqa": True, "deterministic": True, "rotary_interleaved": False,
          "scheduler_metadata": "M"}
 
@@ -82,11 +83,13 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
     """Defaults (and the idle values spelt out, a list window included) and the knobs reach ptsolve.torch's call."""
     seen = {}
     fake = types.SimpleNamespace(
-        flash_attention=lambda q, k, v, causal, softmax_scale, return_lse, softcap, window_size: seen.update(
-            f="dense", causal=causal, lse=return_lse, softcap=softcap, window=window_size),
+        flash_attention=lambda q, k, v, causal, softmax_scale, return_lse, softcap, window_size, attention_chunk,
+        sm_margin: seen.update(f="dense", causal=causal, lse=return_lse, softcap=softcap, window=window_size,
+                               chunk=attention_chunk, margin=sm_margin),
         flash_attention_varlen=lambda *a, causal, softmax_scale, return_lse, seqused_q, seqused_k, softcap,
-        window_size: seen.update(f="varlen", n=len(a), lse=return_lse, softcap=softcap, window=window_size,
-                                 used=(seqused_q, seqused_k)),
+        window_size, attention_chunk, sm_margin: seen.update(f="varlen", n=len(a), lse=return_lse, softcap=softcap,
+                                                             window=window_size, used=(seqused_q, seqused_k),
+                                                             chunk=attention_chunk, margin=sm_margin),
         flash_attention_kvcache=lambda q, kc, vc, lens, causal, softmax_scale, **kw: seen.update(f="kvcache", lens=lens,
                                                                                                  kw=kw))
     monkeypatch.setitem(sys.modules, "ptsolve.torch", fake)
@@ -101,13 +104,15 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
     if fn == "flash_attn_with_kvcache":
         assert seen["lens"] == 4096  # no cache_seqlens: the whole cache
         assert seen["kw"]["window_size"] == (-1, -1) and seen["kw"]["return_lse"] is False
+        assert seen["kw"]["attention_chunk"] == 0 and seen["kw"]["sm_margin"] == 0
         getattr(fai, fn)(*args, k="K", v="V", rotary_cos="C", rotary_sin="S", cache_batch_idx="I", cache_leftpad="P",
                          softcap=5.0, window_size=[3, 0], return_softmax_lse=True, rotary_interleaved=False,
-                         cu_seqlens_q="CQ", max_seqlen_q=9, cu_seqlens_k_new="CK")
+                         cu_seqlens_q="CQ", max_seqlen_q=9, cu_seqlens_k_new="CK", attention_chunk=64, sm_margin=4)
         assert seen["kw"] == {"softcap": 5.0, "window_size": (3, 0), "return_lse": True, "cache_batch_idx": "I",
                               "cache_leftpad": "P", "k": "K", "v": "V", "rotary_cos": "C", "rotary_sin": "S",
                               "rotary_interleaved": False, "rotary_seqlens": None, "cu_seqlens_q": "CQ",
-                              "max_seqlen_q": 9, "cu_seqlens_k_new": "CK", "page_table": None}
+                              "max_seqlen_q": 9, "cu_seqlens_k_new": "CK", "page_table": None,
+                              "attention_chunk": 64, "sm_margin": 4}
     else:  # FA3 returns (out, softmax_lse) only where return_attn_probs asks
         assert seen["lse"] is False
         getattr(fai, fn)(*args, causal=True, return_attn_probs=True)
@@ -117,9 +122,21 @@ def test_fa3s_idle_values_and_tuning_knobs_pass_to_ptsolve_torch(fn, monkeypatch
                          **({"seqused_q": "uq", "seqused_k": "uk"} if fn == "flash_attn_varlen_func" else {}))
         assert seen["softcap"] == 30.0 and seen["window"] == (128, 0)
         assert seen.get("used", ("uq", "uk")) == ("uq", "uk")
+        assert (seen["chunk"], seen["margin"]) == (0, 0)
+        getattr(fai, fn)(*args, causal=True, attention_chunk=8192, sm_margin=16)  # Llama-4's chunk, 16 SMs left free
+        assert (seen["chunk"], seen["margin"]) == (8192, 16)
 
 
 def test_inputs_that_require_grad_are_refused():
     t = types.SimpleNamespace(shape=(1, 2, 3, 64), requires_grad=True)
     with pytest.raises(NotImplementedError, match="q requires grad.*forward only"):
         fai.flash_attn_func(t, t, t)
+
+
+@pytest.mark.parametrize("fn", sorted(FA3))
+def test_qvs_refusal_says_why(fn):
+    """FA3's qv is MLA's absorbed query (head_dim 64, head_dim_v 512): the refusal names it and the sizes."""
+    args = [_Tensor() for _ in range(POSITIONAL[fn])]
+    with pytest.raises(NotImplementedError, match=rf"{fn}: qv=.*MLA's absorbed query \(head_dim 64 with a head_dim_v "
+                                                  r"of 512\), sizes ptsolve's kernels do not build"):
+        getattr(fai, fn)(*args, qv=_Tensor())
