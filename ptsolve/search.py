@@ -170,10 +170,8 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     operator's declared issue order, solved by cpsat-orders, then greedy's) takes its place, ranked by its own
     objective, and the tilings pruned against the refused one are searched again. The refused tiling's bound still
     counts, so OPTIMAL means optimal over compile-clean schedules; an answer whose better-predicted rivals the compiler
-    refused is FEASIBLE (or TIME_LIMIT) with the gap. A tiling that fits except for the model's register estimate is
-    searched too when it could beat the tilings that fit, and admitted only by the compiler's yes; one past its budget
-    by more than the operator's measured overcount (Hardware.reg_overcount: ptxas cannot fit it whatever the
-    schedule) is out before any solve. With a wall-clock
+    refused is FEASIBLE (or TIME_LIMIT) with the gap. A tiling past the register estimate by at most the operator's
+    measured overcount (Hardware.reg_overcount) is searched when it could win, admitted only by the compiler's yes. With a wall-clock
     limit the solves stop at VERIFY_SHARE of it, keeping the rest for compile checks, which the limit never cuts
     short: the answer is always one the compiler was asked about (the checks of refused schedules' successors may
     run past the limit). A verdict about the operator itself (scope "operator": no generator builds these parameters)
