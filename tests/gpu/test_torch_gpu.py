@@ -105,7 +105,9 @@ def test_varlen(torch, pt, causal, dt, D, H, Hkv):
 
 
 @pytest.mark.parametrize("M,N,K,dt", [(1000, 1024, 520, "fp16"), (1, 4096, 4096, "bf16"), (4097, 72, 8, "bf16"),
-                                      (3000, 6144, 4096, "fp16")])
+                                      (3000, 6144, 4096, "fp16"),
+                                      # N off the 16-byte pitch: the register-store classes (gemm/<dtype>/regs)
+                                      (4095, 4097, 1024, "fp16"), (33, 77, 64, "bf16"), (1, 4100, 4096, "fp16")])
 def test_gemm(torch, pt, M, N, K, dt):
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
     a = torch.randn(M, K, device="cuda", dtype=dtype)
