@@ -171,10 +171,10 @@ def search(op: Operator | STaskGraph, hw: Hardware | str, solver: str = "cpsat",
     objective, and the tilings pruned against the refused one are searched again. The refused tiling's bound still
     counts, so OPTIMAL means optimal over compile-clean schedules; an answer whose better-predicted rivals the compiler
     refused is FEASIBLE (or TIME_LIMIT) with the gap. A tiling past the register estimate by at most the operator's
-    measured overcount (Hardware.reg_overcount) is searched when it could win, admitted only by the compiler's yes. With a wall-clock
-    limit the solves stop at VERIFY_SHARE of it, keeping the rest for compile checks, which the limit never cuts
-    short: the answer is always one the compiler was asked about (the checks of refused schedules' successors may
-    run past the limit). A verdict about the operator itself (scope "operator": no generator builds these parameters)
+    measured overcount (Hardware.reg_overcount) is searched when it could win, admitted only by the compiler's yes.
+    With a wall-clock limit the solves stop at VERIFY_SHARE of it, keeping the rest for compile checks, which the
+    limit never cuts short: the answer is always one the compiler was asked about (refused schedules' successors'
+    checks may run past it). A verdict about the operator itself (scope "operator": no generator builds these)
     stops the checks: the model's answer comes back with that verdict. ``spare``: the caller's work (_Search._check).
 
     ``deterministic``: a reproducible search, the same Result program, status and bound on any machine load and with
