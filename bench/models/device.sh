@@ -8,8 +8,9 @@
 # (.whl_mamba: `bash baselines/build_mamba_wheel.sh`).
 # Environment: PACK (default .cubin_dev_pack), TEST_S (each test step's timeout, default 240), ROUNDS (Llama decode
 # segments, default 5), ROWS (Llama rows, default all), SSD_ROWS (the SSD rows, default all), M2_ROWS / M2_LAYERS
-# (the Mamba2 model rows, default all; layers kept, default 8), SKIP (words among tests, ssd, paged, host, profile,
-# llama, mamba2), COMMIT.
+# (the Mamba2 model rows, default all; layers kept, default 8), M2_FLAGS (more flags of its command, default
+# --torch-step: the decode rows also time the PyTorch recurrent step; M2_FLAGS= for none), SKIP (words among tests,
+# ssd, paged, host, profile, llama, mamba2), COMMIT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PTSOLVE_EXACT=off
 OUT=${OUT:-/tmp/models_out}
@@ -32,7 +33,8 @@ if ! skip tests; then
 fi
 if ! skip ssd; then  # Mamba2's SSD forward and model: their GPU tests, then the SSD rows next to mamba_ssm
   timeout "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/gpu/test_ssd_gpu.py \
-    tests/gpu/test_state_passing_gpu.py tests/gpu/test_mamba2_model_gpu.py > "$OUT/ssd_tests.log" 2>&1
+    tests/gpu/test_state_passing_gpu.py tests/gpu/test_ssm_step_gpu.py tests/gpu/test_mamba2_model_gpu.py \
+    > "$OUT/ssd_tests.log" 2>&1
   echo "ssd tests: exit $? $(tail -1 "$OUT/ssd_tests.log")" >> "$S"
   grep -E "^(FAILED|ERROR)" "$OUT/ssd_tests.log" | head -20 >> "$S"
   timeout 300 python3 -m bench models ssd --commit "${COMMIT:-}" ${SSD_ROWS:+--rows "$SSD_ROWS"} \
@@ -55,7 +57,7 @@ if ! skip llama; then
 fi
 if ! skip mamba2; then
   timeout 300 python3 -m bench models mamba2 --layers "${M2_LAYERS:-8}" --commit "${COMMIT:-}" \
-    ${M2_ROWS:+--rows "$M2_ROWS"} --out "$OUT/mamba2_h200.json" > "$OUT/mamba2.log" 2>&1
+    ${M2_ROWS:+--rows "$M2_ROWS"} ${M2_FLAGS---torch-step} --out "$OUT/mamba2_h200.json" > "$OUT/mamba2.log" 2>&1
   echo "mamba2: exit $?" >> "$S"
 fi
 cat "$S"
