@@ -193,8 +193,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` (b, r, k) in the layout the kernel's bulk copies read — rows of k contiguous, r·k apart, the batch stride
     a multiple of 8 elements (16 bytes), the address 16-byte aligned — copied only where it is not (the model's x, B
     and C are views of one conv output whose rows are, and are read where they are)."""
-    if (t.stride(2) == 1 and (t.shape[1] == 1 or t.stride(1) == t.shape[2])
-            and (t.shape[0] == 1 or t.stride(0) % 8 == 0) and t.data_ptr() % 16 == 0):
+    s0, s1, s2 = t.stride()
+    b, r, k = t.shape
+    if s2 == 1 and (r == 1 or s1 == k) and (b == 1 or s0 % 8 == 0) and t.data_ptr() % 16 == 0:
         return t
     return t.clone(memory_format=torch.contiguous_format)
 

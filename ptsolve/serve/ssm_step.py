@@ -19,6 +19,7 @@ SSM_STEP = "mamba2_ssm_step"
 STEP_HEAD_DIMS, STEP_D_STATES = (64,), (64, 128)
 _PTRS = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias", "y")
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+_FLAGS: dict[tuple[Any, ...], int] = {}  # (class, the parameters' dtypes, D's rank, softplus) -> FLAGS
 
 
 def ssm_step_class(dtype: str, head_dim: int, d_state: int) -> ShapeClass:
@@ -91,7 +92,12 @@ def ssm_step(state: Any, x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any, z: Any
     address 16-byte aligned (dt, A, dt_bias and a (h,) D need not be). Returns y."""
     strides = (x.stride(0), 0 if z is None else z.stride(0), dt.stride(0), B.stride(0), C.stride(0))
     lo, hi = float(dt_limit[0]), float(dt_limit[1])
-    flags = ssm_step_flags(c, dt, A, D, dt_bias, dt_softplus)
+    # the flags follow from the dtypes (and D's rank): worked out once per combination, a dict lookup per token after
+    fk = (c, dt.dtype, A.dtype, None if dt_bias is None else dt_bias.dtype,
+          None if D is None else (D.dtype, D.dim()), bool(dt_softplus))
+    flags = _FLAGS.get(fk)
+    if flags is None:
+        flags = _FLAGS[fk] = ssm_step_flags(c, dt, A, D, dt_bias, dt_softplus)
     key = ("ssm_step", c, state.shape, B.shape[1], state.dtype, strides, flags, lo, hi)
     ln = prepared.LAUNCHES.get(key)
     if ln is None:
