@@ -1,5 +1,6 @@
 """Hugging Face transformers' ``Mamba2ForCausalLM`` with its mixers' SSD on ptsolve: prefill through
-``ptsolve.ssd.mamba_chunk_scan_combined`` (the chunked scan on ptsolve's kernels), decode through a recurrent step.
+``ptsolve.ssd.mamba_chunk_scan_combined`` (the chunked scan on ptsolve's kernels), decode through a recurrent step
+(``recurrent_step``: ptsolve's decode-step kernel, one launch a layer and token).
 
 ```python
 import torch
@@ -28,12 +29,13 @@ the norm's, so the SSD runs with z=None as transformers calls it) and ``out_proj
   or decoded; transformers' and mamba_ssm's decode steps skip that clamp (the same unless the config sets a
   ``time_step_limit`` other than the default (0, inf)).
 
-``PTSOLVE`` is ptsolve's backend (``ptsolve.ssd.mamba_chunk_scan_combined`` and ``recurrent_step``, PyTorch ops
-batched over heads and groups); ``baselines.mamba2_model`` builds mamba_ssm's from the same glue. Written against
-transformers 5.17's Mamba2 (the mixer's ``forward(hidden_states, cache_params, attention_mask)`` and the cache's
-``has_previous_state`` / ``update_conv_state`` / ``update_recurrent_state`` / ``layers[i].conv_states`` /
-``recurrent_states``); ``patch`` checks for them and raises ``ConfigError`` naming what is missing. Inference only
-(no autograd through the kernels): run the model under ``torch.no_grad()``.
+``PTSOLVE`` is ptsolve's backend (``ptsolve.ssd.mamba_chunk_scan_combined`` and ``recurrent_step``: on CUDA the
+``mamba2_ssm_step`` kernel, elsewhere ``step_torch``, PyTorch ops batched over heads and groups);
+``baselines.mamba2_model`` builds mamba_ssm's from the same glue. Written against transformers 5.17's Mamba2 (the
+mixer's ``forward(hidden_states, cache_params, attention_mask)`` and the cache's ``has_previous_state`` /
+``update_conv_state`` / ``update_recurrent_state`` / ``layers[i].conv_states`` / ``recurrent_states``); ``patch`` checks
+for them and raises ``ConfigError`` naming what is missing. Inference only (no autograd through the kernels): run the
+model under ``torch.no_grad()``.
 """
 from __future__ import annotations
 

@@ -5,15 +5,17 @@ code generator (``codegen``: lowering, emitters, nvcc, the launch primitive). Th
 ``codegen``, and ``codegen`` never imports this package; ``tests/layering.toml`` and ``tests/test_layering.py``
 hold that.
 
-A *shape class* (``classes.ShapeClass``) is what changes the schedule or the binary: the operator, the dtype and,
-for attention, head_dim, causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``)
-head_dim, causal and the consumer warpgroups its packed query tile needs (each with a softcap variant, its plain
-class's schedule with the tanh: ``OpClasses.derived``); for Mamba2's chunk kernels head_dim,
-d_state and chunk. The sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's batch, seq,
-heads and ngroups) are kernel arguments (``lower(..., generic=True)``). The rooms:
+A *shape class* (``classes.ShapeClass``) is what changes the schedule or the binary: the operator, the dtype and, for
+attention, head_dim, causal and the GQA ratio's bucket; for split-KV decode (seq_q <= ``DECODE_MAX_SEQ_Q``) head_dim,
+causal and the consumer warpgroups its packed query tile needs (each with a softcap variant, its plain class's schedule
+with the tanh: ``OpClasses.derived``); for Mamba2's chunk kernels head_dim, d_state and chunk; for its decode step
+(``ssm_step``) head_dim and d_state. The sizes that do not (batch, sequence lengths, heads; GEMM's M, N, K; Mamba2's
+batch, seq, heads and ngroups, the decode step's state dtype) are kernel arguments (``lower(..., generic=True)``). The
+rooms:
 
 - ``classes``: ``ShapeClass`` and the table of operators that have classes (``register``, one line per operator);
-- ``gemm``, ``attention``, ``decode``, ``mamba2``: each operator's classes and launchers, in its own module;
+- ``gemm``, ``attention``, ``decode``, ``mamba2``, ``ssm_step``: each operator's classes and launchers, in its own
+  module;
 - ``table``: the schedule table (``schedule_table.json``, ``python3 -m ptsolve.serve table``), or a class solved
   on first use where OR-Tools is installed;
 - ``kernels``: each class's generic kernel, emitted once per process and compiled once (the cubin cached on disk);
