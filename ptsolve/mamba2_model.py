@@ -216,16 +216,19 @@ def step_kernel(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
                 dt_limit: tuple[float, float] = (0.0, math.inf)) -> torch.Tensor | None:
     """``recurrent_step`` (checked inputs) as one launch of ptsolve's decode-step kernel (``serve.ssm_step``, on the
-    current stream, no host sync), or None where the kernel does not take these inputs: x not fp16/bf16,
-    (head_dim, d_state) outside its classes, the state neither float32 nor x's dtype or not contiguous and 16-byte
-    aligned, B, C or z not in x's dtype. What it takes in another layout is copied first: x, z, B, C whose rows are
-    not contiguous (``_rows``), dt whose heads are not, a (h, p) D not float32, dt, A, dt_bias or D in a third dtype
-    (float32). y (b, h, p) is the one tensor a step allocates."""
+    current stream, no host sync), or None where the kernel does not take these inputs: x not fp16/bf16, (head_dim,
+    d_state) outside its classes, the state neither float32 nor x's dtype or not contiguous and 16-byte aligned, B, C or
+    z not in x's dtype, a tensor on another device. What it takes in another layout is copied first: x, z, B, C whose
+    rows are not contiguous (``_rows``), dt whose heads are not, a (h, p) D not float32, dt, A, dt_bias or D in a third
+    dtype (float32). y (b, h, p) is the one tensor a step allocates."""
     b, h, p, n = state.shape
     c = _step_class(x.dtype, p, n)
     if (c is None or state.dtype not in (torch.float32, x.dtype) or not state.is_contiguous()
             or state.data_ptr() % 16 or B.dtype != x.dtype or C.dtype != x.dtype
             or (z is not None and z.dtype != x.dtype)):
+        return None
+    dev = state.device  # a tensor elsewhere would be read through a foreign pointer: PyTorch says which one
+    if any(t is not None and t.device != dev for t in (x, dt, A, B, C, D, z, dt_bias)):
         return None
     from . import serve
 

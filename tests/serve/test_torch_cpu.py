@@ -769,8 +769,8 @@ def test_ssm_step_launch_takes_its_pointers(fake_gpu):
 def test_ssm_step_flags_copies_and_what_it_leaves_to_pytorch(fake_gpu):
     """z, a (heads, head_dim) D (a float32 copy of a bf16 one, its rows copied with x's), float32 parameters, a half
     state (SH) and a dt clamp are launch arguments; x's rows not contiguous are copied; what the kernel does not
-    take (a float32 x, d_state 96, a non-contiguous or float64 state, B in another dtype) returns None: the caller
-    runs ``step_torch``."""
+    take (a float32 x, d_state 96, a non-contiguous or float64 state, B in another dtype, A on another device) returns
+    None: the caller runs ``step_torch``."""
     import ptsolve.mamba2_model as pm
     from codegen.cuda import ssm_step as k
     from ptsolve import serve
@@ -797,7 +797,7 @@ def test_ssm_step_flags_copies_and_what_it_leaves_to_pytorch(fake_gpu):
     for bad in ({"x": a["x"].float()}, {"state": torch.zeros(b, h, 64, 96), "B": torch.zeros(b, g, 96).half(),
                                         "C": torch.zeros(b, g, 96).half()},
                 {"state": torch.zeros(b, h, n, 64).transpose(2, 3)}, {"state": a["state"].double()},
-                {"B": a["B"].float()}):
+                {"B": a["B"].float()}, {"A": a["A"].to("meta")}):
         assert pm.step_kernel(**(a | bad)) is None
     assert len(fake_gpu["prepares"]) == prepared
 
