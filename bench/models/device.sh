@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the models study (issue 37) and the torch face it rests on: unpack the cubins, run the GPU tests
 # of ptsolve.torch (the decode and attention families, the kv-cache features, softcap decode), Mamba2's (the SSD
-# forward, state passing, the Mamba2 model) and the rows: the SSD next to mamba_ssm, paged against unpaged decode, the
+# forward, state passing, the decode step, the Mamba2 model) and the rows: the SSD and the decode step next to
+# mamba_ssm, paged against unpaged decode, the
 # host-time tools (decode_host, prefill_host), the prefill profile, the Llama rows and the Mamba2 model rows, writing
 # everything under $OUT and printing a short table last. Make the pack on the CPU machine (`bash
 # bench/models/pack.sh`) and carry it with mamba_ssm's wheel: run(..., carry=[".cubin_dev_pack", ".whl_mamba"])
@@ -40,6 +41,11 @@ if ! skip ssd; then  # Mamba2's SSD forward and model: their GPU tests, then the
   timeout 300 python3 -m bench models ssd --commit "${COMMIT:-}" ${SSD_ROWS:+--rows "$SSD_ROWS"} \
     --out "$OUT/ssd_h200.json" > "$OUT/ssd.log" 2>&1
   echo "ssd bench: exit $?" >> "$S"
+  for g in "" "--graphs"; do  # the decode step alone: host time in, then the GPU's time
+    timeout 150 python3 -m bench models ssm_step --commit "${COMMIT:-}" $g \
+      --out "$OUT/ssm_step${g:+_graphs}_h200.json" >> "$OUT/ssm_step.log" 2>&1
+    echo "ssm_step bench ${g:-eager}: exit $?" >> "$S"
+  done
 fi
 if ! skip paged; then
   timeout 90 python3 -m bench torch_decode paged --commit "${COMMIT:-}" --out "$OUT/paged.json" > "$OUT/paged.log" 2>&1
@@ -64,6 +70,7 @@ cat "$S"
 for f in decode_host prefill_host; do [ -f "$OUT/$f.log" ] && grep "^|" "$OUT/$f.log" | tail -12; done
 [ -f "$OUT/prefill_profile.log" ] && grep "prefill ms" "$OUT/prefill_profile.log"
 [ -f "$OUT/ssd.log" ] && tail -12 "$OUT/ssd.log"
+[ -f "$OUT/ssm_step.log" ] && tail -30 "$OUT/ssm_step.log"
 [ -f "$OUT/paged.log" ] && tail -12 "$OUT/paged.log"
 [ -f "$OUT/llama.log" ] && tail -16 "$OUT/llama.log"
 [ -f "$OUT/mamba2.log" ] && tail -12 "$OUT/mamba2.log"
