@@ -2,11 +2,10 @@
 # One device call for the models study (issue 37) and the torch face it rests on: unpack the cubins, run the GPU tests
 # of ptsolve.torch (the decode and attention families, the kv-cache features, softcap decode), Mamba2's (the SSD
 # forward, state passing, the decode step, the Mamba2 model) and the rows: the SSD and the decode step next to
-# mamba_ssm, paged against unpaged decode, the
-# host-time tools (decode_host, prefill_host), the prefill profile, the Llama rows and the Mamba2 model rows, writing
-# everything under $OUT and printing a short table last. Make the pack on the CPU machine (`bash
-# bench/models/pack.sh`) and carry it with mamba_ssm's wheel: run(..., carry=[".cubin_dev_pack", ".whl_mamba"])
-# (.whl_mamba: `bash baselines/build_mamba_wheel.sh`).
+# mamba_ssm, paged against unpaged decode, the host-time tools (decode_host, prefill_host), the prefill profile, the
+# Llama rows and the Mamba2 model rows, writing everything under $OUT and printing a short table last. Make the pack on
+# the CPU machine (`bash bench/models/pack.sh`) and carry it with mamba_ssm's wheel: run(..., carry=[".cubin_dev_pack",
+# ".whl_mamba"]) (.whl_mamba: `bash baselines/build_mamba_wheel.sh`).
 # Environment: PACK (default .cubin_dev_pack), TEST_S (each test step's timeout, default 240), ROUNDS (Llama decode
 # segments, default 5), ROWS (Llama rows, default all), SSD_ROWS (the SSD rows, default all), M2_ROWS / M2_LAYERS
 # (the Mamba2 model rows, default all; layers kept, default 8), M2_FLAGS (more flags of its command, default
