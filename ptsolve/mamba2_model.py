@@ -1,5 +1,6 @@
 """Hugging Face transformers' ``Mamba2ForCausalLM`` with its mixers' SSD on ptsolve: prefill through
-``ptsolve.ssd.mamba_chunk_scan_combined`` (the chunked scan on ptsolve's kernels), decode through a recurrent step.
+``ptsolve.ssd.mamba_chunk_scan_combined`` (the chunked scan on ptsolve's kernels), decode through a recurrent step
+(``recurrent_step``: ptsolve's decode-step kernel, one launch a layer and token).
 
 ```python
 import torch
@@ -28,12 +29,13 @@ the norm's, so the SSD runs with z=None as transformers calls it) and ``out_proj
   or decoded; transformers' and mamba_ssm's decode steps skip that clamp (the same unless the config sets a
   ``time_step_limit`` other than the default (0, inf)).
 
-``PTSOLVE`` is ptsolve's backend (``ptsolve.ssd.mamba_chunk_scan_combined`` and ``recurrent_step``, PyTorch ops
-batched over heads and groups); ``baselines.mamba2_model`` builds mamba_ssm's from the same glue. Written against
-transformers 5.17's Mamba2 (the mixer's ``forward(hidden_states, cache_params, attention_mask)`` and the cache's
-``has_previous_state`` / ``update_conv_state`` / ``update_recurrent_state`` / ``layers[i].conv_states`` /
-``recurrent_states``); ``patch`` checks for them and raises ``ConfigError`` naming what is missing. Inference only
-(no autograd through the kernels): run the model under ``torch.no_grad()``.
+``PTSOLVE`` is ptsolve's backend (``ptsolve.ssd.mamba_chunk_scan_combined`` and ``recurrent_step``: on CUDA the
+``mamba2_ssm_step`` kernel, elsewhere ``step_torch``, PyTorch ops batched over heads and groups);
+``baselines.mamba2_model`` builds mamba_ssm's from the same glue. Written against transformers 5.17's Mamba2 (the
+mixer's ``forward(hidden_states, cache_params, attention_mask)`` and the cache's ``has_previous_state`` /
+``update_conv_state`` / ``update_recurrent_state`` / ``layers[i].conv_states`` / ``recurrent_states``); ``patch`` checks
+for them and raises ``ConfigError`` naming what is missing. Inference only (no autograd through the kernels): run the
+model under ``torch.no_grad()``.
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ import torch.nn.functional as F
 from . import ssd
 from .errors import ConfigError, ShapeError
 
-__all__ = ["Backend", "PTSOLVE", "check_ptsolve", "patch", "recurrent_step", "unpatch"]
+__all__ = ["Backend", "PTSOLVE", "check_ptsolve", "patch", "recurrent_step", "step_kernel", "step_torch",
+           "unpatch"]
 
 _SOFTPLUS_LINEAR = 20.0  # softplus is the identity above 20 (mamba_ssm's and F.softplus's threshold)
 _CACHE_API = ("has_previous_state", "update_conv_state", "update_recurrent_state")
@@ -127,9 +130,29 @@ def recurrent_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
 
     state (b, h, p, n) (float32 kept float32; another dtype is computed in float32 and stored back); x, z (b, h, p);
     dt (b, h); A, dt_bias (h,); B, C (b, g, n), head j reading group j // (h/g); D (h,) or (h, p). Returns y
-    (b, h, p) in x's dtype. PyTorch ops in float32: the outer product and the C contraction as batched matmuls over
-    (batch, group), every head of a group in one matrix, so no B or C is repeated per head."""
+    (b, h, p) in x's dtype.
+
+    On CUDA tensors that ptsolve's decode-step kernel takes (``step_kernel``: x fp16/bf16, head_dim 64, d_state 64
+    or 128, the state float32 or x's dtype and contiguous) it is one launch of that kernel (under ``torch.compile``
+    the registered op ``torch.ops.ptsolve.mamba2_ssm_step``); otherwise, and on the CPU, ``step_torch``: PyTorch ops
+    in float32, the reference."""
     _check_step(state, x, dt, A, B, C, D, z, dt_bias)
+    if state.is_cuda:
+        if torch.compiler.is_compiling():
+            return torch.ops.ptsolve.mamba2_ssm_step(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus),
+                                                     float(dt_limit[0]), float(dt_limit[1]))
+        y = step_kernel(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit)
+        if y is not None:
+            return y
+    return step_torch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit)
+
+
+def step_torch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+               C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+               dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+               dt_limit: tuple[float, float] = (0.0, math.inf)) -> torch.Tensor:
+    """``recurrent_step`` as PyTorch ops in float32 (checked inputs): the outer product and the C contraction as
+    batched matmuls over (batch, group), every head of a group in one matrix, so no B or C is repeated per head."""
     b, h, p, n = state.shape
     g = B.shape[1]
     d = _dt(dt, dt_bias, dt_softplus, dt_limit)  # (b, h)
@@ -146,6 +169,108 @@ def recurrent_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     if z is not None:
         y.mul_(F.silu(z.float()))
     return y.to(x.dtype)
+
+
+_STEP_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_STEP_CLASSES: dict[tuple[torch.dtype, int, int], Any] = {}  # (x's dtype, head_dim, d_state) -> class or None
+
+
+def _step_class(dtype: torch.dtype, p: int, n: int) -> Any:
+    """The decode-step kernel's class (``serve.ssm_step_class``) for x's dtype, head_dim p and d_state n, or None
+    where it has none; looked up once per triple (a decode step asks on every layer and token)."""
+    key = (dtype, p, n)
+    c = _STEP_CLASSES.get(key, False)
+    if c is False:
+        from . import serve  # the serving layer (the code generator behind it) only once a kernel runs
+
+        try:
+            c = serve.ssm_step_class(_STEP_DTYPES[dtype], p, n) if dtype in _STEP_DTYPES else None
+        except ShapeError:
+            c = None
+        _STEP_CLASSES[key] = c
+    return c
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (b, r, k) in the layout the kernel's bulk copies read — rows of k contiguous, r·k apart, the batch stride
+    a multiple of 8 elements (16 bytes), the address 16-byte aligned — copied only where it is not (the model's x, B
+    and C are views of one conv output whose rows are, and are read where they are)."""
+    s0, s1, s2 = t.stride()
+    b, r, k = t.shape
+    if s2 == 1 and (r == 1 or s1 == k) and (b == 1 or s0 % 8 == 0) and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _param(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A per-head parameter (A, dt_bias, a (h,) D) as the kernel reads it: contiguous, float32 or x's dtype (another
+    dtype converted to float32, as ``step_torch`` computes)."""
+    if t is None:
+        return None
+    t = t if t.dtype in (torch.float32, dtype) else t.float()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def step_kernel(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                dt_limit: tuple[float, float] = (0.0, math.inf)) -> torch.Tensor | None:
+    """``recurrent_step`` (checked inputs) as one launch of ptsolve's decode-step kernel (``serve.ssm_step``, on the
+    current stream, no host sync), or None where the kernel does not take these inputs: x not fp16/bf16, (head_dim,
+    d_state) outside its classes, the state neither float32 nor x's dtype or not contiguous and 16-byte aligned, B, C or
+    z not in x's dtype, a tensor on another device. What it takes in another layout is copied first: x, z, B, C whose
+    rows are not contiguous (``_rows``), dt whose heads are not, a (h, p) D not float32, dt, A, dt_bias or D in a third
+    dtype (float32). y (b, h, p) is the one tensor a step allocates."""
+    b, h, p, n = state.shape
+    c = _step_class(x.dtype, p, n)
+    if (c is None or state.dtype not in (torch.float32, x.dtype) or not state.is_contiguous()
+            or state.data_ptr() % 16 or B.dtype != x.dtype or C.dtype != x.dtype
+            or (z is not None and z.dtype != x.dtype)):
+        return None
+    dev = state.device  # a tensor elsewhere would be read through a foreign pointer: PyTorch says which one
+    if any(t is not None and t.device != dev for t in (x, dt, A, B, C, D, z, dt_bias)):
+        return None
+    from . import serve
+
+    x, B, C = _rows(x), _rows(B), _rows(C)
+    z = None if z is None else _rows(z)
+    dt = dt if dt.dtype in (torch.float32, x.dtype) else dt.float()
+    dt = dt if h == 1 or dt.stride(1) == 1 else dt.contiguous()
+    if D is not None and D.dim() == 2:  # its rows are bulk-copied with x's: float32, 16-byte aligned
+        D = D.float().contiguous()
+        D = D if D.data_ptr() % 16 == 0 else D.clone()
+    else:
+        D = _param(D, x.dtype)
+    y = torch.empty((b, h, p), dtype=x.dtype, device=x.device)
+    return serve.ssm_step(state, x, dt, _param(A, x.dtype), B, C, D, z, _param(dt_bias, x.dtype), bool(dt_softplus),
+                          dt_limit, y, c)
+
+
+# ptsolve::mamba2_ssm_step, beside ptsolve.ssd's op in the same namespace (a fragment of it): what recurrent_step
+# calls under torch.compile, the state marked as written in place
+_LIB = torch.library.Library("ptsolve", "FRAGMENT")
+_LIB.define("mamba2_ssm_step(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, "
+            "Tensor? z, Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max) -> Tensor")
+
+
+def _step_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+             dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+    """The op's implementation: the kernel where it takes the inputs, else ``step_torch``."""
+    args = (state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, (dt_min, dt_max))
+    y = step_kernel(*args) if state.is_cuda else None
+    return y if y is not None else step_torch(*args)
+
+
+_LIB.impl("mamba2_ssm_step", _step_op, "CUDA")
+_LIB.impl("mamba2_ssm_step", _step_op, "CPU")
+
+
+@torch.library.register_fake("ptsolve::mamba2_ssm_step", lib=_LIB)
+def _(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+      D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_min: float,
+      dt_max: float) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def check_ptsolve(geo: Geometry) -> None:
@@ -192,6 +317,19 @@ def _conv(mixer: Any, xbc: torch.Tensor, cache: Any, prev: bool) -> torch.Tensor
     return out[..., -L:] if cache is not None else out
 
 
+def _mixer_A(mixer: Any) -> torch.Tensor:
+    """A = −exp(A_log) (h,) float32, kept on the mixer while A_log is the same tensor at the same version (an
+    in-place update, a loaded state dict, bumps it): two or three launches a layer and token fewer in decode."""
+    a = mixer.A_log
+    if torch.compiler.is_compiling() or (a.requires_grad and torch.is_grad_enabled()):
+        return -torch.exp(a.float())  # the graph computes it: nothing kept behind the compiler's or autograd's back
+    key = (a.data_ptr(), a._version, a.dtype, a.device)
+    got = mixer.__dict__.get("_ptsolve_A")
+    if got is None or got[0] != key:
+        got = mixer.__dict__["_ptsolve_A"] = (key, -torch.exp(a.float()))
+    return got[1]
+
+
 def _ssd(mixer: Any, backend: Backend, cache: Any, prev: bool, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,
          C: torch.Tensor, seq_idx: torch.Tensor | None) -> torch.Tensor:
     """The SSD of x (b, L, h·p), dt (b, L, h), B, C (b, L, g·n) → y (b, L, h·p): ``backend.step`` on one token with
@@ -199,7 +337,7 @@ def _ssd(mixer: Any, backend: Backend, cache: Any, prev: bool, x: torch.Tensor, 
     model call's ``seq_idx`` (b, L), packed sequences, passed on to it as transformers passes it to mamba_ssm's)."""
     b, L, _ = x.shape
     h, p, g, n = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
-    A = -torch.exp(mixer.A_log.float())
+    A = _mixer_A(mixer)
     if prev and L == 1:
         state = cache.layers[mixer.layer_idx].recurrent_states[0]
         y = backend.step(state, x.view(b, h, p), dt.reshape(b, h), A, B.reshape(b, g, n), C.reshape(b, g, n),
@@ -300,4 +438,5 @@ def unpatch(model: Any) -> Any:
     for m in model.modules():
         if hasattr(m, "_ptsolve_backend"):
             del m.forward, m._ptsolve_backend
+            m.__dict__.pop("_ptsolve_A", None)
     return model

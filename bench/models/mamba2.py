@@ -20,7 +20,9 @@ batch / ms for decode) and ``max_abs_err``: the largest difference between the t
 the last position; decode: every step). Host time is included (eager: what a caller waits for). With ``--graphs``
 the decode rows also give ``ptsolve_graph_ms`` / ``baseline_graph_ms``: one greedy step (the argmax feeding the next
 token on the device) captured in a CUDA graph per implementation and replayed, host time left out (``graph_error``
-says why where a capture fails).
+says why where a capture fails). ptsolve's decode runs the decode-step kernel (``recurrent_step`` on CUDA: one launch a
+layer and token); ``--torch-step`` adds ``ptsolve_torch_step_ms`` (and its graph time with ``--graphs``): the same
+path with the PyTorch step (``step_torch``) in its place, what decode ran before the kernel.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ MODELS = {"130m": (768, 24), "370m": (1024, 48), "780m": (1536, 48), "1.3b": (20
 PREFILL = [(1, 512), (4, 2048), (8, 4097)]
 DECODE = [1, 8]
 CONTEXT = 512  # the prompt before the decode rows' steps
+TORCH_STEP = "ptsolve_torch_step"  # --torch-step's backend: ptsolve's SSD with recurrent_step's PyTorch path
 ROWS = {**{f"{m}_p_b{b}_s{s}": (m, "prefill", b, s) for m in MODELS for b, s in PREFILL},
         **{f"{m}_d_b{b}": (m, "decode", b, CONTEXT) for m in MODELS for b in DECODE}}
 
@@ -108,7 +111,7 @@ def _decode(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: 
         run[k] = {"cache": cache, "logits": [out.logits[:, -1].float()], "ms": []}
     toks: list[Any] = []
     for r in range(rounds + 1):  # round 0 warms up
-        for k in ("mamba_ssm", "ptsolve"):
+        for k in ("mamba_ssm", "ptsolve", *(k for k in backends if k not in ("mamba_ssm", "ptsolve"))):
             pm.patch(model, backends[k])
             st = run[k]
             t, _ = synced_ms(functools.partial(_segment, model, st, toks, steps, lead=k == "mamba_ssm"))
@@ -154,8 +157,8 @@ def _graphs(model: Any, backends: dict[str, Any], ids: Any, steps: int, rounds: 
             t, _ = synced_ms(lambda g=g: [g.replay() for _ in range(steps)])
             if r:
                 ms[k].append(t / steps)
-    return {"ptsolve_graph_ms": round(statistics.median(ms["ptsolve"]), 4),
-            "baseline_graph_ms": round(statistics.median(ms["mamba_ssm"]), 4)}
+    return {("baseline" if k == "mamba_ssm" else k) + "_graph_ms": round(statistics.median(v), 4)
+            for k, v in ms.items()}
 
 
 def _row(model: Any, name: str, backends: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
@@ -169,13 +172,15 @@ def _row(model: Any, name: str, backends: dict[str, Any], a: argparse.Namespace)
     ids = torch.randint(0, model.config.vocab_size, (b, s), device="cuda", generator=g)
     _reset_mamba_autotune()
     extra: dict[str, Any] = {}
-    if phase == "prefill":
-        ms, err = _prefill(model, backends, ids, a.reps)
+    if phase == "prefill":  # the PyTorch-step backend differs from ptsolve's in decode only
+        ms, err = _prefill(model, {k: backends[k] for k in ("ptsolve", "mamba_ssm")}, ids, a.reps)
         toks = b * s
     else:
         ms, err = _decode(model, backends, ids, a.steps, a.rounds)
         toks = b
         extra = _graphs(model, backends, ids, a.steps, a.rounds) if a.graphs else {}
+        if TORCH_STEP in ms:  # --torch-step: ptsolve's decode with the PyTorch step instead of the kernel
+            extra[f"{TORCH_STEP}_ms"] = round(ms[TORCH_STEP], 4)
     d, layers = MODELS[m]
     shape = {"batch": b, "seq": s, "d_model": d, "heads": 2 * d // 64, "head_dim": 64, "d_state": 128, "chunk": 256,
              "groups": 1, "layers": model.config.num_hidden_layers, "model_layers": layers}
@@ -196,6 +201,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="decode steps per segment")
     ap.add_argument("--rounds", type=int, default=3, help="decode segments per implementation")
     ap.add_argument("--graphs", action="store_true", help="decode rows also replayed from CUDA graphs (GPU time)")
+    ap.add_argument("--torch-step", action="store_true", help="decode rows also time ptsolve's path with the "
+                    "PyTorch recurrent step (step_torch, ~13 kernels a layer) in place of the decode-step kernel: "
+                    f"{TORCH_STEP}_ms")
     ap.add_argument("--commit", default="")
     a = ap.parse_args()
     names = picked_rows(a.rows, ROWS)
@@ -206,6 +214,8 @@ def main() -> None:
     from baselines.mamba2_model import backend
 
     backends = {"ptsolve": pm.PTSOLVE, "mamba_ssm": backend()}
+    if a.torch_step:
+        backends[TORCH_STEP] = pm.PTSOLVE._replace(name=TORCH_STEP, step=pm.step_torch)
     commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                         cwd=ROOT).stdout.strip()
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import attention, gemm, mamba2, state_passing  # noqa: F401  (each registers its operators)
+from . import attention, gemm, mamba2, ssm_step, state_passing  # noqa: F401  (each registers its operators)
 from .attention import FA_TILING, FIXED, attention_ref, check_fa, run_attention, run_decode
 from .common import HARNESS, TOL, OpHarness, entry, need, precompile, register, rel_err, time_many, time_ms
 from .gemm import GEMM_TILING, check_gemm, run_gemm

@@ -65,9 +65,10 @@ def test_class_keys():
     # softcap, a window or both), decode
     # (dtype x head_dim x causal x warpgroups, the
     # one-warpgroup d64 classes' two-CTAs-per-SM binaries, the one-warpgroup classes' persistent ones), Mamba2 (op x
-    # dtype x d_state x chunk, and ChunkScan's two CB dtypes), Mamba2's state passing (dtype x d_state)
+    # dtype x d_state x chunk, and ChunkScan's two CB dtypes), Mamba2's state passing and decode step (dtype x d_state
+    # each)
     assert len(keys) == len(set(keys)) == (2 * 2 + 4 * 2 * 5 * 2 * 3 + 2 * 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 3 * 2 * 2 * 3
-                                           + 2 * 2)
+                                           + 2 * 2 + 2 * 2)
     assert "mamba2_state_passing/bf16/p64/n128" in keys
     assert "flash_decode/bf16/d128/causal/wg1/persistent" in keys
     for c in serve.classes():  # every class's representative is its own class
@@ -79,6 +80,8 @@ def test_class_keys():
                                      cb_dtype=r.get("cb_dtype", "")) == c
         elif c.op == serve.STATE_PASSING:
             assert serve.state_passing_class(r["dtype"], r["head_dim"], r["d_state"]) == c
+        elif c.op == serve.SSM_STEP:
+            assert serve.ssm_step_class(r["dtype"], r["head_dim"], r["d_state"]) == c
         elif c.op == "flash_decode":
             assert serve.decode_class(r["dtype"], r["head_dim"], r["causal"], r["heads"], r["kv_heads"],
                                         r["seq_q"]) == dataclasses.replace(c, ctas=0, persistent=0)

@@ -721,3 +721,101 @@ def test_gemm_with_n_off_the_tma_pitch_runs_the_register_store_class(pt, fake_gp
     assert 72 in maps and 77 not in maps  # C's tensor map only for the TMA-store class's call
     with pytest.raises(ShapeError, match="K=60 must be a multiple of 8"):
         pt.gemm(torch.randn(4, 60, dtype=torch.float16), torch.randn(72, 60, dtype=torch.float16))
+
+
+def _decode_views(b: int, h: int, g: int, n: int, dtype=torch.bfloat16) -> dict:
+    """A Mamba2 mixer's decode-step inputs as the patched mixer passes them: x, B, C views of one conv-output row,
+    dt a strided view of in_proj's output, A float32, D and dt_bias in the model's dtype, the state float32."""
+    I = h * 64
+    xbc = torch.randn(b, 1, I + 2 * g * n).to(dtype)
+    proj = torch.randn(b, 1, 2 * I + 2 * g * n + h).to(dtype)
+    x, B, C = torch.split(xbc, [I, g * n, g * n], dim=-1)
+    return {"state": torch.zeros(b, h, 64, n), "x": x.view(b, h, 64), "dt": proj[..., -h:].reshape(b, h),
+            "A": -torch.rand(h), "B": B.reshape(b, g, n), "C": C.reshape(b, g, n), "D": torch.randn(h).to(dtype),
+            "dt_bias": torch.randn(h).to(dtype), "dt_softplus": True}
+
+
+def test_ssm_step_launch_takes_its_pointers(fake_gpu):
+    """On the fake GPU: ``mamba2_model.step_kernel`` (what ``recurrent_step`` runs on CUDA tensors) is one launch of
+    its class kernel over (batch, head, row block) tiles, reading the state, the model's strided views of x, B, C
+    and dt and the parameters where they are (their dtypes as flags, their batch strides as arguments) and null
+    pointers for what is not given; the next token's tensors re-point the kept launch, with no second prepare."""
+    import ptsolve.mamba2_model as pm
+    from codegen.cuda import ssm_step as k
+    from ptsolve import serve
+
+    b, h, g, n = 2, 8, 2, 128
+    a = _decode_views(b, h, g, n)
+    y = pm.step_kernel(**a)
+    (ks, v), = fake_gpu["prepares"]
+    assert ks.op == "mamba2_ssm_step" and ks.generic and ks.params["dtype"] == "bf16"
+    pt_rows = ks.info["tiling"]["PT"]
+    assert (v["B_"], v["H"], v["HG"], v["SH"], v["NTILES"]) == (b, h, h // g, 0, b * h * 64 // pt_rows)
+    assert (v["SX"], v["SZ"], v["SDT"], v["SB"], v["SC"]) == (a["x"].stride(0), 0, a["dt"].stride(0),
+                                                             a["B"].stride(0), a["C"].stride(0))
+    assert v["FLAGS"] == k.FLAG_SOFTPLUS | k.FLAG_A32 and (v["DT_LO"], v["DT_HI"]) == (0.0, float("inf"))
+    assert y.shape == (b, h, 64) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    assert fake_gpu["launches"][-1] == (b * h * 64 // pt_rows, y.data_ptr())
+    ln = next(x for key, x in serve.prepared.LAUNCHES.items() if key[0] == "ssm_step")
+    names = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    want = [a[m].data_ptr() if m in a else 0 for m in names]
+    assert [ln.ptrs[m].value for m in names] == want  # the views themselves: nothing copied
+    a2 = _decode_views(b, h, g, n)  # the next token: fresh tensors of the same layouts
+    y2 = pm.step_kernel(**a2)
+    assert len(fake_gpu["prepares"]) == 1 and fake_gpu["launches"][-1][1] == y2.data_ptr()
+    assert [ln.ptrs[m].value for m in names] == [a2[m].data_ptr() if m in a2 else 0 for m in names]
+
+
+def test_ssm_step_flags_copies_and_what_it_leaves_to_pytorch(fake_gpu):
+    """z, a (heads, head_dim) D (a float32 copy of a bf16 one, its rows copied with x's), float32 parameters, a half
+    state (SH) and a dt clamp are launch arguments; x's rows not contiguous are copied; what the kernel does not
+    take (a float32 x, d_state 96, a non-contiguous or float64 state, B in another dtype, A on another device) returns
+    None: the caller runs ``step_torch``."""
+    import ptsolve.mamba2_model as pm
+    from codegen.cuda import ssm_step as k
+    from ptsolve import serve
+
+    def ptr(name: str) -> int:  # the pointer the last prepared launch was called with
+        return list(serve.prepared.LAUNCHES.values())[-1].ptrs[name].value
+
+    b, h, g, n = 3, 4, 1, 64
+    a = _decode_views(b, h, g, n, torch.float16)
+    z, Dp = torch.randn(b, h, 64).half(), torch.randn(h, 64).half()
+    pm.step_kernel(**(a | {"z": z, "D": Dp, "dt": a["dt"].float(), "dt_bias": a["dt_bias"].float(),
+                           "dt_limit": (0.01, 2.0)}))
+    _, v = fake_gpu["prepares"][-1]
+    assert v["FLAGS"] == k.FLAG_SOFTPLUS | k.FLAG_D_ROWS | k.FLAG_DT32 | k.FLAG_A32 | k.FLAG_BIAS32
+    assert ptr("z") == z.data_ptr() and v["SZ"] == h * 64 and ptr("D") not in (0, Dp.data_ptr())  # a float32 copy
+    assert v["DT_LO"] == pytest.approx(0.01) and v["DT_HI"] == 2.0 and v["SDT"] == h  # dt.float(): contiguous
+    half = a | {"state": torch.zeros(b, h, 64, n, dtype=torch.float16)}
+    pm.step_kernel(**half)
+    assert fake_gpu["prepares"][-1][1]["SH"] == 1
+    xt = torch.randn(b, 64, h).half().transpose(1, 2)  # heads' rows not contiguous: copied
+    pm.step_kernel(**(a | {"x": xt}))
+    assert ptr("x") not in (0, xt.data_ptr()) and fake_gpu["prepares"][-1][1]["SX"] == h * 64
+    prepared = len(fake_gpu["prepares"])
+    for bad in ({"x": a["x"].float()}, {"state": torch.zeros(b, h, 64, 96), "B": torch.zeros(b, g, 96).half(),
+                                        "C": torch.zeros(b, g, 96).half()},
+                {"state": torch.zeros(b, h, n, 64).transpose(2, 3)}, {"state": a["state"].double()},
+                {"B": a["B"].float()}, {"A": a["A"].to("meta")}):
+        assert pm.step_kernel(**(a | bad)) is None
+    assert len(fake_gpu["prepares"]) == prepared
+
+
+def test_ssm_step_op_is_registered():
+    """``torch.ops.ptsolve.mamba2_ssm_step`` (what recurrent_step calls under torch.compile): its fake gives y's
+    shape and dtype; on CPU tensors it is ``step_torch``, the state written in place."""
+    import ptsolve.mamba2_model as pm
+
+    b, h, g, n = 2, 4, 1, 64
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _decode_views(b, h, g, n).items()}
+    op = torch.ops.ptsolve.mamba2_ssm_step
+    y = op(meta["state"], meta["x"], meta["dt"], meta["A"], meta["B"], meta["C"], meta["D"], None, meta["dt_bias"],
+           True, 0.0, float("inf"))
+    assert y.shape == (b, h, 64) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+    a = _decode_views(b, h, g, n)
+    a["state"] = torch.randn(b, h, 64, n)
+    s1, s2 = a["state"].clone(), a["state"].clone()
+    y1 = op(s1, a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], None, a["dt_bias"], True, 0.0, float("inf"))
+    y2 = pm.step_torch(**(a | {"state": s2}))
+    assert torch.equal(y1, y2) and torch.equal(s1, s2) and not torch.equal(s1, a["state"])
