@@ -8,6 +8,7 @@ argument then is no tool name). ``python -m bench <study> --help`` lists the too
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import os
@@ -100,3 +101,28 @@ def synced_ms(fn: Any) -> tuple[float, Any]:
     got = fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3, got
+
+
+def rows_parser(doc: str, rows: dict, nsets: int) -> argparse.ArgumentParser:
+    """The arguments every GPU row tool of a study takes: --out (the JSON), --rows (``picked_rows``), --nsets (input
+    sets the timing rotates over), --graphs (CUDA graph replays) and --commit (the tree's, where git cannot tell)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", default="", help=f"comma-separated row names (default: all: {', '.join(rows)})")
+    ap.add_argument("--nsets", type=int, default=nsets, help="input sets the timing rotates over")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (host time per call left out)")
+    ap.add_argument("--commit", default="")
+    return ap
+
+
+def gpu_stamp(command: str, commit: str = "") -> dict[str, Any]:
+    """A GPU row tool's JSON head: device, date (UTC), commit (``commit`` or the tree's), torch, the command, and
+    an empty row list."""
+    import datetime as dt
+
+    import torch
+
+    commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                      cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    return {"device": torch.cuda.get_device_name(), "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            "commit": commit, "torch": torch.__version__, "command": command, "rows": []}

@@ -25,11 +25,8 @@ kernels index it in 32 bits.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench._study import picked_rows  # noqa: E402  (after the path insert)
+from bench._study import gpu_stamp, picked_rows, rows_parser  # noqa: E402  (after the path insert)
 
 MODELS = {"130m": 24, "370m": 32, "780m": 48, "1.3b": 64}  # heads (d_model·2 / head_dim 64)
 SHAPES = [("130m", 4, 2048), ("130m", 16, 4097), ("370m", 1, 8192), ("370m", 8, 2047), ("780m", 4, 4096),
@@ -173,22 +170,12 @@ def _ms(t: dict[str, float]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rows", default="", help=f"comma-separated row names (default: all: {', '.join(ROWS)})")
+    ap = rows_parser(__doc__, ROWS, 2)
     ap.add_argument("--z", action="store_true", help="pass z (the gate fused in ChunkScan's store) to both")
-    ap.add_argument("--nsets", type=int, default=2, help="input sets the timing rotates over")
-    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (host time per call left out)")
-    ap.add_argument("--commit", default="")
     a = ap.parse_args()
     names = picked_rows(a.rows, ROWS)
-    import torch
 
-    commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=ROOT).stdout.strip()
-    res = {"device": torch.cuda.get_device_name(), "date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-           "commit": commit, "torch": torch.__version__,
-           "command": "python -m bench models ssd " + " ".join(sys.argv[1:]), "rows": []}
+    res = gpu_stamp("python -m bench models ssd " + " ".join(sys.argv[1:]), a.commit)
     for n in names:
         res["rows"] += _row(n, a.nsets, a.z, a.graphs)
         a.out.write_text(json.dumps(res, indent=1))

@@ -21,11 +21,8 @@ GPU's time; without, host time per call is in, as a model's eager decode waits f
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench._study import picked_rows  # noqa: E402  (after the path insert)
+from bench._study import gpu_stamp, picked_rows, rows_parser  # noqa: E402  (after the path insert)
 
 MODELS = {"130m": 24, "370m": 32, "780m": 48, "1.3b": 64, "2.7b": 80}  # heads (d_model·2 / head_dim 64)
 BATCHES = (1, 8, 64)
@@ -81,21 +78,12 @@ def _row(name: str, nsets: int, graphs: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rows", default="", help=f"comma-separated row names (default: all: {', '.join(ROWS)})")
-    ap.add_argument("--nsets", type=int, default=3, help="input sets the timing rotates over")
-    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (host time per call left out)")
-    ap.add_argument("--commit", default="")
+    ap = rows_parser(__doc__, ROWS, 3)
     a = ap.parse_args()
     names = picked_rows(a.rows, ROWS)
     import torch
 
-    commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=ROOT).stdout.strip()
-    res = {"device": torch.cuda.get_device_name(), "date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-           "commit": commit, "torch": torch.__version__,
-           "command": "python -m bench models ssm_step " + " ".join(sys.argv[1:]), "rows": []}
+    res = gpu_stamp("python -m bench models ssm_step " + " ".join(sys.argv[1:]), a.commit)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         for n in names:
