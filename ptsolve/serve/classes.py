@@ -60,6 +60,17 @@ class ShapeClass:
         return op_classes(self.op).key(self)
 
 
+def state_class(op: str, dtype: str, head_dim: int, d_state: int, head_dims: tuple[int, ...],
+                d_states: tuple[int, ...], kernels: str) -> ShapeClass:
+    """A class of an operator over Mamba2 states (head_dim × d_state), for the sizes its table covers; ShapeError
+    naming the size and what ``kernels`` cover otherwise."""
+    dtype_ok(dtype)
+    for name, v, ok in (("head_dim", head_dim, head_dims), ("d_state", d_state, d_states)):
+        if v not in ok:
+            raise ShapeError(f"{op}: {name}={v}; {kernels} cover {name} in {ok}")
+    return ShapeClass(op, dtype, int(head_dim), d_state=int(d_state))
+
+
 def _no_fix(c: ShapeClass) -> dict[str, int] | None:
     return None
 

@@ -15,7 +15,7 @@ from typing import Any
 from ptsolve.errors import PtsolveError, ShapeError
 
 from . import prepared
-from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
+from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register, state_class
 from .kernels import kernel
 
 MAMBA_OPS = ("mamba2_chunk_scan", "mamba2_chunk_state")
@@ -94,11 +94,7 @@ STATE_PASSING = "mamba2_state_passing"
 def state_passing_class(dtype: str, head_dim: int, d_state: int) -> ShapeClass:
     """The state-passing class of a shape (dtype: the entering states'); ShapeError for sizes the table does not
     cover."""
-    dtype_ok(dtype)
-    for name, v, ok in (("head_dim", head_dim, MAMBA_HEAD_DIMS), ("d_state", d_state, D_STATES)):
-        if v not in ok:
-            raise ShapeError(f"{STATE_PASSING}: {name}={v}; ptsolve's Mamba2 kernels cover {name} in {ok}")
-    return ShapeClass(STATE_PASSING, dtype, int(head_dim), d_state=int(d_state))
+    return state_class(STATE_PASSING, dtype, head_dim, d_state, MAMBA_HEAD_DIMS, D_STATES, "ptsolve's Mamba2 kernels")
 
 
 # Mamba2-780m's heads at batch 1, seq 8k (32 chunks of 256): few (batch, head) states, so the solve picks a tile that

@@ -12,7 +12,7 @@ from typing import Any
 from ptsolve.errors import ShapeError
 
 from . import prepared
-from .classes import DTYPES, OpClasses, ShapeClass, dtype_ok, register
+from .classes import DTYPES, OpClasses, ShapeClass, register, state_class
 from .kernels import kernel
 
 SSM_STEP = "mamba2_ssm_step"
@@ -24,11 +24,8 @@ _FLAGS: dict[tuple[Any, ...], int] = {}  # (class, the parameters' dtypes, D's r
 
 def ssm_step_class(dtype: str, head_dim: int, d_state: int) -> ShapeClass:
     """The decode-step class of a shape (dtype: x's); ShapeError for sizes the table does not cover."""
-    dtype_ok(dtype)
-    for name, v, ok in (("head_dim", head_dim, STEP_HEAD_DIMS), ("d_state", d_state, STEP_D_STATES)):
-        if v not in ok:
-            raise ShapeError(f"{SSM_STEP}: {name}={v}; ptsolve's decode-step kernels cover {name} in {ok}")
-    return ShapeClass(SSM_STEP, dtype, int(head_dim), d_state=int(d_state))
+    return state_class(SSM_STEP, dtype, head_dim, d_state, STEP_HEAD_DIMS, STEP_D_STATES,
+                       "ptsolve's decode-step kernels")
 
 
 # Mamba2-780m's 48 heads at batch 4, float32 state. The class's tiling serves every batch: solved here, it is within
