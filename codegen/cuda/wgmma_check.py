@@ -252,7 +252,7 @@ class _Interp:
         lhs, rhs = "", text
         m = re.match(r"^([^=<>!]*?)(\+=|-=|\*=|/=|\|=|&=|=)(?!=)(.*)$", text)
         if m:
-            lhs, rhs = m.group(1), m.group(3) + (m.group(1) if m.group(2) != "=" else "")
+            lhs, rhs = m.group(1), m.group(3) + " " + (m.group(1) if m.group(2) != "=" else "")
         out = []
         for ident in _IDENT.findall(lhs):
             if self.name(ident) in self.arrays:
@@ -518,7 +518,7 @@ def _accesses(text: str, names: set[str], alias: dict[str, str]) -> tuple[set[st
     lhs, rhs = "", text
     m = re.match(r"^([^=<>!]*?)(\+=|-=|\*=|/=|\|=|&=|=)(?!=)(.*)$", text, re.S)
     if m:
-        lhs, rhs = m.group(1), m.group(3) + (m.group(1) if m.group(2) != "=" else "")
+        lhs, rhs = m.group(1), m.group(3) + " " + (m.group(1) if m.group(2) != "=" else "")  # x op= y reads x
     named = lambda s: {alias.get(i, i) for i in _IDENT.findall(s)} & names  # noqa: E731
     return named(rhs), named(lhs.split("[")[0]) | (named(lhs) if "[" not in lhs else set())
 

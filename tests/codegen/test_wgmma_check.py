@@ -140,3 +140,72 @@ def test_ptxas_agrees_on_the_serialised_one():
     kc = check_cuda(SProgram.from_json((DATA / "fa_b4_d128_bm64_bn64_cpsat_serialised.json").read_text()),
                     load("h100"))
     assert kc.serialized is True
+
+
+def _c7511(body: str) -> list[str]:
+    from codegen.cuda.wgmma_check import rewrites
+
+    return [h.array for h in rewrites(_kernel(body))]
+
+
+_MMA = "wgmma_ss_n64(acc, 0); wg_commit(); wg_wait<0>();\n"
+_HALF = "for (int i = 0; i < 16; ++i) acc[i] *= 0.5f;\n"
+
+
+def test_an_accumulator_rewritten_in_part_before_a_wgmma_is_refused():
+    """ptxas gives up the pipeline (C7511, "insufficient register resources") where a wgmma accumulates into an
+    array ordinary code rewrote in part since its last wgmma, whatever the register pressure (bench study
+    compile_verdicts, probes synthetic: a 32-register accumulator); all of it or none of it compiles clean."""
+    assert _c7511(_MMA + _HALF + _MMA) == ["acc"]
+    assert _c7511(_MMA + _HALF.replace("16", "32") + _MMA) == []  # all of it rewritten
+    assert _c7511(_MMA + "for (int i = 0; i < 16; ++i) s += acc[i];\n" + _MMA) == []  # read, not rewritten
+    # two halves rewrite all of it
+    assert _c7511(_MMA + _HALF + "for (int i = 16; i < 32; ++i) acc[i] *= 0.25f;\n" + _MMA) == []
+    # a zero-scale wgmma (``_z``) reads no accumulator: nothing to mix
+    assert _c7511(_MMA + _HALF + _MMA.replace("wgmma_ss_n64(", "wgmma_ss_n64_z(")) == []
+
+
+def test_a_loop_head_or_a_loop_carrying_the_accumulator_spares_a_partial_rewrite():
+    """Observed: the same rewrite inside a loop that carries the accumulator (FlashAttention's rescale over 96 of 128
+    columns before P.V) compiles clean, and so does a rewrite at the end of a loop body before a wgmma after the
+    loop; after the loop (the epilogue's rescale), or in a loop that zeroes the accumulator every trip, it does
+    not."""
+    loop = "for (int j = 0; j < T; ++j) {\n%s}\n"
+    assert _c7511(loop % (_HALF + _MMA)) == []  # carried: live at the loop's head
+    assert _c7511(loop % (_MMA + _HALF) + _MMA) == []  # a loop head between the rewrite and the wgmma
+    assert _c7511(loop % _MMA + _HALF + _MMA) == ["acc"]  # after the loop
+    zeroed = "for (int i = 0; i < 32; ++i) acc[i] = 0.f;\n" + _MMA + _HALF + _MMA + "s += acc[0];\n"
+    assert _c7511(loop % zeroed) == ["acc"]  # not carried: the loop rewrites all of it first
+
+
+def test_real_kernels_with_the_partial_rescale():
+    """The held-out set's d96 BM64 kernels: the greedy schedule rescales o (64 registers, 48 of them the head dim's)
+    after the loop and then runs P.V: C7511; the FA3 order rescales at the end of the loop body: clean."""
+    from codegen.cuda.wgmma_check import rewrites
+
+    bad = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text()), load("h100"))
+    good = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text()), load("h100"))
+    assert [h.array for h in rewrites(bad.source)] == ["o"]
+    assert rewrites(good.source) == []
+
+
+def _pressure_kernel(body: str) -> str:
+    return _kernel(body).replace("float acc[32];", "float acc[32]; float b[32]; float c[32]; float big[192];")
+
+
+def test_registers_pinned_by_wgmmas_in_flight_with_those_live_beside_them():
+    """The pressure counts, at each statement with a wgmma in flight, the arrays in flight and those live there
+    (read later before rewritten); a kernel is refused where they alone pass the consumer's budget."""
+    from codegen.cuda.wgmma_check import over_budget, pressure
+
+    src = _pressure_kernel("for (int i = 0; i < 192; ++i) big[i] = 1.f;\n"
+                           "wgmma_ss_n64(acc, 0); wg_commit();\nwg_wait<0>();\n"
+                           "for (int i = 0; i < 192; ++i) s += big[i];\ns += acc[0];")
+    p = pressure(src)
+    assert (p.peak, p.pinned, p.live, p.budget) == (224, ("acc",), ("big",), 255)  # 32 + 192; 64K / 256 threads
+    assert over_budget(src) is None
+    assert over_budget(src.replace("__launch_bounds__(128, 1)", "__launch_bounds__(384, 1)")) is not None  # 168
+    # big dead by the time the wgmma is issued: not counted
+    dead = src.replace("for (int i = 0; i < 192; ++i) s += big[i];\n", "").replace(
+        "big[i] = 1.f;", "big[i] = 1.f;\nfor (int i = 0; i < 192; ++i) s += big[i];")
+    assert pressure(dead).peak == 32
