@@ -209,3 +209,18 @@ def test_registers_pinned_by_wgmmas_in_flight_with_those_live_beside_them():
     dead = src.replace("for (int i = 0; i < 192; ++i) s += big[i];\n", "").replace(
         "big[i] = 1.f;", "big[i] = 1.f;\nfor (int i = 0; i < 192; ++i) s += big[i];")
     assert pressure(dead).peak == 32
+
+
+def test_predict_refusal_is_the_search_s_question_before_nvcc():
+    """codegen.compile_check.predict_refusal: a reason for a kernel a rule refuses, None for one predicted clean;
+    it takes a program or its CUDA source, and needs no nvcc."""
+    from codegen.compile_check import predict_refusal
+
+    hw = load("h100")
+    bad = SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text())
+    good = SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text())
+    assert "C7511" in predict_refusal(bad, hw)
+    assert predict_refusal(good, hw) is None
+    assert predict_refusal(emit(good, hw).source, hw) is None
+    serialised = SProgram.from_json((DATA / "fa_b4_d128_bm64_bn64_cpsat_serialised.json").read_text())
+    assert "reading accumulator registers" in predict_refusal(serialised, hw)
