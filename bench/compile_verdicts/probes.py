@@ -96,6 +96,12 @@ SYNTHETIC = {  # name -> kernel body; a, b: accumulators zeroed before it; n: a 
     "GEMM-like chain (wait<1>), n runtime": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<1>();"),
     "the same after 1 empty commit ": "wg_commit();" + _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<1>();"),
     "the same, 63 trips": "wg_commit();" + _LOOP.format(n="63", body=f"{_mma('a', 0)} wg_wait<1>();"),
+    "not a chain (b then a) after 1 empty commit, 63 trips": "wg_commit();" + _LOOP.format(
+        n="63", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)}"),
+    "not a chain after 1 empty commit, a wait before the back edge": "wg_commit();" + _LOOP.format(
+        n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)} wg_wait<0>();"),
+    "not a chain after a real group, a in flight at the back edge": f"{_mma('b', 64)}" + _LOOP.format(
+        n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)}"),
     # an accumulator rewritten in part (half its elements) by ordinary code, then accumulated by a wgmma
     "after the loop, part of a rewritten, then a wgmma": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<0>();")
     + f"\n{_HALF}\n{_mma('a', 32)}\nwg_wait<0>(); fence_regs(a);",

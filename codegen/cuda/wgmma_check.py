@@ -33,12 +33,14 @@ class _Node:
     kind: str  # "stmt" | "block" | "for" | "if"
     text: str = ""  # a statement, or a for/if header's parenthesised part
     body: list[_Node] | None = None  # block: statements; for: [body]; if: [then] or [then, else]
+    rolled: bool = False  # a ``for`` under ``#pragma unroll 1``: a loop in ptxas's input whatever its count
 
 
 def _clean(src: str) -> str:
     """The source with comments, preprocessor lines and string literals removed (a literal keeps its quotes)."""
     src = re.sub(r'"(?:\\.|[^"\\])*"', '""', src)
     src = re.sub(r"//[^\n]*", "", src)
+    src = re.sub(r"^\s*#pragma\s+unroll\s+1\s*$", "__rolled__;", src, flags=re.M)  # kept: _mark_rolled reads it
     return "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith("#"))
 
 
@@ -117,7 +119,20 @@ def _kernel_body(src: str) -> list[_Node]:
         i += 1
     p = _Parser(s)
     p.i = i + 1
-    return p.block()
+    return _mark_rolled(p.block())
+
+
+def _mark_rolled(nodes: list[_Node]) -> list[_Node]:
+    """The tree with each ``__rolled__;`` marker (a ``#pragma unroll 1``) dropped and the ``for`` after it marked."""
+    out: list[_Node] = []
+    for n in nodes:
+        if n.body:
+            n.body = _mark_rolled(n.body)
+        if out and out[-1].kind == "stmt" and out[-1].text == "__rolled__":
+            out.pop()
+            n.rolled = n.kind == "for"
+        out.append(n)
+    return [n for n in out if not (n.kind == "stmt" and n.text == "__rolled__")]
 
 # ---- constants: what nvcc's front end folds -------------------------------------------------------------------
 
@@ -394,9 +409,13 @@ class _Interp:
             hi = _eval(mc.group(1), env) if mc else None
             trips = None if lo is None or hi is None else max(hi - lo, 0)
         if trips is not None and trips <= 16:  # a known count: every iteration, as ptxas sees it unrolled
-            for _ in range(trips):
+            entry, back = states, set()
+            for k in range(trips):
                 conts.append(set())
                 states = self.run(n.body, states, env, conts) | conts.pop()
+                back |= states if k + 1 < trips else set()  # what goes round the back edge of a rolled loop
+            if n.rolled:
+                self.empty_entry(n, entry, back, trips)
             return states
         states = {(g, o, frozenset()) for g, o, _ in states}  # each iteration decides its branches anew
         head, out = set(states), set() if trips else set(states)
@@ -406,8 +425,28 @@ class _Interp:
             out |= after
             if after <= head:
                 self.unrolled_exit(n, env, out)
+                self.empty_entry(n, states, after, trips)
                 return out
             head |= after
+
+    def empty_entry(self, n: _Node, entry: set[State], back: set[State], trips: int | None) -> None:
+        """A loop entered with only empty groups committed (a prologue's ``wg_commit()`` in place of a stage no
+        iteration has reached yet) whose back edge carries an accumulator in flight: ptxas serialises (C7515,
+        "defining accumulator registers"). Observed (bench study compile_verdicts): deleting the empty commits, or
+        waiting before the back edge, keeps the pipeline; one empty commit left is enough to lose it. Spared: a
+        chain (the body's first wgmma accumulates into the array in flight, GEMM's main loop) with a trip count
+        nvcc knows, which ptxas keeps (``probes synthetic``: the same chain serialises with a runtime count)."""
+        if not any(g and not any(g) and not o for g, o, _ in entry):
+            return
+        flying = sorted({a for g, o, _ in back for a, kind in frozenset().union(o, *g) if kind == "acc"})
+        first = next((self.name(_arg_names(b.text, w.end() - 1)[0]) for b in self.statements(n.body)
+                      for w in [_WGMMA.search(b.text)] if w and not b.text.startswith("wg_")), None)
+        if flying and not (trips is not None and flying == [first]):
+            self.hazards.append(Hazard(f"for ({n.text})"[:120], flying[0], "defining accumulator registers"))
+
+    def statements(self, nodes: list[_Node]) -> list[_Node]:
+        """Every statement under ``nodes``, in source order."""
+        return [x for b in nodes for x in ([b] if b.kind == "stmt" else self.statements(b.body or []))]
 
     def unrolled_exit(self, n: _Node, env: dict[str, int], out: set[State]) -> None:
         """A loop the generator unrolled over register copies (``j += 2``) whose trip count nvcc knows, left with an

@@ -224,3 +224,22 @@ def test_predict_refusal_is_the_search_s_question_before_nvcc():
     assert predict_refusal(emit(good, hw).source, hw) is None
     serialised = SProgram.from_json((DATA / "fa_b4_d128_bm64_bn64_cpsat_serialised.json").read_text())
     assert "reading accumulator registers" in predict_refusal(serialised, hw)
+
+
+def test_a_loop_entered_with_only_empty_groups_and_left_in_flight_at_its_back_edge_is_serialised():
+    """ptxas serialises (C7515) a loop entered with only empty groups committed (a prologue's ``wg_commit()`` in place
+    of a stage not reached yet) whose back edge carries an accumulator in flight; a real group before it, a wait
+    before the back edge, or a GEMM-like chain with a constant trip count keeps the pipeline (bench study
+    compile_verdicts, probes synthetic; the three-warpgroup BM192 kernels)."""
+    body = ("float b[32];\n%s\n#pragma unroll 1\nfor (int j = 0; j < %s; ++j) {\n"
+            "  wgmma_ss_n64(b, 0); wg_commit(); wg_wait<0>();\n  wgmma_ss_n64(acc, 0); wg_commit();\n%s}\n"
+            "wg_wait<0>();\ns += acc[0] + b[0];")
+    assert _why(body % ("wg_commit();", "T", "")) == ["acc: defining accumulator registers"]
+    assert _why(body % ("wg_commit();", "63", "")) == ["acc: defining accumulator registers"]  # not a chain
+    assert _why(body % ("wg_commit();", "T", "  wg_wait<0>();\n")) == []  # nothing in flight at the back edge
+    assert _why(body % ("wgmma_ss_n64(b, 0); wg_commit();", "T", "")) == []  # a real group before the loop
+    chain = ("wg_commit();\n#pragma unroll 1\nfor (int j = 0; j < %s; ++j) {\n  wgmma_ss_n64(acc, 0); wg_commit();"
+             " wg_wait<1>();\n}\nwg_wait<0>();\ns += acc[0];")
+    assert _why(chain % "T") == ["acc: defining accumulator registers"]
+    assert _why(chain % "63") == []  # GEMM's main loop: a chain nvcc knows the count of
+    assert _why(chain.replace("#pragma unroll 1\n", "") % "8") == []  # unrolled: no back edge in ptxas's input
