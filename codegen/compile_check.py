@@ -38,11 +38,12 @@ def predict_refusal(program: Any, hw: Hardware, generic: bool = False) -> str | 
     The rules (codegen.cuda.wgmma_check.refusals): a register of an in-flight wgmma read or written by another
     instruction on some path (C7514/C7515: ``hazards``), an accumulator rewritten in part before a wgmma
     accumulates into it (C7511: ``rewrites``), and arrays in flight plus those live beside them past the consumer
-    thread's budget (``over_budget``). Measured against ptxas (bench study compile_verdicts, rejection = a
-    serialised pipeline or any spill): development set 112 of 120, the held-out set 102 of 109, the second held-out
-    set (written after the rules) in results/compile_verdicts/README.md; no clean kernel flagged on any of them, so
-    a None is not a promise (the misses are ptxas refusals it does not see) but a reason is one to trust.
-    ``generic``: the shape-generic build (the serving layer's)."""
+    thread's budget (``over_budget``). Measured against ptxas on exact-shape builds (bench study compile_verdicts,
+    --hw h100 tables; a rejection is a serialised pipeline or any spill): the development set 115 of 120, the first
+    held-out set 107 of 109, the second held-out set (compiled before the last rules were written, scored after)
+    103 of 104; no clean kernel flagged on any of them (0 of 257). A reason is one to trust; a None is not a promise
+    (the misses are ptxas refusals the rules do not see: some spills, some serialisations of two-warpgroup kernels).
+    ``generic``: the shape-generic build (the serving layer's), on which the rules were not measured."""
     from .cuda.wgmma_check import refusals
 
     if isinstance(program, str):

@@ -6,7 +6,7 @@ of CP-SAT deterministic time, so reproducibly), compile checks off; each schedul
 with nvcc (cached cubins), and the registers, spills and the wgmma serialisation warning (with ptxas's reason) are
 recorded. Writes ``verdicts.jsonl`` (every schedule with its program: raw, kept out of git) and ``schedules.md`` (one
 line per schedule) into ``--out``; prints the summary table. ``--configs heldout --seed 1`` schedules the held-out
-configurations instead (the source check's rules were written on the development set alone); ``--rescore FILE``
+configurations instead (``--configs new --seed 2 --tilings 4``: the second held-out set); ``--rescore FILE``
 re-predicts a recorded ``verdicts.jsonl`` with this commit's source check (nothing compiled), ``--compile-costs N``
 with it times the check, ``nvcc -ptx`` and ``nvcc -cubin`` on N of its attention kernels.
 """
@@ -47,9 +47,9 @@ HELDOUT = [F(batch=2, heads=16, kv_heads=16, seq=1024, head_dim=128, causal=Fals
            F(batch=3, heads=12, kv_heads=4, seq=1536, head_dim=64, causal=True),
            ptsolve.ops.gemm(M=2048, N=2048, K=1024),
            ptsolve.ops.mamba2_chunk_scan(batch=1, seq=1024, heads=16, head_dim=64, d_state=64, chunk=128, groups=1)]
-# a second held-out set (``--configs new --seed 2 --tilings 4``): written after the register-pressure and
-# partial-accumulator rules, never looked at while they were written; head dims 64/96/128/192/256, GQA, causal,
-# ragged lengths, GEMM shapes and both Mamba2 kernels the other sets do not have
+# a second held-out set (``--configs new --seed 2 --tilings 4``): compiled while the partial-rewrite, pressure and
+# empty-entry rules were being written and not looked at until they were committed; head dims 64/96/128/192/256, GQA,
+# causal, ragged lengths, GEMM shapes and both Mamba2 kernels the other sets do not have
 NEW = [F(batch=1, heads=40, kv_heads=8, seq=2048, head_dim=128, causal=True),
        F(batch=2, heads=16, kv_heads=4, seq=1000, head_dim=96, causal=False),
        F(batch=1, heads=8, kv_heads=8, seq=3072, head_dim=256, causal=True),
