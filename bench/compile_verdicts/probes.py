@@ -80,6 +80,10 @@ def _mma(acc: str, k: int) -> str:
 
 
 _SCALE = "fence_regs(a);\n#pragma unroll\n  for (int i = 0; i < 32; ++i) a[i] *= 0.5f;"
+_BZ0 = "wgmma_ss_n64_f16_z(b, make_desc(sq, 16, 1024), make_desc(sk, 16, 1024)); wg_commit();"
+_READB = "wg_fence(); wgmma_ss_n64_f16(a, make_desc(sq, 16, 1024), make_desc(sk, 16, 1024), 1); wg_commit(); " \
+         "wg_wait<1>(); out[threadIdx.x] += b[1]; "
+_MMAZ = "wg_fence(); wgmma_ss_n64_f16_z(b, make_desc(sq + 32, 16, 1024), make_desc(sk + 32, 16, 1024)); wg_commit();"
 _HALF = "fence_regs(a);\n#pragma unroll\n  for (int i = 0; i < 16; ++i) a[i] *= 0.5f;"
 _LOOP = "\n#pragma unroll 1\n  for (int j = 0; j < {n}; ++j) {{ {body} }}\n  wg_wait<0>(); fence_regs(a);"
 SYNTHETIC = {  # name -> kernel body; a, b: accumulators zeroed before it; n: a runtime count
@@ -102,6 +106,13 @@ SYNTHETIC = {  # name -> kernel body; a, b: accumulators zeroed before it; n: a 
         n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)} wg_wait<0>();"),
     "not a chain after a real group, a in flight at the back edge": f"{_mma('b', 64)}" + _LOOP.format(
         n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)}"),
+    # scores (b, written from scratch by a zero-scale wgmma) or an accumulating array (a) in flight at the back edge
+    "b from scratch in flight at the back edge": _BZ0 + _LOOP.format(n="n", body=_READB + _MMAZ),
+    "the same, a wait before the back edge": _BZ0 + _LOOP.format(n="n", body=_READB + _MMAZ + " wg_wait<0>();"),
+    "the same, b accumulating (scale 1) in flight at the back edge": f"{_mma('b', 0)}" + _LOOP.format(
+        n="n", body=_READB + _mma("b", 32)),
+    "b from scratch in flight at the back edge, retired by wait<0> before it is read": _BZ0 + _LOOP.format(
+        n="n", body=_READB.replace("wg_wait<1>()", "wg_wait<0>()") + _MMAZ),
     # an accumulator rewritten in part (half its elements) by ordinary code, then accumulated by a wgmma
     "after the loop, part of a rewritten, then a wgmma": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<0>();")
     + f"\n{_HALF}\n{_mma('a', 32)}\nwg_wait<0>(); fence_regs(a);",

@@ -243,3 +243,18 @@ def test_a_loop_entered_with_only_empty_groups_and_left_in_flight_at_its_back_ed
     assert _why(chain % "T") == ["acc: defining accumulator registers"]
     assert _why(chain % "63") == []  # GEMM's main loop: a chain nvcc knows the count of
     assert _why(chain.replace("#pragma unroll 1\n", "") % "8") == []  # unrolled: no back edge in ptxas's input
+
+
+def test_scores_written_from_scratch_in_flight_at_the_back_edge_are_serialised():
+    """A loop whose back edge carries in flight an accumulator its body writes from scratch (a zero-scale ``_z``
+    wgmma: FlashAttention's scores issued last) and that the next iteration retires with a partial wait (the group
+    committed after it still in flight) is serialised (C7514); retired by ``wg_wait<0>``, or waited for before the
+    back edge, it is not (bench study compile_verdicts: the development set's 12 such kernels, probes synthetic)."""
+    body = ("float b[32];\nwgmma_ss_n64_z(b, 0); wg_commit();\n#pragma unroll 1\nfor (int j = 0; j < T; ++j) {\n"
+            "  wgmma_ss_n64(acc, 0); wg_commit(); wg_wait<1>();\n  s += b[1];\n  wgmma_ss_n64_z(b, 0); wg_commit();\n"
+            "}\nwg_wait<0>();\ns += acc[0] + b[0];")
+    src = _kernel(body).replace("__device__ void wgmma_rs_n64", "__device__ void wgmma_ss_n64_z(float (&d)[32], "
+                                "uint64_t x) {}\n__device__ void wgmma_rs_n64")
+    assert [f"{h.array}: {h.why}" for h in hazards(src)] == ["b: reading accumulator registers"]
+    assert hazards(src.replace("wg_commit();\n}", "wg_commit();\n  wg_wait<0>();\n}")) == []  # before the back edge
+    assert hazards(src.replace("wg_wait<1>();\n  s += b[1]", "wg_wait<0>();\n  s += b[1]")) == []  # a full wait
