@@ -59,7 +59,18 @@ NEW = [F(batch=1, heads=40, kv_heads=8, seq=2048, head_dim=128, causal=True),
        ptsolve.ops.gemm(M=512, N=8192, K=2048), ptsolve.ops.gemm(M=4096, N=1024, K=4096),
        ptsolve.ops.mamba2_chunk_scan(batch=2, seq=2048, heads=8, head_dim=64, d_state=128, chunk=256, groups=1),
        ptsolve.ops.mamba2_chunk_state(batch=1, seq=4096, heads=24, head_dim=64, d_state=128, chunk=256, groups=1)]
-CONFIGS = {"dev": OPS, "heldout": HELDOUT, "new": NEW}
+# a third held-out set (``--configs third --seed 4 --tilings 4``): compiled after every rule of the source check was
+# committed (489a285) and scored once, unchanged
+THIRD = [F(batch=8, heads=32, kv_heads=32, seq=2048, head_dim=64, causal=False),
+         F(batch=2, heads=48, kv_heads=8, seq=1536, head_dim=128, causal=True),
+         F(batch=4, heads=8, kv_heads=8, seq=2500, head_dim=96, causal=False),
+         F(batch=1, heads=16, kv_heads=4, seq=2048, head_dim=192, causal=True),
+         F(batch=2, heads=8, kv_heads=2, seq=1024, head_dim=256, causal=False),
+         F(batch=3, heads=24, kv_heads=6, seq=777, head_dim=128, causal=True),
+         ptsolve.ops.gemm(M=1024, N=1024, K=8192), ptsolve.ops.gemm(M=3000, N=5120, K=1024),
+         ptsolve.ops.mamba2_chunk_scan(batch=1, seq=4096, heads=32, head_dim=64, d_state=64, chunk=128, groups=1),
+         ptsolve.ops.mamba2_chunk_state(batch=2, seq=1024, heads=16, head_dim=64, d_state=64, chunk=128, groups=1)]
+CONFIGS = {"dev": OPS, "heldout": HELDOUT, "new": NEW, "third": THIRD}
 POLICIES = ("cpsat", "greedy", "cpsat-orders")
 REASON = re.compile(r"due to (.*?) (?:of\s+a wgmma|for the|between)")
 
