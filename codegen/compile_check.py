@@ -33,16 +33,17 @@ def _serialised(source: str) -> str:
 
 def predict_refusal(program: Any, hw: Hardware, generic: bool = False) -> str | None:
     """Why ptxas (nvcc 13.0, sm_90a) is predicted to refuse the kernel of ``program`` (an SProgram, or the CUDA
-    source itself), or None where it is predicted to compile clean; about 0.1 s of the CPU against 2.5-4 s of nvcc.
+    source itself), or None where it is predicted to compile clean; about 0.15 s of the CPU against 2.5-4 s of nvcc.
 
     The rules (codegen.cuda.wgmma_check.refusals): a register of an in-flight wgmma read or written by another
     instruction on some path (C7514/C7515: ``hazards``), an accumulator rewritten in part before a wgmma
     accumulates into it (C7511: ``rewrites``), and arrays in flight plus those live beside them past the consumer
-    thread's budget (``over_budget``). Measured against ptxas on exact-shape builds (bench study compile_verdicts,
-    --hw h100 tables; a rejection is a serialised pipeline or any spill): the development set 115 of 120, the first
-    held-out set 107 of 109, the second held-out set (compiled before the last rules were written, scored after)
-    103 of 104; no clean kernel flagged on any of them (0 of 257). A reason is one to trust; a None is not a promise
-    (the misses are ptxas refusals the rules do not see: some spills, some serialisations of two-warpgroup kernels).
+    thread's budget (``over_budget``), a loop entered with only empty groups and left in flight (``empty_entry``),
+    scores in flight at a back edge retired by a partial wait (``fresh_in_flight``). Measured against ptxas on
+    exact-shape builds (bench study compile_verdicts, --hw h100 tables, nvcc 13.0; a rejection is a serialised
+    pipeline or any spill): development set 117 of 120, first held-out 108 of 109, second held-out 104 of 104, third
+    held-out (compiled after every rule was committed) 103 of 104; no clean kernel flagged on any of them (0 of 338).
+    A reason is one to trust; a None is not a promise (the misses are schedule-dependent spills the rules do not see).
     ``generic``: the shape-generic build (the serving layer's), on which the rules were not measured."""
     from .cuda.wgmma_check import refusals
 

@@ -829,8 +829,9 @@ def over_budget(source: str) -> Hazard | None:
 
 
 def refusals(source: str) -> list[Hazard]:
-    """Every reason the source check finds for ptxas to refuse the kernel: an in-flight register touched
-    (``hazards``: C7514/C7515), an accumulator rewritten in part before a wgmma (``rewrites``: C7511), registers
-    past the budget (``over_budget``: C7511 or spills). Empty: predicted clean."""
+    """Every reason the source check finds for ptxas to refuse the kernel: an in-flight register touched, an
+    unrolled exit or a join left in flight, a loop entered with only empty groups, scores retired by a partial wait
+    at a back edge (``hazards``: C7514/C7515), an accumulator rewritten in part before a wgmma (``rewrites``: C7511),
+    registers past the budget (``over_budget``: C7511 or spills). Empty: predicted clean."""
     over = over_budget(source)
     return hazards(source) + rewrites(source) + ([over] if over else [])
