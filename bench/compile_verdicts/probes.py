@@ -9,6 +9,11 @@ kernels changed in one respect. CPU with nvcc; every kernel compiled afresh (not
   ``-ptx``) with a ``wgmma.wait_group 0`` after its K-th commits (1-based) or after PTX lines ``LINE``, or without
   its K-th commits, assembled by ptxas alone; ``--list`` prints its commits' PTX lines. Which group's in-flight
   span, and which path, ptxas objects to.
+- ``levels ROWS I...``: schedule ``I`` with its consumers' ``setmaxnreg.inc`` level set to each of ``--levels``
+  (default 256 down to 96 in 8s, bisected): the least level ptxas compiles clean at, against the source's register
+  pressure (codegen.cuda.wgmma_check.pressure): how many registers ptxas needs beyond the arrays it counts.
+- ``edit ROWS I --sub OLD NEW [--nth K...]``: schedule ``I`` with its K-th occurrences (1-based; all without
+  ``--nth``) of the text OLD replaced by NEW: ptxas's verdict on one change of the source.
 - ``ptx-scan ROWS``: every attention schedule's PTX scanned path by path (every branch both ways, the committed and
   open groups of each path, ``wait_group N`` retiring all but the newest N) for a non-wgmma instruction that reads
   or writes a register of an in-flight wgmma: does the PTX itself hold what ptxas objects to?
@@ -40,7 +45,7 @@ def _source(rows: Path, i: int) -> tuple[str, tuple[str, ...]]:
 
 
 def verdict(source: str, flags: tuple[str, ...], ptx: bool = False) -> str:
-    """ptxas's serialisation reason for a CUDA source (or, ``ptx``, a PTX text), or "clean"."""
+    """ptxas's serialisation reason and spills for a CUDA source (or, ``ptx``, a PTX text), or "clean"."""
     with tempfile.TemporaryDirectory(prefix="probe_") as td:
         src = Path(td) / ("k.ptx" if ptx else "k.cu")
         src.write_text(source)
@@ -49,8 +54,11 @@ def verdict(source: str, flags: tuple[str, ...], ptx: bool = False) -> str:
         r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         return "error: " + (r.stderr.strip().splitlines() or ["?"])[-1][:200]
-    m = re.search(r"serialized due to (.*?) (?:of\s+a wgmma|for the|in the)", r.stdout + r.stderr)
-    return m.group(1) if m else "clean"
+    out = r.stdout + r.stderr
+    m = re.search(r"serialized due to (.*?) (?:of\s+a wgmma|for the|in the)", out)
+    spill = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    why = "; ".join(x for x in (m.group(1) if m else "", f"{spill} bytes spilled" if spill else "") if x)
+    return why or "clean"
 
 
 def trip(rows: Path, idx: list[int]) -> None:
@@ -72,6 +80,11 @@ def _mma(acc: str, k: int) -> str:
 
 
 _SCALE = "fence_regs(a);\n#pragma unroll\n  for (int i = 0; i < 32; ++i) a[i] *= 0.5f;"
+_BZ0 = "wgmma_ss_n64_f16_z(b, make_desc(sq, 16, 1024), make_desc(sk, 16, 1024)); wg_commit();"
+_READB = "wg_fence(); wgmma_ss_n64_f16(a, make_desc(sq, 16, 1024), make_desc(sk, 16, 1024), 1); wg_commit(); " \
+         "wg_wait<1>(); out[threadIdx.x] += b[1]; "
+_MMAZ = "wg_fence(); wgmma_ss_n64_f16_z(b, make_desc(sq + 32, 16, 1024), make_desc(sk + 32, 16, 1024)); wg_commit();"
+_HALF = "fence_regs(a);\n#pragma unroll\n  for (int i = 0; i < 16; ++i) a[i] *= 0.5f;"
 _LOOP = "\n#pragma unroll 1\n  for (int j = 0; j < {n}; ++j) {{ {body} }}\n  wg_wait<0>(); fence_regs(a);"
 SYNTHETIC = {  # name -> kernel body; a, b: accumulators zeroed before it; n: a runtime count
     "if: wgmma on each way": f"if (n > 0) {{ {_mma('a', 0)} }} else {{ {_mma('a', 32)} }}\n"
@@ -87,16 +100,46 @@ SYNTHETIC = {  # name -> kernel body; a, b: accumulators zeroed before it; n: a 
     "GEMM-like chain (wait<1>), n runtime": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<1>();"),
     "the same after 1 empty commit ": "wg_commit();" + _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<1>();"),
     "the same, 63 trips": "wg_commit();" + _LOOP.format(n="63", body=f"{_mma('a', 0)} wg_wait<1>();"),
+    "not a chain (b then a) after 1 empty commit, 63 trips": "wg_commit();" + _LOOP.format(
+        n="63", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)}"),
+    "not a chain after 1 empty commit, a wait before the back edge": "wg_commit();" + _LOOP.format(
+        n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)} wg_wait<0>();"),
+    "not a chain after a real group, a in flight at the back edge": f"{_mma('b', 64)}" + _LOOP.format(
+        n="n", body=f"{_mma('b', 0)} wg_wait<0>(); {_mma('a', 32)}"),
+    # scores (b, written from scratch by a zero-scale wgmma) or an accumulating array (a) in flight at the back edge
+    "b from scratch in flight at the back edge": _BZ0 + _LOOP.format(n="n", body=_READB + _MMAZ),
+    "the same, a wait before the back edge": _BZ0 + _LOOP.format(n="n", body=_READB + _MMAZ + " wg_wait<0>();"),
+    "the same, b accumulating (scale 1) in flight at the back edge": f"{_mma('b', 0)}" + _LOOP.format(
+        n="n", body=_READB + _mma("b", 32)),
+    "b from scratch in flight at the back edge, retired by wait<0> before it is read": _BZ0 + _LOOP.format(
+        n="n", body=_READB.replace("wg_wait<1>()", "wg_wait<0>()") + _MMAZ),
+    # an accumulator rewritten in part (half its elements) by ordinary code, then accumulated by a wgmma
+    "after the loop, part of a rewritten, then a wgmma": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<0>();")
+    + f"\n{_HALF}\n{_mma('a', 32)}\nwg_wait<0>(); fence_regs(a);",
+    "after the loop, all of a rewritten, then a wgmma": _LOOP.format(n="n", body=f"{_mma('a', 0)} wg_wait<0>();")
+    + f"\n{_SCALE}\n{_mma('a', 32)}\nwg_wait<0>(); fence_regs(a);",
+    "in the loop, part of a rewritten, then a wgmma": _LOOP.format(
+        n="n", body=f"{_HALF} {_mma('a', 0)} wg_wait<0>();"),
+    "in the loop, part of a rewritten at the end of its body, a wgmma after the loop": _LOOP.format(
+        n="n", body=f"{_mma('a', 0)} wg_wait<0>(); {_HALF}").replace(
+        "wg_wait<0>(); fence_regs(a);", f"{_mma('a', 32)} wg_wait<0>(); fence_regs(a);"),
+    "a loop that zeroes a each trip, part of a rewritten, then a wgmma": _LOOP.format(
+        n="n", body="for (int i = 0; i < 32; ++i) a[i] = 0.f; "
+                    f"{_mma('a', 0)} wg_wait<0>(); {_HALF} {_mma('a', 32)} wg_wait<0>(); b[0] += a[0];"),
+    "no loop, part of a rewritten, then a wgmma": f"{_mma('a', 0)} wg_wait<0>();\n{_HALF}\n{_mma('a', 32)}\n"
+                                                  "wg_wait<0>(); fence_regs(a);",
 }
 
 
-def synthetic(rows: Path) -> None:
+def synthetic(rows: Path, only: str = "") -> None:
     """ptxas's verdict on each SYNTHETIC kernel (the device helpers of the first schedule of ``rows`` that has the
     n64 wgmma helper)."""
     n = len(rows.read_text().splitlines())
     src, flags = next(sf for sf in (_source(rows, i) for i in range(n)) if "void wgmma_ss_n64_f16(" in sf[0])
     prelude = src.split('extern "C" __global__')[0]
     for name, body in SYNTHETIC.items():
+        if only not in name:
+            continue
         k = (prelude + 'extern "C" __global__ void __launch_bounds__(128, 1) k(float* out, int n) {\n'
              "  using namespace pts;\n  __shared__ __align__(1024) uint8_t sm[32768];\n"
              "  const uint32_t sq = smem_u32(sm), sk = sq + 16384;\n  float a[32]; float b[32];\n"
@@ -213,22 +256,73 @@ def ptx_scan(rows: Path) -> None:
     print(f"serialised kernels whose PTX holds an in-flight access: {found[True]} of {sum(found.values())}")
 
 
+_INC = re.compile(r"setmaxnreg\.inc\.sync\.aligned\.u32 (\d+);")
+
+
+def levels(rows: Path, idx: list[int], lv: list[int], sub: tuple[str, str] | None = None) -> None:
+    """Per schedule: its pressure peak, ptxas's verdict at the consumer register levels a bisection of ``lv`` asks
+    about, and the least clean one."""
+    from codegen.cuda.wgmma_check import pressure
+
+    for i in idx:
+        src, flags = _source(rows, i)
+        src = src.replace(*sub) if sub else src  # the source changed in one respect (``--sub``), then levelled
+        p = pressure(src)
+        if not _INC.search(src):
+            print(f"{i}: no setmaxnreg.inc level to change (pressure {p.peak}, budget {p.budget})")
+            continue
+        got: dict[int, str] = {}
+        lo, hi = 0, len(lv) - 1  # levels ascending; ptxas taken as monotone in them: bisect for the least clean
+        lv = sorted(lv)
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            got[lv[mid]] = verdict(_INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {lv[mid]};", src), flags)
+            lo, hi = (lo, mid - 1) if got[lv[mid]] == "clean" else (mid + 1, hi)
+        got = dict(sorted(got.items()))
+        clean = [n for n, v in got.items() if v == "clean"]
+        least = min(clean) if clean else None
+        print(f"{i}: pressure {p.peak} (pinned {','.join(p.pinned)}; live {','.join(p.live)}), budget {p.budget}; "
+              + "; ".join(f"{n}: {v}" for n, v in got.items())
+              + f"; least clean {least}" + (f", {least - p.peak} above the pressure" if least else ""), flush=True)
+
+
+def edit(rows: Path, idx: list[int], old: str, new: str, nth: list[int]) -> None:
+    """ptxas's verdict on schedule ``i`` as emitted and with ``old`` replaced by ``new`` (its ``nth`` occurrences)."""
+    for i in idx:
+        src, flags = _source(rows, i)
+        parts = src.split(old)
+        if len(parts) == 1:
+            print(f"{i}: {old!r} not in the source")
+            continue
+        out = parts[0] + "".join((new if not nth or k in nth else old) + p for k, p in enumerate(parts[1:], 1))
+        print(f"{i}: as emitted {verdict(src, flags)}; {old!r} -> {new!r} (occurrences {nth or 'all'} of "
+              f"{len(parts) - 1}): {verdict(out, flags)}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("probe", choices=("trip", "synthetic", "ptx-wait", "ptx-scan"))
+    ap.add_argument("probe", choices=("trip", "synthetic", "ptx-wait", "ptx-scan", "levels", "edit"))
     ap.add_argument("rows", type=Path, help="a verdicts.jsonl of python -m bench compile_verdicts")
     ap.add_argument("index", type=int, nargs="*", help="schedules (0-based lines of ROWS)")
     ap.add_argument("--after-commit", type=int, nargs="*", default=[])
     ap.add_argument("--at", type=int, nargs="*", default=[])
     ap.add_argument("--drop-commit", type=int, nargs="*", default=[])
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--only", default="", help="synthetic: the kernels whose name holds this text")
+    ap.add_argument("--levels", type=int, nargs="*", default=list(range(256, 95, -8)))
+    ap.add_argument("--sub", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--nth", type=int, nargs="*", default=[])
     a = ap.parse_args()
     if a.probe == "trip":
         trip(a.rows, a.index)
     elif a.probe == "synthetic":
-        synthetic(a.rows)
+        synthetic(a.rows, a.only)
     elif a.probe == "ptx-scan":
         ptx_scan(a.rows)
+    elif a.probe == "levels":
+        levels(a.rows, a.index, a.levels, a.sub)
+    elif a.probe == "edit":
+        edit(a.rows, a.index, *a.sub, a.nth)
     else:
         for i in a.index:
             ptx_wait(a.rows, i, a.after_commit, a.at, a.drop_commit, a.list)

@@ -140,3 +140,121 @@ def test_ptxas_agrees_on_the_serialised_one():
     kc = check_cuda(SProgram.from_json((DATA / "fa_b4_d128_bm64_bn64_cpsat_serialised.json").read_text()),
                     load("h100"))
     assert kc.serialized is True
+
+
+def _c7511(body: str) -> list[str]:
+    from codegen.cuda.wgmma_check import rewrites
+
+    return [h.array for h in rewrites(_kernel(body))]
+
+
+_MMA = "wgmma_ss_n64(acc, 0); wg_commit(); wg_wait<0>();\n"
+_HALF = "for (int i = 0; i < 16; ++i) acc[i] *= 0.5f;\n"
+
+
+def test_an_accumulator_rewritten_in_part_before_a_wgmma_is_refused():
+    """ptxas gives up the pipeline (C7511, "insufficient register resources") where a wgmma accumulates into an
+    array ordinary code rewrote in part since its last wgmma, whatever the register pressure (bench study
+    compile_verdicts, probes synthetic: a 32-register accumulator); all of it or none of it compiles clean."""
+    assert _c7511(_MMA + _HALF + _MMA) == ["acc"]
+    assert _c7511(_MMA + _HALF.replace("16", "32") + _MMA) == []  # all of it rewritten
+    assert _c7511(_MMA + "for (int i = 0; i < 16; ++i) s += acc[i];\n" + _MMA) == []  # read, not rewritten
+    # two halves rewrite all of it
+    assert _c7511(_MMA + _HALF + "for (int i = 16; i < 32; ++i) acc[i] *= 0.25f;\n" + _MMA) == []
+    # a zero-scale wgmma (``_z``) reads no accumulator: nothing to mix
+    assert _c7511(_MMA + _HALF + _MMA.replace("wgmma_ss_n64(", "wgmma_ss_n64_z(")) == []
+
+
+def test_a_loop_head_or_a_loop_carrying_the_accumulator_spares_a_partial_rewrite():
+    """Observed: the same rewrite inside a loop that carries the accumulator (FlashAttention's rescale over 96 of 128
+    columns before P.V) compiles clean, and so does a rewrite at the end of a loop body before a wgmma after the
+    loop; after the loop (the epilogue's rescale), or in a loop that zeroes the accumulator every trip, it does
+    not."""
+    loop = "for (int j = 0; j < T; ++j) {\n%s}\n"
+    assert _c7511(loop % (_HALF + _MMA)) == []  # carried: live at the loop's head
+    assert _c7511(loop % (_MMA + _HALF) + _MMA) == []  # a loop head between the rewrite and the wgmma
+    assert _c7511(loop % _MMA + _HALF + _MMA) == ["acc"]  # after the loop
+    zeroed = "for (int i = 0; i < 32; ++i) acc[i] = 0.f;\n" + _MMA + _HALF + _MMA + "s += acc[0];\n"
+    assert _c7511(loop % zeroed) == ["acc"]  # not carried: the loop rewrites all of it first
+
+
+def test_real_kernels_with_the_partial_rescale():
+    """The held-out set's d96 BM64 kernels: the greedy schedule rescales o (64 registers, 48 of them the head dim's)
+    after the loop and then runs P.V: C7511; the FA3 order rescales at the end of the loop body: clean."""
+    from codegen.cuda.wgmma_check import rewrites
+
+    bad = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text()), load("h100"))
+    good = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text()), load("h100"))
+    assert [h.array for h in rewrites(bad.source)] == ["o"]
+    assert rewrites(good.source) == []
+
+
+def _pressure_kernel(body: str) -> str:
+    return _kernel(body).replace("float acc[32];", "float acc[32]; float b[32]; float c[32]; float big[192];")
+
+
+def test_registers_pinned_by_wgmmas_in_flight_with_those_live_beside_them():
+    """The pressure counts, at each statement with a wgmma in flight, the arrays in flight and those live there
+    (read later before rewritten); a kernel is refused where they alone pass the consumer's budget."""
+    from codegen.cuda.wgmma_check import over_budget, pressure
+
+    src = _pressure_kernel("for (int i = 0; i < 192; ++i) big[i] = 1.f;\n"
+                           "wgmma_ss_n64(acc, 0); wg_commit();\nwg_wait<0>();\n"
+                           "for (int i = 0; i < 192; ++i) s += big[i];\ns += acc[0];")
+    p = pressure(src)
+    assert (p.peak, p.pinned, p.live, p.budget) == (224, ("acc",), ("big",), 255)  # 32 + 192; 64K / 256 threads
+    assert over_budget(src) is None
+    assert over_budget(src.replace("__launch_bounds__(128, 1)", "__launch_bounds__(384, 1)")) is not None  # 168
+    # big dead by the time the wgmma is issued: not counted
+    dead = src.replace("for (int i = 0; i < 192; ++i) s += big[i];\n", "").replace(
+        "big[i] = 1.f;", "big[i] = 1.f;\nfor (int i = 0; i < 192; ++i) s += big[i];")
+    assert pressure(dead).peak == 32
+
+
+def test_predict_refusal_is_the_search_s_question_before_nvcc():
+    """codegen.compile_check.predict_refusal: a reason for a kernel a rule refuses, None for one predicted clean;
+    it takes a program or its CUDA source, and needs no nvcc."""
+    from codegen.compile_check import predict_refusal
+
+    hw = load("h100")
+    bad = SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text())
+    good = SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text())
+    assert "C7511" in predict_refusal(bad, hw)
+    assert predict_refusal(good, hw) is None
+    assert predict_refusal(emit(good, hw).source, hw) is None
+    serialised = SProgram.from_json((DATA / "fa_b4_d128_bm64_bn64_cpsat_serialised.json").read_text())
+    assert "reading accumulator registers" in predict_refusal(serialised, hw)
+
+
+def test_a_loop_entered_with_only_empty_groups_and_left_in_flight_at_its_back_edge_is_serialised():
+    """ptxas serialises (C7515) a loop entered with only empty groups committed (a prologue's ``wg_commit()`` in place
+    of a stage not reached yet) whose back edge carries an accumulator in flight; a real group before it, a wait
+    before the back edge, or a GEMM-like chain with a constant trip count keeps the pipeline (bench study
+    compile_verdicts, probes synthetic; the three-warpgroup BM192 kernels)."""
+    body = ("float b[32];\n%s\n#pragma unroll 1\nfor (int j = 0; j < %s; ++j) {\n"
+            "  wgmma_ss_n64(b, 0); wg_commit(); wg_wait<0>();\n  wgmma_ss_n64(acc, 0); wg_commit();\n%s}\n"
+            "wg_wait<0>();\ns += acc[0] + b[0];")
+    assert _why(body % ("wg_commit();", "T", "")) == ["acc: defining accumulator registers"]
+    assert _why(body % ("wg_commit();", "63", "")) == ["acc: defining accumulator registers"]  # not a chain
+    assert _why(body % ("wg_commit();", "T", "  wg_wait<0>();\n")) == []  # nothing in flight at the back edge
+    assert _why(body % ("wgmma_ss_n64(b, 0); wg_commit();", "T", "")) == []  # a real group before the loop
+    chain = ("wg_commit();\n#pragma unroll 1\nfor (int j = 0; j < %s; ++j) {\n  wgmma_ss_n64(acc, 0); wg_commit();"
+             " wg_wait<1>();\n}\nwg_wait<0>();\ns += acc[0];")
+    assert _why(chain % "T") == ["acc: defining accumulator registers"]
+    assert _why(chain % "63") == []  # GEMM's main loop: a chain nvcc knows the count of
+    assert _why(chain.replace("#pragma unroll 1\n", "") % "8") == []  # unrolled: no back edge in ptxas's input
+
+
+def test_scores_written_from_scratch_in_flight_at_the_back_edge_are_serialised():
+    """A loop whose back edge carries in flight an accumulator its body writes from scratch (a zero-scale ``_z``
+    wgmma: FlashAttention's scores issued last) and that the next iteration retires with a partial wait (the group
+    committed after it still in flight) is serialised (C7514); retired by ``wg_wait<0>``, or waited for before the
+    back edge, it is not (bench study compile_verdicts: the development set's 12 such kernels, probes synthetic)."""
+    body = ("float b[32];\nwgmma_ss_n64_z(b, 0); wg_commit();\n#pragma unroll 1\nfor (int j = 0; j < T; ++j) {\n"
+            "  wgmma_ss_n64(acc, 0); wg_commit(); wg_wait<1>();\n  s += b[1];\n  wgmma_ss_n64_z(b, 0); wg_commit();\n"
+            "}\nwg_wait<0>();\ns += acc[0] + b[0];")
+    src = _kernel(body).replace("__device__ void wgmma_rs_n64", "__device__ void wgmma_ss_n64_z(float (&d)[32], "
+                                "uint64_t x) {}\n__device__ void wgmma_rs_n64")
+    assert [f"{h.array}: {h.why}" for h in hazards(src)] == ["b: reading accumulator registers"]
+    assert hazards(src.replace("wg_commit();\n}", "wg_commit();\n  wg_wait<0>();\n}")) == []  # before the back edge
+    assert hazards(src.replace("wg_wait<1>();\n  s += b[1]", "wg_wait<0>();\n  s += b[1]")) == []  # a full wait
