@@ -165,4 +165,7 @@ check_cuda.buildable = cuda_buildable  # type: ignore[attr-defined]
 check_cuda_generic.buildable = cuda_buildable  # type: ignore[attr-defined]
 # the kernel a schedule becomes: the search compiles each once (ptsolve.kernelcheck.kernel_key)
 check_cuda.kernel_key = cuda_kernel_key  # type: ignore[attr-defined]
+# predict_refusal is not attached as check_cuda.predict (ptsolve.kernelcheck): it flags no clean kernel (0 of 338,
+# bench study compile_verdicts), but on the cold-optimize configurations (bench study real_software) it named none of
+# the refusals the search met and its ~0.15-0.3 s before every compile made them 0.2-1.3 s slower (2026-12-05)
 check_cuda_generic.kernel_key = lambda program, hw: cuda_kernel_key(program, hw, generic=True)  # type: ignore[attr-defined]

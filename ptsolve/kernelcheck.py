@@ -9,7 +9,9 @@ never a guess.
 
 A checker may carry two optional attributes: ``buildable(graph)`` (why the generator builds no schedule of a tiling,
 or None: asked before the search solves it) and ``kernel_key(program, hw)`` (a string naming the kernel the program
-becomes, or None: programs with one key get one verdict, so the search compiles that kernel once; ``kernel_key``).
+becomes, or None: programs with one key get one verdict, so the search compiles that kernel once; ``kernel_key``),
+and ``predict(program, hw)`` (a refusal named before the compiler runs, or None: the search takes it as the verdict
+and compiles nothing; a predictor must not flag what the compiler builds, so it is attached where that was measured).
 """
 from __future__ import annotations
 

@@ -97,11 +97,17 @@ def optimize(op: Operator | STaskGraph, hw: str | Hardware = DEFAULT_HW, solver:
 
 
 def _verifier(chk: Checker | None, hw: Hardware) -> Callable[[Any], KernelCheck] | None:
-    """search's ``verify``: ``chk`` on ``hw``, with the checker's ``kernel_key`` (ptsolve.kernelcheck) if it has one."""
+    """search's ``verify``: ``chk`` on ``hw``, with the checker's ``kernel_key`` (ptsolve.kernelcheck) if it has one.
+    Where the checker has a ``predict`` (a refusal it can name before running the compiler), a schedule it names is
+    refused at once (no compile): the search moves to the tiling's next schedule as after the compiler's refusal."""
     if chk is None:
         return None
+    predict = getattr(chk, "predict", None)
 
     def verify(p: Any) -> KernelCheck:
+        why = predict(p, hw) if predict is not None else None
+        if why:
+            return KernelCheck("rejected", why, target=hw.arch)
         return chk(p, hw)
     verify.kernel_key = kernel_key(chk, hw)  # type: ignore[attr-defined]
     return verify

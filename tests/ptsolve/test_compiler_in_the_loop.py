@@ -249,3 +249,21 @@ def test_a_tiling_past_its_register_budget_by_more_than_the_overcount_is_never_s
     # tilings past by more were candidates before (where their bound could win), none is now
     assert 0 < loose.tilings - strict.tilings <= sum(e > 8 for e in excess.values())
     assert asked["strict"] and all(excess.get(json.dumps(t, sort_keys=True), 0) <= 8 for t in asked["strict"])
+
+
+def test_a_refusal_the_checker_predicts_costs_no_compile(monkeypatch):
+    """A checker's ``predict`` names a refusal before the compiler runs: the schedule is refused with that reason and
+    the checker itself is never asked about it; the search goes on to other schedules exactly as after a compiled
+    refusal, and the answer is one the checker was asked about."""
+    op = OPS["gemm"]()
+    free = _opt(op, "h200", "greedy", lambda p, hw: KernelCheck("ok", kernel="k"), monkeypatch)
+    first = dict(free.tiling)
+    asked = []
+
+    def chk(p, hw):
+        asked.append(dict(p.graph.tiling))
+        return KernelCheck("ok", kernel="k")
+    chk.predict = lambda p, hw: "predicted: the first choice" if dict(p.graph.tiling) == first else None
+    r = _opt(op, "h200", "greedy", chk, monkeypatch)
+    assert r.tiling != first and r.kernel_check["status"] == "ok" and first not in asked and asked
+    assert any("predicted: the first choice" in why for _, why in r.rejected)
