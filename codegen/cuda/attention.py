@@ -289,8 +289,10 @@ def _body(t: Task) -> str:
                  "    l_r[hh] = l_r[hh] * alpha[hh] + sm;", "  }"]
         return "\n".join(lines + ([] if t.early else _pack(t, S)))
     if b == "rescale":
-        return "\n".join(["  fence_regs(o);", "#pragma unroll", "  for (int j = 0; j < D / 8; ++j)", "#pragma unroll",
-                          "    for (int i = 0; i < 4; ++i)", "      o[4 * j + i] *= alpha[i >> 1];"])
+        # all of O, the padded columns too (head_dim 96: DP = 128; they hold P·0): a rescale of part of an accumulator
+        # a wgmma then accumulates into makes ptxas serialise the pipeline (C7511; bench study compile_verdicts)
+        return "\n".join(["  fence_regs(o);", "#pragma unroll", f"  for (int j = 0; j < {_dp(ir)} / 8; ++j)",
+                          "#pragma unroll", "    for (int i = 0; i < 4; ++i)", "      o[4 * j + i] *= alpha[i >> 1];"])
     if b == "mma_pv":
         P = _buf(t, "pf")
         lines = ["  const uint32_t sv = smem_u32(v_cur);", "  wg_fence();"]

@@ -179,14 +179,17 @@ def test_a_loop_head_or_a_loop_carrying_the_accumulator_spares_a_partial_rewrite
 
 
 def test_real_kernels_with_the_partial_rescale():
-    """The held-out set's d96 BM64 kernels: the greedy schedule rescales o (64 registers, 48 of them the head dim's)
-    after the loop and then runs P.V: C7511; the FA3 order rescales at the end of the loop body: clean."""
+    """The held-out set's d96 BM64 kernels: the greedy schedule rescaled o (64 registers, 48 of them the head dim's)
+    after the loop and then ran P.V: C7511 (its source as the generator emitted it before rescaling all of O, kept
+    in tests/data); the FA3 order rescales at the end of the loop body: clean; and the generator now rescales the
+    padded columns too, so the same greedy schedule has no partial rewrite."""
     from codegen.cuda.wgmma_check import rewrites
 
-    bad = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text()), load("h100"))
+    bad = (DATA / "fa_d96_bm64_bn128_greedy_c7511.cu").read_text()
+    now = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text()), load("h100"))
     good = emit(SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text()), load("h100"))
-    assert [h.array for h in rewrites(bad.source)] == ["o"]
-    assert rewrites(good.source) == []
+    assert [h.array for h in rewrites(bad)] == ["o"]
+    assert rewrites(good.source) == [] and rewrites(now.source) == []
 
 
 def _pressure_kernel(body: str) -> str:
@@ -217,7 +220,7 @@ def test_predict_refusal_is_the_search_s_question_before_nvcc():
     from codegen.compile_check import predict_refusal
 
     hw = load("h100")
-    bad = SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text())
+    bad = (DATA / "fa_d96_bm64_bn128_greedy_c7511.cu").read_text()  # the source before O was rescaled whole
     good = SProgram.from_json((DATA / "fa_d96_bm64_bn128_fa3_clean.json").read_text())
     assert "C7511" in predict_refusal(bad, hw)
     assert predict_refusal(good, hw) is None
@@ -258,3 +261,14 @@ def test_scores_written_from_scratch_in_flight_at_the_back_edge_are_serialised()
     assert [f"{h.array}: {h.why}" for h in hazards(src)] == ["b: reading accumulator registers"]
     assert hazards(src.replace("wg_commit();\n}", "wg_commit();\n  wg_wait<0>();\n}")) == []  # before the back edge
     assert hazards(src.replace("wg_wait<1>();\n  s += b[1]", "wg_wait<0>();\n  s += b[1]")) == []  # a full wait
+
+
+@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+def test_the_generator_rescales_all_of_o_and_ptxas_keeps_the_pipeline(tmp_path, monkeypatch):
+    """The d96 greedy schedule ptxas used to serialise (C7511: O rescaled in part, then P.V accumulating into it) now
+    compiles clean: the generator rescales O's padded columns too (codegen.cuda.attention, rescale)."""
+    from codegen.compile_check import check_cuda
+
+    monkeypatch.setenv("PTSOLVE_CACHE_DIR", str(tmp_path))
+    kc = check_cuda(SProgram.from_json((DATA / "fa_d96_bm64_bn128_greedy_c7511.json").read_text()), load("h100"))
+    assert kc.ok and not kc.serialized and kc.spill_bytes == 0, kc
