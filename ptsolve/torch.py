@@ -733,25 +733,42 @@ def _chunk_pieces(nq: torch.Tensor, nk: torch.Tensor, chunk: int, pieces: int
     return q0, q1 - q0, k0, k1 - k0
 
 
+def _dense_pieces(B: int, sq: int, sk: int, chunk: int, pieces: int, dev: Any) -> tuple[torch.Tensor, ...]:
+    """(cu_q, cu_k, queries, keys) of a dense batch's pieces (``_chunk_pieces``' rule on host ints: every sequence has
+    sq queries and sk keys), int32 on ``dev``. Under torch.compile they are the graph's constants: Inductor failed on
+    the device arithmetic of the same offsets (torch 2.11: "The argument '256*((0))' is not comparable")."""
+    off = sk - sq
+    c0 = off // chunk
+    q0 = [min(max((c0 + i) * chunk - off, 0), sq) for i in range(pieces)]
+    q1 = [min(max((c0 + i + 1) * chunk - off, 0), sq) for i in range(pieces)]
+    k0 = [min(max((c0 + i) * chunk, 0), sk) for i in range(pieces)]
+    k1 = [min(max((c0 + i + 1) * chunk, 0), sk) for i in range(pieces)]
+    cu_q = [b * sq + x for b in range(B) for x in q0] + [B * sq]
+    cu_k = [b * sk + x for b in range(B) for x in k0] + [B * sk]
+    qn, kn = [b - a for a, b in zip(q0, q1)] * B, [b - a for a, b in zip(k0, k1)] * B
+    return tuple(torch.tensor(x, device=dev, dtype=torch.int32) for x in (cu_q, cu_k, qn, kn))
+
+
 def _chunk_attend(name: str, qkv: tuple[torch.Tensor, ...], starts: tuple[torch.Tensor, torch.Tensor],
                   lens: tuple[torch.Tensor, torch.Tensor], longest: tuple[int, int], pieces: int, causal: bool,
-                  scale: float, feat: tuple[Any, Any, Any], chunk: int, margin: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, feat: tuple[Any, Any, Any], chunk: int, margin: int,
+                  given: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked attention of packed rows as the varlen kernel runs it: q [Tq, H, D], k / v [Tk, Hkv, D] (``qkv``),
     sequence b's queries at rows starts[0][b] .., its keys at rows starts[1][b] .. (int32 [B + 1], the last entry
     cu_seqlens' total: the LSE's row stride), lens[0][b] / lens[1][b] of them (int [B], on the device), at most
     ``longest`` (host ints); ``pieces`` per sequence (``_chunk_count``, or the exact count). Each piece is a sequence
     (its rows from its start, ``seqused``: rows past a sequence's used ones are neither read nor written).
-    ``feat``: (softcap, window_left, window_right), normalised here against the pieces' longest. (out [Tq, H, D],
-    lse [H, Tq])."""
-    (cq, ck), (nq, nk) = starts, lens
-    q0, qn, k0, kn = _chunk_pieces(nq.long(), nk.long(), chunk, pieces)
-    cu_q = torch.cat([(cq[:-1].long()[:, None] + q0).flatten(), cq[-1:].long()]).to(torch.int32)
-    cu_k = torch.cat([(ck[:-1].long()[:, None] + k0).flatten(), ck[-1:].long()]).to(torch.int32)
+    ``feat``: (softcap, window_left, window_right), normalised here against the pieces' longest. ``given``: the
+    pieces' (cu_q, cu_k, queries, keys) where the caller has them (``_dense_pieces``). (out [Tq, H, D], lse [H, Tq])."""
+    if given is None:
+        (cq, ck), (nq, nk) = starts, lens
+        q0, qn, k0, kn = _chunk_pieces(nq.long(), nk.long(), chunk, pieces)
+        given = (torch.cat([(cq[:-1].long()[:, None] + q0).flatten(), cq[-1:].long()]).to(torch.int32),
+                 torch.cat([(ck[:-1].long()[:, None] + k0).flatten(), ck[-1:].long()]).to(torch.int32),
+                 qn.flatten().to(torch.int32), kn.flatten().to(torch.int32))
     mq, mk = min(chunk, int(longest[0])), min(chunk, int(longest[1]))
     sc, wl, wr = _features(name, mq, mk, causal, feat[0], (feat[1], feat[2]))
-    return _run_features((*qkv, cu_q, cu_k, qn.flatten().to(torch.int32), kn.flatten().to(torch.int32), max(1, mq),
-                          mk, causal, scale, sc, wl, wr), margin)
+    return _run_features((*qkv, *given, max(1, mq), mk, causal, scale, sc, wl, wr), margin)
 
 
 def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float | None,
@@ -769,10 +786,12 @@ def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, so
     scale = _check_attention(q, k, v, 4, causal, softmax_scale)
     dev = q.device
     rows = tuple(x.reshape(B * x.shape[1], *x.shape[2:]) for x in (q, k, v))
+    pieces = (sk - 1) // chunk - first + 1
     starts = tuple(torch.arange(B + 1, device=dev, dtype=torch.int32) * n for n in (sq, sk))
     lens = tuple(torch.full((B,), n, device=dev, dtype=torch.int64) for n in (sq, sk))
-    out, lse = _chunk_attend("flash_attention", rows, starts, lens, (sq, sk), (sk - 1) // chunk - first + 1, causal,
-                             scale, (softcap, *_window(window_size)), chunk, margin)
+    given = _dense_pieces(B, sq, sk, chunk, pieces, dev) if _compiling() else None
+    out, lse = _chunk_attend("flash_attention", rows, starts, lens, (sq, sk), pieces, causal,
+                             scale, (softcap, *_window(window_size)), chunk, margin, given)
     out = out.view(q.shape)
     return (out, lse.view(q.shape[2], B, sq).permute(1, 0, 2)) if return_lse else out
 

@@ -85,9 +85,9 @@ def test_dynamic_cache_families(torch, pt, monkeypatch, dt, B, H, Hkv, causal):
     made = []
 
     class Counting(serve.DecodeFamily):
-        def __init__(self, *a):
+        def __init__(self, *a, **kw):
             made.append(a[0].shape)
-            super().__init__(*a)
+            super().__init__(*a, **kw)
     monkeypatch.setattr(serve, "DecodeFamily", Counting)
     pt._GROW.clear()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt]
@@ -362,7 +362,7 @@ def test_every_binary_of_a_decode_class(torch, pt, monkeypatch, B, Sq, cap, H, H
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     for v in variants:
         s = serve.decode._decode_best(v, p)[1]
-        monkeypatch.setattr(serve.decode, "decode_pick", lambda c_, p_, v=v, s=s: (v, s))
+        monkeypatch.setattr(serve.decode, "decode_pick", lambda c_, p_, margin=0, v=v, s=s: (v, s))
         serve.prepared.LAUNCHES.clear()
         poison(torch, q.shape, q.dtype)
         check(torch, pt.flash_attention(q, kc, vc, causal=causal), q, kc, vc, causal, 1 / math.sqrt(D))

@@ -181,7 +181,7 @@ def test_errors_name_the_fix(torch, pt):
         pt.flash_attention(q, q, q)
     with pytest.raises(ShapeError, match="float16"):
         pt.flash_attention(q.float(), q.float(), q.float())
-    with pytest.raises(ShapeError, match="multiples of 8"):
+    with pytest.raises(ShapeError, match="K=12 must be a multiple of 8"):
         pt.gemm(torch.randn(4, 12, device="cuda", dtype=torch.float16),
                 torch.randn(8, 12, device="cuda", dtype=torch.float16))
 

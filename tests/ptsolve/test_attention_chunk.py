@@ -187,6 +187,19 @@ def test_queries_of_one_chunk_run_dense_on_its_keys(cpu, sq, sk, chunk):
     assert cpu.dense[0]["k"].data_ptr() == k[:, start:].data_ptr() and cpu.dense[0]["k"].shape[1] == sk - start
 
 
+def test_dense_pieces_under_compile_are_the_device_rule():
+    """_dense_pieces (the graph constants a torch.compile'd dense call uses) gives the same cu_seqlens and counts as
+    _chunk_pieces' device arithmetic, for batches, seq_q < seq_kv, seq_q > seq_kv and ragged chunks."""
+    for B, sq, sk, chunk in ((1, 1000, 1000, 256), (3, 7, 20, 4), (2, 20, 7, 3), (2, 5, 5, 1), (1, 9, 30, 8)):
+        first = (sk - sq) // chunk
+        P = (sk - 1) // chunk - first + 1
+        q0, qn, k0, kn = pt._chunk_pieces(torch.full((B,), sq), torch.full((B,), sk), chunk, P)
+        cu_q = torch.cat([(torch.arange(B)[:, None] * sq + q0).flatten(), torch.tensor([B * sq])])
+        cu_k = torch.cat([(torch.arange(B)[:, None] * sk + k0).flatten(), torch.tensor([B * sk])])
+        want = [x.tolist() for x in (cu_q, cu_k, qn.flatten(), kn.flatten())]
+        assert [x.tolist() for x in pt._dense_pieces(B, sq, sk, chunk, P, "cpu")] == want, (B, sq, sk, chunk)
+
+
 def test_chunk_pieces_cover_each_query_once():
     """_chunk_pieces at many lengths: each query in exactly one piece, whose keys are its chunk's (within the
     sequence), whose last query sits on its last key (the bottom-right alignment the proof uses), and the bound
