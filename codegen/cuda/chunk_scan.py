@@ -162,8 +162,8 @@ def _cb_pair(dt: str, fp32: bool) -> list[str]:
         # the 32 banks twice (its 256 bytes, two wavefronts)
         return ["      const float2 cf = *reinterpret_cast<const float2*>(cb_cur + (j >> 2) * BM * 128 + r * 128 +"
                 " ((((2 * (j & 3) + ((lane & 3) >> 1)) ^ (r & 7))) << 4) + 8 * (lane & 1));"]
-    cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
-    h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
+    cvt = "pts_half22float2" if dt == "fp16" else "pts_bf1622float2"
+    h2 = "pts_half2" if dt == "fp16" else "pts_bf162"
     return ["      // 128-byte swizzle: 16-byte granule (col / 8) % 8 of row r sits at granule ^ (r % 8)",
             "      const uint32_t cbv = *reinterpret_cast<const uint32_t*>(cb_cur + (j >> 3) * BM * 128 + r * 128 +"
             " ((((j & 7) ^ (r & 7))) << 4) + 4 * (lane & 3));",
@@ -247,8 +247,8 @@ def _body(t: Task) -> str:
 
 def _store_fused(dt: str, ep: str) -> str:
     """The store with the fused epilogue ``ep``: out = (acc + D·x)·silu(z) per column pair, in float32."""
-    cvt = "__half22float2" if dt == "fp16" else "__bfloat1622float2"
-    h2 = "__half2" if dt == "fp16" else "__nv_bfloat162"
+    cvt = "pts_half22float2" if dt == "fp16" else "pts_bf1622float2"
+    h2 = "pts_half2" if dt == "fp16" else "pts_bf162"
     body = ["      float v0 = acc[4 * j + 2 * hh], v1 = acc[4 * j + 2 * hh + 1];"]
     if "D" in ep:  # D per head read where used (an L1 hit): held across the loops, it spilled at 80 registers
         dv = ("const float2 dd = *reinterpret_cast<const float2*>(d_skip + h * P + 8 * j + 2 * (lane & 3));"

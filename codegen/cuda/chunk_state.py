@@ -154,9 +154,9 @@ def _body(t: Task) -> str:
 
 def _device(ir: KernelIR) -> str:
     dt = ir.params["dtype"]
-    ct = {"fp16": "__half2", "bf16": "__nv_bfloat162"}[dt]
-    to_f2 = {"fp16": "__half22float2", "bf16": "__bfloat1622float2"}[dt]
-    to_h2 = {"fp16": "__floats2half2_rn", "bf16": "__floats2bfloat162_rn"}[dt]
+    ct = {"fp16": "pts_half2", "bf16": "pts_bf162"}[dt]
+    to_f2 = {"fp16": "pts_half22float2", "bf16": "pts_bf1622float2"}[dt]
+    to_h2 = {"fp16": "pts_floats2half2_rn", "bf16": "pts_floats2bf162_rn"}[dt]
     rows = ir.tiling["BM"] // ir.tiling["groups"]
     return (BULK + wgmma_smem(f"wgmma_tt_n{rows}", rows, dt, 1) + f"""
 // x * s for the 8 fp16/bf16 values of a 16-byte vector, in fp32

@@ -16,7 +16,7 @@ SMEM_LIMIT = 227 * 1024  # bytes of dynamic shared memory one block may opt into
 SWIZZLE_128B = 128
 NVCC_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v", "-lineinfo")
 
-CTYPE = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+CTYPE = {"fp16": "pts_half", "bf16": "pts_bf16"}
 PTXTYPE = {"fp16": "f16", "bf16": "bf16"}
 PACK2 = {"fp16": "pack_half2", "bf16": "pack_bf162"}
 
@@ -82,11 +82,81 @@ def check_dtype(p: dict[str, Any]) -> None:
                            f"{sorted(CTYPE)}")
 
 
+# What the kernels take from cuda.h, cuda_fp16.h and cuda_bf16.h is declared here, not included: nvcc parses those
+# headers in every run, about 0.3 s of its 2-2.5 s on an attention kernel (2 cores; a cold optimize waits for one or
+# two runs), and the kernels use only a tensor map's size and alignment, 16-bit storage types and eight conversions,
+# each the PTX instruction the headers issue. Own names (pts_*), so a header included beside them cannot clash.
 PRELUDE = r"""
-#include <cuda.h>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <stdint.h>
+
+struct alignas(128) pts_tmap { uint64_t opaque[16]; };  // CUtensorMap (cuda.h 13.0: 128 bytes, 128-aligned)
+struct alignas(2) pts_half { uint16_t bits; };
+struct alignas(2) pts_bf16 { uint16_t bits; };
+// pairs copy as one 32-bit word, as the headers' __half2/__nv_bfloat162 do: the same loads, and the same aliasing
+// facts for the optimizer (a global load of a pair the kernel never writes becomes ld.global.nc)
+struct alignas(4) pts_half2 {
+  uint16_t x, y;
+  pts_half2() = default;
+  __device__ pts_half2(const pts_half2& s) {
+    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ pts_half2& operator=(const pts_half2& s) {
+    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
+    return *this;
+  }
+};
+struct alignas(4) pts_bf162 {
+  uint16_t x, y;
+  pts_bf162() = default;
+  __device__ pts_bf162(const pts_bf162& s) {
+    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ pts_bf162& operator=(const pts_bf162& s) {
+    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
+    return *this;
+  }
+};
+
+__device__ __forceinline__ float pts_half2float(pts_half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ float pts_bf162float(pts_bf16 h) {
+  float f;
+  asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ pts_half pts_float2half_rn(float f) {
+  pts_half h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ pts_bf16 pts_float2bf16_rn(float f) {
+  pts_bf16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float2 pts_half22float2(pts_half2 h) {
+  float lo, hi;
+  const uint32_t& u = *reinterpret_cast<uint32_t*>(&h);
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, l;}" : "=f"(lo) : "r"(u));
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, h;}" : "=f"(hi) : "r"(u));
+  return make_float2(lo, hi);
+}
+__device__ __forceinline__ float2 pts_bf1622float2(pts_bf162 h) {
+  return make_float2(pts_bf162float(pts_bf16{h.x}), pts_bf162float(pts_bf16{h.y}));
+}
+__device__ __forceinline__ pts_half2 pts_floats2half2_rn(float a, float b) {
+  pts_half2 h;
+  asm("cvt.rn.f16x2.f32 %0, %2, %1;" : "=r"(*reinterpret_cast<uint32_t*>(&h)) : "f"(a), "f"(b));  // a: the low half
+  return h;
+}
+__device__ __forceinline__ pts_bf162 pts_floats2bf162_rn(float a, float b) {
+  pts_bf162 h;
+  asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(*reinterpret_cast<uint32_t*>(&h)) : "f"(a), "f"(b));
+  return h;
+}
 
 namespace pts {
 
@@ -115,19 +185,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- TMA (bulk tensor copy engine) -------------------------------------------------------------
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+__device__ __forceinline__ void tma_load_2d(void* dst, const pts_tmap* map, uint64_t* bar, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
                :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
                : "memory");
 }
-__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar,
+__device__ __forceinline__ void tma_load_4d(void* dst, const pts_tmap* map, uint64_t* bar,
                                             int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%3, %4, %5, %6}], [%2];"
                :: "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)),
                   "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
-__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
+__device__ __forceinline__ void tma_prefetch_desc(const pts_tmap* map) {
   asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
@@ -160,11 +230,11 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  __half2 h = __floats2half2_rn(a, b);
+  pts_half2 h = pts_floats2half2_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 __device__ __forceinline__ uint32_t pack_bf162(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  pts_bf162 h = pts_floats2bf162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -235,7 +305,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, int n) {
 }
 // A 2-D TMA box written to the same shared-memory offset of every CTA in `mask`, completing on each one's mbarrier
 // at `bar`'s offset.
-__device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+__device__ __forceinline__ void tma_load_2d_mc(void* dst, const pts_tmap* map, uint64_t* bar, int c0, int c1,
                                                uint16_t mask) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
                " [%0], [%1, {%4, %5}], [%2], %3;"

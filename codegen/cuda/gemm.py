@@ -201,7 +201,7 @@ __device__ __forceinline__ void stmatrix_x4(uint8_t* p, uint32_t a, uint32_t b, 
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
                :: "r"(smem_u32(p)), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const uint8_t* src, int c0, int c1) {
+__device__ __forceinline__ void tma_store_2d(const pts_tmap* map, const uint8_t* src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
                :: "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
 }

@@ -95,8 +95,8 @@ def _body(t: Task) -> str:
 
 def _device(ir: KernelIR) -> str:
     dt = ir.params["dtype"]
-    ct = {"fp16": "__half2", "bf16": "__nv_bfloat162"}[dt]
-    to_f2 = {"fp16": "__half22float2", "bf16": "__bfloat1622float2"}[dt]
+    ct = {"fp16": "pts_half2", "bf16": "pts_bf162"}[dt]
+    to_f2 = {"fp16": "pts_half22float2", "bf16": "pts_bf1622float2"}[dt]
     return f"""
 // the 8 fp16/bf16 values of a 16-byte vector, in fp32
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {{

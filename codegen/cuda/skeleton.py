@@ -396,7 +396,7 @@ def _signature(w: Walk, maps: tuple[TensorMapSpec, ...]) -> tuple[list[str], tup
     ir, opk = w.ir, w.opk
     extra = (("ptr:prof", "uint64_t* __restrict__ prof"),) if ir.profile else ()
     opsig = (*opk.signature(ir), *size_args(ir, opk))
-    sig = [f"const __grid_constant__ CUtensorMap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
+    sig = [f"const __grid_constant__ pts_tmap tm_{m.tensor}" for m in maps] + [c for _, c in opsig]
     sig += [c for _, c in extra]
     return sig, tuple(f"tmap:{m.tensor}" for m in maps) + tuple(a for a, _ in (*opsig, *extra))
 

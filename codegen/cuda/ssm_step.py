@@ -171,9 +171,9 @@ def _body(t: Task) -> str:
 def _device(ir: KernelIR) -> str:
     dt = ir.params["dtype"]
     ct = CTYPE[dt]
-    to_f = {"fp16": "__half2float", "bf16": "__bfloat162float"}[dt]
-    from_f = {"fp16": "__float2half_rn", "bf16": "__float2bfloat16_rn"}[dt]
-    to_f2 = {"fp16": "__half22float2", "bf16": "__bfloat1622float2"}[dt]
+    to_f = {"fp16": "pts_half2float", "bf16": "pts_bf162float"}[dt]
+    from_f = {"fp16": "pts_float2half_rn", "bf16": "pts_float2bf16_rn"}[dt]
+    to_f2 = {"fp16": "pts_half22float2", "bf16": "pts_bf1622float2"}[dt]
     return BULK + f"""
 using T_ = {ct};
 __device__ __forceinline__ float to_f(T_ v) {{ return {to_f}(v); }}

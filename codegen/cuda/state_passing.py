@@ -121,7 +121,7 @@ def _body(t: Task) -> str:
 
 
 def _signature(ir: KernelIR) -> tuple[tuple[str, str], ...]:
-    ct = {"fp16": "__half", "bf16": "__nv_bfloat16"}[ir.params["dtype"]]
+    ct = {"fp16": "pts_half", "bf16": "pts_bf16"}[ir.params["dtype"]]
     return (("ptr:states", "const float* __restrict__ states"), ("ptr:da", "const float* __restrict__ da"),
             ("ptr:keep", "const float* __restrict__ keep"), ("ptr:init", "const float* __restrict__ init"),
             ("ptr:out", f"{ct}* __restrict__ out"), ("ptr:fin", "float* __restrict__ fin"))

@@ -69,7 +69,7 @@ def _src(p: dict, t: dict = T64, generic: bool = True):
 
 def test_the_float32_variant_reads_float32_cb_and_converts_nothing():
     plain, f32 = _src(_p(cb=None)).source, _src(_p()).source
-    assert "__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&cbv))" in plain
+    assert "pts_bf1622float2(*reinterpret_cast<const pts_bf162*>(&cbv))" in plain
     assert "const float2 cf = *reinterpret_cast<const float2*>(cb_cur + (j >> 2) * BM * 128" in f32
     assert "cbv" not in f32 and "CBCH = 2;" in f32 and "CBCH = 1;" in plain  # BK 64: two 32-column float32 boxes
     assert "it_ * BK + 32 * cc, cb_row" in f32 and "it_ * BK + 64 * cc, cb_row" in plain
