@@ -83,7 +83,7 @@ def check_dtype(p: dict[str, Any]) -> None:
 
 
 # What the kernels take from cuda.h, cuda_fp16.h and cuda_bf16.h is declared here, not included: nvcc parses those
-# headers in every run, about 0.3 s of its 2-2.5 s on an attention kernel (2 cores; a cold optimize waits for one or
+# headers in every run, about 0.2 s of its 2-2.5 s on an attention kernel (2 cores; a cold optimize waits for one or
 # two runs), and the kernels use only a tensor map's size and alignment, 16-bit storage types and eight conversions,
 # each the PTX instruction the headers issue. Own names (pts_*), so a header included beside them cannot clash.
 PRELUDE = r"""
@@ -93,29 +93,19 @@ struct alignas(128) pts_tmap { uint64_t opaque[16]; };  // CUtensorMap (cuda.h 1
 struct alignas(2) pts_half { uint16_t bits; };
 struct alignas(2) pts_bf16 { uint16_t bits; };
 // pairs copy as one 32-bit word, as the headers' __half2/__nv_bfloat162 do: the same loads, and the same aliasing
-// facts for the optimizer (a global load of a pair the kernel never writes becomes ld.global.nc)
-struct alignas(4) pts_half2 {
+// facts for the optimizer (a global load of a pair the kernel never writes becomes ld.global.nc); the tag keeps the
+// two types apart
+template <int Tag> struct alignas(4) pts_pair {
   uint16_t x, y;
-  pts_half2() = default;
-  __device__ pts_half2(const pts_half2& s) {
-    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
-  }
-  __device__ pts_half2& operator=(const pts_half2& s) {
+  pts_pair() = default;
+  __device__ pts_pair(const pts_pair& s) { *this = s; }
+  __device__ pts_pair& operator=(const pts_pair& s) {
     *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
     return *this;
   }
 };
-struct alignas(4) pts_bf162 {
-  uint16_t x, y;
-  pts_bf162() = default;
-  __device__ pts_bf162(const pts_bf162& s) {
-    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
-  }
-  __device__ pts_bf162& operator=(const pts_bf162& s) {
-    *reinterpret_cast<uint32_t*>(this) = *reinterpret_cast<const uint32_t*>(&s);
-    return *this;
-  }
-};
+using pts_half2 = pts_pair<16>;
+using pts_bf162 = pts_pair<-16>;
 
 __device__ __forceinline__ float pts_half2float(pts_half h) {
   float f;
