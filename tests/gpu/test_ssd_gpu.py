@@ -139,8 +139,8 @@ def test_fused_epilogue_against_the_unfused_one(torch, ep, dt):
     gate = torch.nn.functional.silu(z.float()).abs() if z is not None else 1.0
     eps = torch.finfo(dtype).eps
 
-    def ulp(t):
-        return eps * torch.exp2(torch.floor(torch.log2(t.abs().clamp_min(2.0 ** -100))))
+    def ulp(t):  # below the smallest normal the spacing stays tiny·eps (fp16's subnormals: 2^-24)
+        return eps * torch.exp2(torch.floor(torch.log2(t.abs().clamp_min(torch.finfo(dtype).tiny))))
 
     gap = (fused - g32).abs() - (0.5 * ulp(y) * gate + 0.5 * ulp(fused) + 1e-5 * g32.abs())
     i = int(gap.argmax())
