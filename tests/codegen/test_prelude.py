@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from test_cuda import _have_nvcc
 
 from codegen.cuda.common import NVCC_FLAGS, PRELUDE, PRELUDE_END
 
@@ -70,12 +71,8 @@ def test_the_prelude_includes_none_of_the_heavy_headers() -> None:
     assert re.findall(r"#include <([^>]+)>", PRELUDE) == ["stdint.h"]
 
 
+@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not available")
 def test_prelude_conversions_are_the_headers_machine_code(tmp_path: Path) -> None:
-    try:
-        from codegen.runtime import nvcc_path
-        nvcc_path()
-    except Exception:
-        pytest.skip("nvcc not installed")
     headers = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <stdint.h>\n" + _body(0)
     ours = PRELUDE + PRELUDE_END + _body(1)
     theirs, mine = _text(_compile(headers, tmp_path, "headers")), _text(_compile(ours, tmp_path, "prelude"))
